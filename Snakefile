@@ -1,0 +1,23 @@
+# dpbench: benchmark differentially private optimizers.
+# The science lives in the `dpbench` package (src/); rules only name files and call it.
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/plots.smk"
+
+
+localrules:
+    all,
+    aggregate,
+    plot_best_accuracy,
+
+
+rule all:
+    input:
+        rules.aggregate.output,
+        rules.plot_best_accuracy.output,
+    default_target: True

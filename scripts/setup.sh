@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Shared set-up, sourced by scripts/run.sh and scripts/test.sh: a virtual environment in
+# .venv with dpbench and its pinned dependencies, and the official Fashion-MNIST files.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+PYTHON="${PYTHON:-python3}"
+
+"$PYTHON" - <<'PY' || { echo "dpbench needs Python >= 3.11 (set PYTHON=/path/to/python3.11)" >&2; exit 1; }
+import sys
+sys.exit(0 if sys.version_info >= (3, 11) else 1)
+PY
+
+if [ ! -x .venv/bin/python ]; then
+    echo "==> creating .venv" >&2
+    "$PYTHON" -m venv .venv
+fi
+# torch first and exactly: a looser request would let pip resolve the newest torch, with
+# gigabytes of CUDA wheels. envs/constraints.txt pins everything else transitively.
+stamp=".venv/.dpbench-installed"
+want="$(cat pyproject.toml envs/constraints.txt | sha256sum | cut -c1-16)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    echo "==> installing dpbench and pinned dependencies into .venv" >&2
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet "torch==2.13.0"
+    .venv/bin/python -m pip install --quiet -c envs/constraints.txt -e ".[test]"
+    echo "$want" > "$stamp"
+fi
+
+# Fashion-MNIST: Debian's package installs the official files (verified by checksum when
+# loaded). Without it, the workflow's data rule downloads them from the official source.
+if [ ! -d /usr/share/datasets/fashion-mnist ] && [ ! -d data/fashion-mnist ] && command -v apt-get >/dev/null; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && sudo -n true 2>/dev/null && SUDO="sudo -n"
+    if [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; then
+        echo "==> installing Debian's dataset-fashion-mnist" >&2
+        { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq dataset-fashion-mnist; } >&2 \
+            || echo "    (apt-get failed; the workflow will download Fashion-MNIST instead)" >&2
+    fi
+fi

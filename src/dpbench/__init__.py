@@ -1,0 +1,3 @@
+"""dpbench: a reproducible benchmark of differentially private optimizers."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+import sys
+
+from dpbench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,92 @@
+"""Many run files -> two tables anyone can read with pandas or DuckDB:
+
+* runs: one row per run (settings, privacy promised and delivered, best and final metrics,
+  status, timing), hyperparameters as a JSON string;
+* epochs: one row per run and epoch (test loss/accuracy, mean training loss/accuracy).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dpbench.results import read_run
+
+RUN_KEYS = ["problem", "optimizer", "private", "lr", "batch_size", "epochs", "seed", "target_epsilon"]
+
+
+def run_row(run_id: str, path: Path, meta: dict) -> dict:
+    cfg, priv, res, timing = meta["config"], meta["privacy"], meta["result"], meta["timing"]
+    return {
+        "run_id": run_id,
+        "problem": cfg["problem"],
+        "dataset": meta["problem"]["dataset"],
+        "task": meta["problem"]["task"],
+        "optimizer": cfg["optimizer"],
+        "private": meta["optimizer"]["private"],
+        "lr": cfg["lr"],
+        "batch_size": cfg["batch_size"],
+        "epochs": cfg["epochs"],
+        "seed": cfg["seed"],
+        "hyperparameters": json.dumps(meta["optimizer"]["hyperparameters"], sort_keys=True),
+        "target_epsilon": priv["target_epsilon"],
+        "epsilon": priv["epsilon"],
+        "epsilon_rdp": priv["epsilon_rdp"],
+        "delta": priv["delta"],
+        "noise_multiplier": priv["noise_multiplier"],
+        "noise_multiplier_source": priv["noise_multiplier_source"],
+        "sample_rate": priv["sample_rate"],
+        "planned_steps": priv["planned_steps"],
+        "steps": priv["steps"],
+        "accountant": priv["accountant"],
+        "status": res["status"],
+        "best_test_accuracy": res["best_test_accuracy"],
+        "best_test_loss": res["best_test_loss"],
+        "final_test_accuracy": res["final_test_accuracy"],
+        "final_test_loss": res["final_test_loss"],
+        "wall_time_s": timing["wall_time_s"],
+        "steps_per_second": timing["steps_per_second"],
+        "device": meta["environment"]["device"],
+        "git_commit": meta["environment"]["git_commit"],
+        "path": str(path),
+    }
+
+
+def epoch_rows(run_id: str, metrics: pd.DataFrame) -> pd.DataFrame:
+    train = (metrics[metrics.split == "train"].groupby("epoch")
+             .agg(train_loss=("loss", "mean"), train_accuracy=("accuracy", "mean")))
+    test = (metrics[metrics.split == "test"].set_index("epoch")[["step", "loss", "accuracy"]]
+            .rename(columns={"loss": "test_loss", "accuracy": "test_accuracy"}))
+    out = test.join(train, how="left").reset_index()
+    out.insert(0, "run_id", run_id)
+    return out
+
+
+def aggregate(paths: list[str | Path], out_runs: str | Path, out_epochs: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    from dpbench.results import write_table
+
+    paths = [Path(p) for p in paths]
+    rows, epochs = [], []
+    for path in paths:
+        metrics, meta = read_run(path)
+        run_id = meta.get("run_id", path.stem)
+        rows.append(run_row(run_id, path, meta))
+        epochs.append(epoch_rows(run_id, metrics))
+    runs = pd.DataFrame(rows)
+    per_epoch = pd.concat(epochs, ignore_index=True).merge(runs[["run_id"] + RUN_KEYS], on="run_id")
+    per_epoch = per_epoch[["run_id"] + RUN_KEYS + [c for c in per_epoch.columns if c not in RUN_KEYS + ["run_id"]]]
+    runs["best_epoch"] = [_best_epoch(per_epoch[per_epoch.run_id == r], t) for r, t in zip(runs.run_id, runs.task)]
+    write_table(runs, out_runs)
+    write_table(per_epoch, out_epochs)
+    return runs, per_epoch
+
+
+def _best_epoch(epochs: pd.DataFrame, task: str) -> float:
+    col, best = ("test_accuracy", "idxmax") if task == "classification" else ("test_loss", "idxmin")
+    values = epochs[col].replace([np.inf, -np.inf], np.nan)
+    if values.isna().all():
+        return np.nan
+    return float(epochs.loc[getattr(values, best)(), "epoch"])

@@ -1,0 +1,155 @@
+"""Command line: ``dpbench train | data | aggregate | plot | grid``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _hp(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--hp expects KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def cmd_train(args) -> int:
+    import torch
+
+    from dpbench.results import write_run
+    from dpbench.train import RunConfig, run
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = RunConfig(
+        problem=args.problem, optimizer=args.optimizer, lr=args.lr, batch_size=args.batch_size,
+        epochs=args.epochs, seed=args.seed, epsilon=args.epsilon, noise_multiplier=args.noise_multiplier,
+        delta=args.delta, clip_norm=args.clip_norm, normalize_clipping=not args.flat_clipping,
+        accountant=args.accountant, hyperparameters=dict(args.hp or []), max_steps=args.max_steps,
+        train_subset=args.train_subset, test_subset=args.test_subset, data_dir=args.data_dir,
+        device=args.device, progress_every_s=args.progress_every,
+    )
+    result = run(cfg)
+    result.meta["run_id"] = args.run_id or Path(args.out).stem
+    write_run(args.out, result.metrics, result.meta)
+    r, p = result.meta["result"], result.meta["privacy"]
+    print(f"wrote {args.out}: status={r['status']} best test accuracy={r['best_test_accuracy']:.4f} "
+          f"best test loss={r['best_test_loss']:.4g} sigma={p['noise_multiplier']:.4g} "
+          f"epsilon target={p['target_epsilon']} achieved={p['epsilon']:.4g}", file=sys.stderr)
+    return 0
+
+
+def cmd_data(args) -> int:
+    from dpbench import data
+
+    manifest = data.prepare(args.dataset, args.data_dir, allow_download=args.download)
+    text = json.dumps(manifest, indent=2, sort_keys=True)
+    if args.manifest:
+        Path(args.manifest).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.manifest).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def cmd_aggregate(args) -> int:
+    from dpbench.aggregate import aggregate
+
+    aggregate(args.runs, args.out_runs, args.out_epochs)
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from dpbench import figures
+
+    figures.best_accuracy(args.runs, args.out)
+    return 0
+
+
+def cmd_grid(args) -> int:
+    from dpbench.grid import expand, load_config
+
+    for cell in expand(load_config(args.config)):
+        print(cell.id)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dpbench", description="Benchmark differentially private optimizers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train one grid cell and write one Parquet file")
+    t.add_argument("--problem", required=True, choices=["P1", "P2", "P3"])
+    t.add_argument("--optimizer", required=True)
+    t.add_argument("--lr", type=float, required=True, help="learning rate")
+    t.add_argument("--batch-size", type=_positive_int, required=True, help="expected batch size L (q = L/N)")
+    t.add_argument("--epsilon", type=float, help="target epsilon (private optimizers)")
+    t.add_argument("--epochs", type=_positive_int, required=True, help="E; T = round(E N / L) steps")
+    t.add_argument("--seed", type=int, required=True)
+    t.add_argument("--out", required=True, help="output .parquet file (written atomically)")
+    t.add_argument("--run-id", help="name recorded in the run (default: the output file's stem)")
+    t.add_argument("--noise-multiplier", type=float, help="use this sigma instead of calibrating it from epsilon")
+    t.add_argument("--delta", type=float, default=1e-5)
+    t.add_argument("--clip-norm", type=float, default=1.0, help="C")
+    t.add_argument("--flat-clipping", action="store_true", help="g/max(1,|g|/C) instead of normalised clipping")
+    t.add_argument("--accountant", default="prv", choices=["prv", "rdp"])
+    t.add_argument("--hp", type=_hp, action="append", metavar="KEY=VALUE", help="optimizer hyperparameter")
+    t.add_argument("--max-steps", type=_positive_int, help="stop after N steps (epsilon is reported for them)")
+    t.add_argument("--train-subset", type=_positive_int, help="train on a random subset of N examples")
+    t.add_argument("--test-subset", type=_positive_int, help="evaluate on a random subset of N examples")
+    t.add_argument("--data-dir", help="directory with the official dataset files")
+    t.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    t.add_argument("--threads", type=_positive_int, help="torch CPU threads")
+    t.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines")
+    t.set_defaults(func=cmd_train)
+
+    d = sub.add_parser("data", help="find (or download) a dataset, verify its checksums, write a manifest")
+    d.add_argument("--dataset", required=True, choices=["fashion-mnist", "cifar10"])
+    d.add_argument("--data-dir", help="where to look first and where downloads go")
+    d.add_argument("--download", action=argparse.BooleanOptionalAction, default=True)
+    d.add_argument("--manifest", help="write the manifest JSON here")
+    d.set_defaults(func=cmd_data)
+
+    a = sub.add_parser("aggregate", help="collect run files into a runs table and a per-epoch table")
+    a.add_argument("runs", nargs="+", help="run .parquet files")
+    a.add_argument("--out-runs", required=True)
+    a.add_argument("--out-epochs", required=True)
+    a.set_defaults(func=cmd_aggregate)
+
+    p = sub.add_parser("plot", help="best test accuracy per optimizer and epsilon (thesis Fig. 5.1)")
+    p.add_argument("--runs", required=True, help="the aggregated runs table")
+    p.add_argument("--out", required=True, help="output image (.png or .pdf)")
+    p.set_defaults(func=cmd_plot)
+
+    g = sub.add_parser("grid", help="list the cells a workflow config expands to")
+    g.add_argument("config")
+    g.set_defaults(func=cmd_grid)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dpbench.data import DataError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, KeyError, DataError) as exc:
+        # configuration mistakes: one clear line, no traceback
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"dpbench {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Per-sample clipping as per-sample coefficients c_i, so that the clipped sum is sum_i c_i g_i.
+
+Normalised clipping (De et al. 2022, thesis eq. 2.8): clip(g) = g / max(1, ||g||/C) / C, so
+every clipped vector has norm <= 1 whatever C; the L2 sensitivity of the clipped sum is 1.
+Flat clipping (normalize=False): g / max(1, ||g||/C), sensitivity C.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Clipping:
+    clip_norm: float = 1.0  # C
+    normalize: bool = True
+
+    def __post_init__(self):
+        if not self.clip_norm > 0:
+            raise ValueError(f"clip_norm must be positive, got {self.clip_norm}")
+
+    @property
+    def sensitivity(self) -> float:
+        """Largest norm of one clipped per-sample vector: the L2 sensitivity of the sum."""
+        return 1.0 if self.normalize else self.clip_norm
+
+    def coefficients(self, norms: torch.Tensor) -> torch.Tensor:
+        c = 1.0 / torch.clamp(norms / self.clip_norm, min=1.0)
+        return c / self.clip_norm if self.normalize else c
+
+
+@dataclass(frozen=True)
+class NoClipping:
+    """The non-private reference: every per-sample gradient enters unchanged."""
+
+    sensitivity = float("inf")
+
+    def coefficients(self, norms: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(norms)

@@ -1,0 +1,159 @@
+"""The experiment grid: a readable config expanded into training cells, in one place.
+
+A config's ``grid`` is a list of blocks. Each block is a product over its axes
+(problems x optimizers x each optimizer's learning rates and hyperparameters x batch sizes
+x epsilons x epochs x seeds); cells that several blocks share run once. Non-private
+optimizers ignore epsilon. Seeds are derived from ``root_seed`` with numpy's SeedSequence,
+so seed i is the same integer in every block and every setup.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message starts with the key's path."""
+
+
+def fmt(x: float) -> str:
+    """Canonical short form of a number for cell ids: 0.001 -> 1e-03, 10.0 -> 10."""
+    return f"{x:g}"
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    problem: str
+    optimizer: str
+    batch_size: int
+    epochs: int
+    epsilon: float | None  # None: non-private
+    lr: float
+    seed_index: int
+    seed: int
+    hyperparameters: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def id(self) -> str:
+        eps = "nonprivate" if self.epsilon is None else f"eps{fmt(self.epsilon)}"
+        hp = "".join(f"-{k}{fmt(v) if isinstance(v, (int, float)) else v}" for k, v in self.hyperparameters)
+        return (f"{self.problem}/{self.optimizer}/"
+                f"L{self.batch_size}-E{self.epochs}-{eps}-lr{fmt(self.lr)}{hp}-s{self.seed_index}")
+
+    @property
+    def dataset(self) -> str:
+        from dpbench.problems import get_problem
+
+        return get_problem(self.problem).dataset
+
+    def train_args(self, train: dict[str, Any]) -> list[str]:
+        """The ``dpbench train`` arguments of this cell under the config's ``train`` section."""
+        args = ["--problem", self.problem, "--optimizer", self.optimizer, "--lr", repr(self.lr),
+                "--batch-size", str(self.batch_size), "--epochs", str(self.epochs), "--seed", str(self.seed)]
+        if self.epsilon is not None:
+            args += ["--epsilon", repr(self.epsilon)]
+        for key, value in self.hyperparameters:
+            args += ["--hp", f"{key}={value}"]
+        for key, flag in (("delta", "--delta"), ("clip_norm", "--clip-norm"), ("accountant", "--accountant"),
+                          ("max_steps", "--max-steps"), ("train_subset", "--train-subset"),
+                          ("test_subset", "--test-subset"), ("device", "--device")):
+            if train.get(key) is not None:
+                args += [flag, str(train[key])]
+        if train.get("normalize_clipping") is False:
+            args.append("--flat-clipping")
+        return args
+
+
+def seeds_from_root(root_seed: int, n: int) -> list[int]:
+    """The first n seeds of the root seed: distinct, non-overlapping SeedSequence streams."""
+    return [int(c.generate_state(1)[0]) for c in np.random.SeedSequence(root_seed).spawn(n)]
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Reads a YAML config, validates it against the JSON schema and fills in defaults."""
+    path = Path(path)
+    try:
+        config = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    return validate(config or {})
+
+
+def validate(config: dict[str, Any]) -> dict[str, Any]:
+    """Schema validation with defaults filled in, then the checks a schema cannot express."""
+    import jsonschema
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    validator_cls = jsonschema.validators.extend(
+        jsonschema.Draft202012Validator,
+        {"properties": _set_defaults(jsonschema.Draft202012Validator.VALIDATORS["properties"])},
+    )
+    errors = sorted(validator_cls(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        key = ".".join(str(p) for p in e.absolute_path) or "<top level>"
+        raise ConfigError(f"config key {key}: {e.message}")
+    expand(config)  # semantic checks: optimizer names, hyperparameter names
+    return config
+
+
+def _set_defaults(properties_validator):
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub:
+                    instance.setdefault(name, copy.deepcopy(sub["default"]))
+        yield from properties_validator(validator, properties, instance, schema)
+
+    return set_defaults
+
+
+def expand(config: dict[str, Any]) -> list[Cell]:
+    """All training cells of a config, deduplicated, in a stable order."""
+    from dpbench.optimizers import OPTIMIZERS
+    from dpbench.problems import PROBLEMS
+
+    cells: set[Cell] = set()
+    for b, block in enumerate(config.get("grid", [])):
+        where = f"grid.{b}"
+        n_seeds = block.get("seeds", 1)
+        seed_indices = list(range(n_seeds)) if isinstance(n_seeds, int) else list(n_seeds)
+        seeds = seeds_from_root(config.get("root_seed", 0), max(seed_indices) + 1)
+        for problem in block["problems"]:
+            if problem not in PROBLEMS:
+                raise ConfigError(f"config key {where}.problems: unknown problem {problem!r} "
+                                  f"(choose from {sorted(PROBLEMS)})")
+        for name, settings in block["optimizers"].items():
+            if name not in OPTIMIZERS:
+                raise ConfigError(f"config key {where}.optimizers.{name}: unknown optimizer "
+                                  f"(choose from {sorted(OPTIMIZERS)})")
+            spec = OPTIMIZERS[name]
+            settings = dict(settings)
+            lrs = _as_list(settings.pop("lr"))
+            hp_axes = {k: _as_list(v) for k, v in sorted(settings.items())}
+            try:
+                spec.hyperparameters({k: v[0] for k, v in hp_axes.items()})
+            except ValueError as exc:
+                raise ConfigError(f"config key {where}.optimizers.{name}: {exc}") from None
+            epsilons = [None] if not spec.private else [float(e) for e in block.get("epsilons", [])]
+            if not epsilons:
+                raise ConfigError(f"config key {where}.epsilons: private optimizer {name!r} needs at least one epsilon")
+            for problem, L, E, eps, lr, s, hp in itertools.product(
+                    block["problems"], block["batch_sizes"], block["epochs"], epsilons, lrs, seed_indices,
+                    itertools.product(*hp_axes.values())):
+                cells.add(Cell(problem, name, int(L), int(E), eps, float(lr), s, seeds[s],
+                               tuple(zip(hp_axes, hp))))
+    return sorted(cells, key=lambda c: c.id)

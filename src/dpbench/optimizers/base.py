@@ -1,0 +1,147 @@
+"""The pieces every optimizer is made of, and the fixed sequence of a DP step.
+
+A DP step is (per-sample gradients) -> (clip and sum) -> (add noise) -> (scale to the mean)
+-> (update rule). ``DPStep`` runs those stages as named methods; an optimizer picks its
+update rule and, only where its paper demands it, overrides one stage (DiSK the gradients,
+Dice the clipped sum, D2P2 the noise). The update rule owns the optimizer state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import torch
+from torch import nn
+
+from dpbench.clipping import Clipping, NoClipping
+from dpbench.noise import GaussianNoise
+from dpbench.per_sample import PerSampleGradients, Tape
+
+# (model, x, y) -> (per-sample losses (B,), per-sample correctness (B,) or None)
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+@dataclass
+class Context:
+    """Everything the harness hands an optimizer when it builds one."""
+
+    model: nn.Module
+    loss_fn: LossFn
+    lr: float
+    expected_batch_size: int  # L
+    noise_multiplier: float  # sigma
+    clipping: Clipping | NoClipping
+    noise: GaussianNoise
+    steps: int  # planned number of steps T
+    hyperparameters: dict[str, Any] = field(default_factory=dict)  # defaults filled in
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+@dataclass
+class StepOutput:
+    losses: torch.Tensor  # per-sample training losses at the parameters before the step
+    correct: torch.Tensor | None
+    stats: dict[str, float] = field(default_factory=dict)  # optimizer diagnostics
+
+
+class UpdateRule(Protocol):
+    """Turns a (privatised) mean gradient into a parameter update, in place, and owns the
+    optimizer state; ``state_dict``/``load_state_dict`` make it checkpointable."""
+
+    def update(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class DPStep:
+    """One differentially private step, stage by stage."""
+
+    private = True
+
+    def __init__(self, ctx: Context, rule: UpdateRule):
+        self.ctx = ctx
+        self.model = ctx.model
+        self.params = ctx.params
+        self.rule = rule
+        self.tape = Tape(ctx.model)
+
+    @property
+    def noise_std(self) -> float:
+        """Std of the noise added to the clipped *sum*: sigma times the sensitivity."""
+        return self.ctx.noise_multiplier * self.ctx.clipping.sensitivity
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> StepOutput:
+        psg, out = self.per_sample_gradients(x, y)
+        grads = self.clip_and_sum(psg)
+        grads = self.add_noise(grads)
+        grads = [g.div_(self.ctx.expected_batch_size) for g in grads]
+        self.rule.update(self.params, grads)
+        return out
+
+    # -- stages ------------------------------------------------------------------------------
+    def per_sample_gradients(self, x, y) -> tuple[PerSampleGradients | None, StepOutput]:
+        if x.shape[0] == 0:  # an empty Poisson batch still releases noise
+            return None, StepOutput(x.new_zeros(0), None)
+        with self.tape:
+            losses, correct = self.ctx.loss_fn(self.model, x, y)
+        return self.tape.per_sample_gradients(losses), StepOutput(losses.detach(), correct)
+
+    def clip_and_sum(self, psg: PerSampleGradients | None) -> list[torch.Tensor]:
+        if psg is None:
+            return [torch.zeros_like(p) for p in self.params]
+        coef = self.ctx.clipping.coefficients(psg.norms())
+        summed = psg.weighted_sum(coef)
+        return [summed[p] for p in self.params]
+
+    def add_noise(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.noise_std == 0:
+            return grads
+        return [g.add_(z, alpha=self.noise_std) for g, z in zip(grads, self.ctx.noise.sample(grads))]
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"rule": self.rule.state_dict(), "noise": self.ctx.noise.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rule.load_state_dict(state["rule"])
+        self.ctx.noise.load_state_dict(state["noise"])
+
+
+class NonPrivateStep(DPStep):
+    """The non-private reference: plain autograd on sum(losses) / L, no clipping, no noise."""
+
+    private = False
+
+    def __init__(self, ctx: Context, rule: UpdateRule):
+        self.ctx, self.model, self.params, self.rule = ctx, ctx.model, ctx.params, rule
+
+    def __call__(self, x, y) -> StepOutput:
+        if x.shape[0] == 0:
+            return StepOutput(x.new_zeros(0), None)
+        losses, correct = self.ctx.loss_fn(self.model, x, y)
+        grads = torch.autograd.grad(losses.sum(), self.params)
+        self.rule.update(self.params, [g.div_(self.ctx.expected_batch_size) for g in grads])
+        return StepOutput(losses.detach(), correct)
+
+
+class SGD:
+    """theta <- theta - lr * g."""
+
+    def __init__(self, lr: float):
+        self.lr = lr
+
+    @torch.no_grad()
+    def update(self, params, grads) -> None:
+        torch._foreach_add_(params, grads, alpha=-self.lr)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

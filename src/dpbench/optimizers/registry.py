@@ -1,0 +1,28 @@
+"""What the harness needs to know about an optimizer besides its step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from dpbench.optimizers.base import Context, DPStep
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str  # the identifier used in configs and results
+    build: Callable[[Context], DPStep]
+    private: bool
+    description: str
+    reference: str  # the paper / algorithm it implements
+    defaults: dict[str, Any] = field(default_factory=dict)  # optimizer-specific hyperparameters
+    sampling: str = "poisson"  # how batches are drawn (what the accounting assumes)
+
+    def hyperparameters(self, given: dict[str, Any] | None) -> dict[str, Any]:
+        """The defaults overridden by ``given``; an unknown name is an error that names it."""
+        given = dict(given or {})
+        unknown = sorted(set(given) - set(self.defaults))
+        if unknown:
+            allowed = ", ".join(sorted(self.defaults)) or "none"
+            raise ValueError(f"optimizer {self.name!r} has no hyperparameter {unknown[0]!r} (it takes: {allowed})")
+        return {**self.defaults, **given}

@@ -1,0 +1,217 @@
+"""Per-sample gradients, formed only as far as each use needs them.
+
+A forward pass records every trainable layer's input x; one backward pass to the layer
+outputs (autograd forms no weight gradients) gives their output gradients gy. From
+(x, gy) alone, per layer and per sample, we get:
+
+* squared gradient norms, either from the materialised per-sample weight gradients or,
+  where a layer has few positions, from the "ghost" identity
+  ``||sum_p G_p^T A_p||^2 = sum_{p,q} (A_p . A_q)(G_p . G_q)`` (Li et al., 2022), with A the
+  (unfolded) inputs and G the output gradients at each position p;
+* any weighted sum ``sum_i c_i grad_i`` (clipping is such a sum, c_i the clip factors) as one
+  native weight-gradient call on ``c * gy``;
+* per-sample inner products between two passes (DiSK combines gradients at two points).
+
+This is the "book-keeping" approach of Bu et al. (2023): one forward and one backward pass,
+whatever the clipping, and per-sample gradients materialised only where that is cheaper.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.grad import conv2d_weight
+
+SUPPORTED_LAYERS = (nn.Linear, nn.Conv2d, nn.ConvTranspose2d)
+
+
+class UnsupportedLayerError(TypeError):
+    """The model has trainable parameters in a layer whose per-sample gradients we cannot form."""
+
+
+class LayerGrads:
+    """One layer's per-sample gradients for a batch, held as (input, output gradient)."""
+
+    def __init__(self, module: nn.Module, x: torch.Tensor, gy: torch.Tensor):
+        if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d)):
+            if module.groups != 1 or isinstance(module.padding, str):
+                raise UnsupportedLayerError(f"{module}: only groups=1 and numeric padding are supported")
+        self.module, self.x, self.gy = module, x, gy
+        self.batch_size = x.shape[0]
+
+    # -- the factor form: grad_i = G_i^T A_i, A: (B, P, da), G: (B, P, dg) -------------------
+    @cached_property
+    def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        m, x, gy, B = self.module, self.x, self.gy, self.batch_size
+        if isinstance(m, nn.Linear):
+            return x.reshape(B, -1, x.shape[-1]), gy.reshape(B, -1, gy.shape[-1])
+        if isinstance(m, nn.Conv2d):
+            U = F.unfold(x, m.kernel_size, m.dilation, m.padding, m.stride)
+            return U.transpose(1, 2), gy.flatten(2).transpose(1, 2)
+        # ConvTranspose2d is the adjoint of a Conv2d from gy's space to x's space:
+        # dW[ci, co, kh, kw] = sum_p x[ci, p] * unfold(gy)[co, kh, kw, p], p over input pixels.
+        U = F.unfold(gy, m.kernel_size, m.dilation, m.padding, m.stride)
+        return U.transpose(1, 2), x.flatten(2).transpose(1, 2)
+
+    @property
+    def _positions(self) -> int:
+        m, x, gy = self.module, self.x, self.gy
+        if isinstance(m, nn.Linear):
+            return x[0].numel() // x.shape[-1]
+        if isinstance(m, nn.Conv2d):
+            return gy[0, 0].numel()
+        return x[0, 0].numel()
+
+    @property
+    def use_ghost(self) -> bool:
+        # Ghost norms cost ~P^2 (da + dg) per sample, materialising ~P da dg (and da dg memory).
+        # For every supported layer dg = weight.shape[0] and da = weight[0].numel().
+        P, w = self._positions, self.module.weight
+        return P == 1 or P * (w.shape[0] + w[0].numel()) < w.numel()
+
+    @cached_property
+    def materialised(self) -> torch.Tensor:
+        """Per-sample weight gradients, (B, *weight.shape)."""
+        m, x, gy, B = self.module, self.x, self.gy, self.batch_size
+        if isinstance(m, nn.Linear):
+            A, G = self.factors
+            return torch.bmm(G.transpose(1, 2), A).view(B, *m.weight.shape)
+        # Per-sample weight gradients as one grouped weight-gradient call (groups = B).
+        if isinstance(m, nn.Conv2d):
+            inp, out = x, gy
+        else:
+            inp, out = gy, x
+        cin, cout = inp.shape[1], out.shape[1]
+        w = conv2d_weight(
+            inp.reshape(1, B * cin, *inp.shape[2:]), (B * cout, cin, *m.kernel_size),
+            out.reshape(1, B * cout, *out.shape[2:]), m.stride, m.padding, m.dilation, groups=B,
+        )
+        return w.view(B, *m.weight.shape)
+
+    @cached_property
+    def bias(self) -> torch.Tensor | None:
+        """Per-sample bias gradients, (B, n_bias)."""
+        if self.module.bias is None:
+            return None
+        gy = self.gy
+        if isinstance(self.module, nn.Linear):
+            return gy.reshape(self.batch_size, -1, gy.shape[-1]).sum(1)
+        return gy.sum((2, 3))
+
+    def inner(self, other: "LayerGrads") -> torch.Tensor:
+        """Per-sample inner products <grad_i, other_grad_i> over this layer's parameters, (B,)."""
+        if self.use_ghost:
+            (A, G), (A2, G2) = self.factors, other.factors
+            if A.shape[1] == 1:
+                w = (A[:, 0] * A2[:, 0]).sum(1) * (G[:, 0] * G2[:, 0]).sum(1)
+            else:
+                w = (torch.bmm(A, A2.transpose(1, 2)) * torch.bmm(G, G2.transpose(1, 2))).sum((1, 2))
+        else:
+            w = (self.materialised * other.materialised).flatten(1).sum(1)
+        if self.bias is not None:
+            w = w + (self.bias * other.bias).sum(1)
+        return w
+
+    def weighted_sum(self, coef: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+        """sum_i coef_i * grad_i, shaped like the parameters."""
+        m = self.module
+        if "materialised" in self.__dict__:
+            w = torch.tensordot(coef, self.materialised, dims=1)
+        elif isinstance(m, nn.Linear):
+            A, G = self.factors
+            B, P, dg = G.shape
+            w = (G * coef.view(B, 1, 1)).reshape(B * P, dg).t() @ A.reshape(B * P, -1)
+        else:
+            scaled = self.gy * coef.view(-1, 1, 1, 1)
+            if isinstance(m, nn.Conv2d):
+                w = conv2d_weight(self.x, m.weight.shape, scaled, m.stride, m.padding, m.dilation)
+            else:
+                w = conv2d_weight(scaled, m.weight.shape, self.x, m.stride, m.padding, m.dilation)
+        out = {m.weight: w.reshape(m.weight.shape)}
+        if self.bias is not None:
+            out[m.bias] = coef @ self.bias
+        return out
+
+
+def trainable_layers(model: nn.Module) -> list[nn.Module]:
+    """The layers that own trainable parameters; refuses models with unsupported ones."""
+    layers = []
+    for name, module in model.named_modules():
+        if not any(p.requires_grad for p in module.parameters(recurse=False)):
+            continue
+        if not isinstance(module, SUPPORTED_LAYERS):
+            raise UnsupportedLayerError(
+                f"layer {name!r} ({type(module).__name__}) has trainable parameters, but per-sample "
+                f"gradients are implemented only for {', '.join(t.__name__ for t in SUPPORTED_LAYERS)}"
+            )
+        if any(not p.requires_grad for p in module.parameters(recurse=False)):
+            raise UnsupportedLayerError(f"layer {name!r} has partly frozen parameters")
+        layers.append(module)
+    return layers
+
+
+class PerSampleGradients:
+    """The per-sample gradients of one batch: a list of per-layer gradients."""
+
+    def __init__(self, layers: list[LayerGrads]):
+        self.layers = layers
+        self.batch_size = layers[0].batch_size if layers else 0
+
+    def sq_norms(self) -> torch.Tensor:
+        return sum(layer.inner(layer) for layer in self.layers)
+
+    def norms(self) -> torch.Tensor:
+        return self.sq_norms().sqrt()
+
+    def inner(self, other: "PerSampleGradients") -> torch.Tensor:
+        return sum(a.inner(b) for a, b in zip(self.layers, other.layers))
+
+    def weighted_sum(self, coef: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+        out: dict[nn.Parameter, torch.Tensor] = {}
+        for layer in self.layers:
+            out.update(layer.weighted_sum(coef))
+        return out
+
+
+class Tape:
+    """Records the inputs and outputs of every trainable layer during one forward pass.
+
+    Usage::
+
+        tape = Tape(model)
+        with tape:
+            losses = per_sample_loss(model, x, y)   # shape (B,)
+        grads = tape.per_sample_gradients(losses)
+    """
+
+    def __init__(self, model: nn.Module):
+        self.layers = trainable_layers(model)
+        self._records: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
+        self._handles: list = []
+
+    def _hook(self, module, inputs, output):
+        self._records.append((module, inputs[0].detach(), output))
+
+    def __enter__(self) -> "Tape":
+        self._records = []
+        self._handles = [m.register_forward_hook(self._hook) for m in self.layers]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def per_sample_gradients(self, losses: torch.Tensor) -> PerSampleGradients:
+        """Backpropagates sum(losses) to the recorded layer outputs."""
+        records, self._records = self._records, []
+        used = [m for m, _, _ in records]
+        if len(used) != len(set(map(id, used))):
+            raise UnsupportedLayerError("a trainable layer was called more than once in one forward pass")
+        if len(used) != len(self.layers):
+            raise UnsupportedLayerError("some trainable layers were not used in the forward pass")
+        grads = torch.autograd.grad(losses.sum(), [out for _, _, out in records])
+        return PerSampleGradients([LayerGrads(m, x, gy) for (m, x, _), gy in zip(records, grads)])

@@ -1,0 +1,115 @@
+"""The one results writer: a run is one Parquet file.
+
+Rows are the metrics in long form (``split`` = "train" rows per step, "test" rows per
+epoch); the run's metadata (every setting, the privacy promised and delivered, timing,
+provenance) is JSON in the file's key-value metadata under ``dpbench``. Files are written
+atomically: a crash never leaves a partial file under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import tempfile
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+META_KEY = b"dpbench"
+SCHEMA_VERSION = 1
+METRIC_COLUMNS = {"split": "string", "step": "int64", "epoch": "int64", "loss": "float64",
+                  "accuracy": "float64", "batch_size": "int64"}
+PACKAGES = ("torch", "opacus", "numpy", "pandas", "pyarrow", "scipy")
+
+
+def _git_commit() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("-dirty" if dirty else "")
+
+
+def provenance() -> dict[str, Any]:
+    versions = {}
+    for name in ("dpbench",) + PACKAGES:
+        try:
+            versions[name] = importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"python": platform.python_version(), "packages": versions, "git_commit": _git_commit(),
+            "hostname": platform.node()}
+
+
+def _jsonable(obj: Any) -> Any:
+    """JSON with non-finite floats kept as strings ("inf", "nan") so they survive a round trip."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return _jsonable(obj.item())
+    return obj
+
+
+def _restore(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _restore(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_restore(v) for v in obj]
+    if obj in ("inf", "-inf", "nan"):
+        return float(obj)
+    return obj
+
+
+def write_run(path: str | Path, metrics: pd.DataFrame, meta: dict[str, Any]) -> Path:
+    path = Path(path)
+    missing = set(METRIC_COLUMNS) - set(metrics.columns)
+    if missing:
+        raise ValueError(f"metrics lack columns {sorted(missing)}")
+    table = pa.Table.from_pandas(metrics[list(METRIC_COLUMNS)].astype(METRIC_COLUMNS), preserve_index=False)
+    payload = json.dumps({"schema_version": SCHEMA_VERSION, **_jsonable(meta)}, sort_keys=True)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: payload.encode()})
+    return _atomic_write(table, path)
+
+
+def write_table(df: pd.DataFrame, path: str | Path) -> Path:
+    """Any table, atomically, as Parquet."""
+    return _atomic_write(pa.Table.from_pandas(df, preserve_index=False), Path(path))
+
+
+def _atomic_write(table: pa.Table, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    raw = pq.read_schema(path).metadata or {}
+    if META_KEY not in raw:
+        raise ValueError(f"{path} is not a dpbench run file (no {META_KEY.decode()!r} metadata)")
+    return _restore(json.loads(raw[META_KEY]))
+
+
+def read_run(path: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    return pd.read_parquet(path), read_meta(path)

@@ -1,0 +1,67 @@
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from dpbench import data  # noqa: E402
+
+FMNIST_DIRS = [Path(os.environ["DPBENCH_DATA_DIR"]) / "fashion-mnist"] if os.environ.get("DPBENCH_DATA_DIR") else []
+FMNIST_DIRS += [REPO / "data" / "fashion-mnist", *data.SYSTEM_DIRS["fashion-mnist"]]
+
+
+def _fmnist_dir():
+    for d in FMNIST_DIRS:
+        if all((d / f"{k}.gz").is_file() for k in data.FASHION_MNIST_MD5):
+            return d
+    return None
+
+
+@pytest.fixture(scope="session")
+def fmnist_dir():
+    """The real Fashion-MNIST files; tests that need them skip (with the reason) when absent."""
+    d = _fmnist_dir()
+    if d is None:
+        pytest.skip("real Fashion-MNIST not found (apt-get install dataset-fashion-mnist, "
+                    "or `dpbench data --download --dataset fashion-mnist --data-dir data`)")
+    return d
+
+
+@pytest.fixture
+def tiny_fmnist(monkeypatch):
+    """In-process unit tests of the training loop: a small random dataset in Fashion-MNIST's
+    shapes, patched into dpbench.data.load. Never used by the product, only by loop tests."""
+    def fake_load(name, data_dir=None, **kw):
+        assert name == "fashion-mnist"
+        rng = np.random.default_rng(0)
+        return data.Dataset(name, rng.integers(0, 256, (600, 1, 28, 28), dtype=np.uint8),
+                            rng.integers(0, 10, 600), rng.integers(0, 256, (200, 1, 28, 28), dtype=np.uint8),
+                            rng.integers(0, 10, 200), "generated-for-tests")
+
+    monkeypatch.setattr(data, "load", fake_load)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def run_cli(*args, cwd=REPO, check=True, timeout=600):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([sys.executable, "-m", "dpbench", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dpbench {' '.join(map(str, args))} failed:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def snakemake_exe():
+    exe = Path(sys.executable).with_name("snakemake")
+    return str(exe) if exe.exists() else shutil.which("snakemake")

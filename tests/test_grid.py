@@ -1,0 +1,74 @@
+"""Config validation and grid expansion."""
+
+import copy
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import REPO
+from dpbench.grid import Cell, ConfigError, expand, load_config, seeds_from_root, validate
+
+BASE = {"grid": [{"problems": ["P2"], "batch_sizes": [256, 512], "epsilons": [1, 10], "epochs": [2], "seeds": 2,
+                  "optimizers": {"dpsgd": {"lr": [0.1, 1.0]}, "sgd": {"lr": 0.1}}}]}
+
+
+def test_defaults_are_filled_in():
+    cfg = validate(copy.deepcopy(BASE))
+    assert cfg["data_dir"] == "data" and cfg["results_dir"] == "results" and cfg["software_env"] == "cpu"
+    assert cfg["train"]["delta"] == 1e-5 and cfg["train"]["clip_norm"] == 1.0 and cfg["train"]["threads"] == 1
+
+
+def test_expansion_counts_and_dedupes():
+    cells = expand(validate(copy.deepcopy(BASE)))
+    # dpsgd: 2 L x 2 eps x 2 lr x 2 seeds; sgd ignores epsilon: 2 L x 1 lr x 2 seeds
+    assert len(cells) == 16 + 4
+    assert len({c.id for c in cells}) == len(cells)
+    twice = copy.deepcopy(BASE)
+    twice["grid"].append(copy.deepcopy(BASE["grid"][0]))
+    assert expand(validate(twice)) == cells
+    sgd = [c for c in cells if c.optimizer == "sgd"]
+    assert all(c.epsilon is None and "nonprivate" in c.id for c in sgd)
+
+
+def test_seeds_come_from_seedsequence():
+    seeds = seeds_from_root(123, 3)
+    assert seeds == [int(c.generate_state(1)[0]) for c in np.random.SeedSequence(123).spawn(3)]
+    assert len(set(seeds)) == 3 and seeds_from_root(123, 1) == seeds[:1]
+    cells = expand(validate({**copy.deepcopy(BASE), "root_seed": 123}))
+    assert {c.seed for c in cells} == set(seeds[:2])
+
+
+def test_cell_ids_and_cli_args():
+    c = Cell("P2", "dpsgd", 256, 2, 1.0, 0.001, 0, 99, (("kappa", 0.7),))
+    assert c.id == "P2/dpsgd/L256-E2-eps1-lr0.001-kappa0.7-s0"
+    args = c.train_args({"delta": 1e-5, "max_steps": None, "normalize_clipping": False})
+    assert args[args.index("--lr") + 1] == "0.001" and "--max-steps" not in args
+    assert args[args.index("--hp") + 1] == "kappa=0.7" and "--flat-clipping" in args
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda c: c["grid"][0].update(batch_sizes=[0]), r"grid\.0\.batch_sizes\.0"),
+    (lambda c: c["grid"][0].update(problems=["P9"]), r"grid\.0\.problems\.0"),
+    (lambda c: c.update(train={"delta": 2}), r"train\.delta"),
+    (lambda c: c.update(colour="red"), r"colour"),
+    (lambda c: c["grid"][0]["optimizers"].update(adamx={"lr": 1}), r"grid\.0\.optimizers\.adamx: unknown optimizer"),
+    (lambda c: c["grid"][0]["optimizers"]["dpsgd"].update(kappa=1), r"grid\.0\.optimizers\.dpsgd: .*'kappa'"),
+    (lambda c: c["grid"][0].update(epsilons=[]), r"grid\.0\.epsilons"),
+    (lambda c: c["grid"][0]["optimizers"]["dpsgd"].pop("lr"), r"grid\.0\.optimizers\.dpsgd"),
+])
+def test_bad_values_name_the_key(mutate, match):
+    cfg = copy.deepcopy(BASE)
+    mutate(cfg)
+    with pytest.raises(ConfigError, match=match):
+        validate(cfg)
+
+
+def test_default_config_is_the_small_p2_experiment():
+    cfg = load_config(REPO / "config" / "config.yaml")
+    cells = expand(cfg)
+    assert {c.problem for c in cells} == {"P2"} and {c.optimizer for c in cells} == {"dpsgd", "sgd"}
+    assert {c.epsilon for c in cells if c.optimizer == "dpsgd"} == {1.0, 10.0}
+    assert all(len({c.lr for c in cells if c.optimizer == o}) == 2 for o in ("dpsgd", "sgd"))
+    assert cfg["train"]["train_subset"] is None  # full Fashion-MNIST
+    yaml.safe_load((REPO / "config" / "config.yaml").read_text())

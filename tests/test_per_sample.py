@@ -1,0 +1,116 @@
+"""Per-sample gradients (norms, weighted sums, inner products) against torch.func."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from dpbench.per_sample import LayerGrads, Tape, UnsupportedLayerError
+from dpbench.problems import PROBLEMS
+
+B = 12
+
+
+def reference(model, loss_one, *batch):
+    """Per-sample gradients by vmap(grad) over single examples: the plain dense reference."""
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    g = vmap(grad(lambda p, *xs: loss_one(p, *xs)), in_dims=(None,) + (0,) * len(batch))(params, *batch)
+    return {dict(model.named_parameters())[k]: v for k, v in g.items()}
+
+
+def check(model, loss_batch, loss_one, *batch):
+    ref = reference(model, loss_one, *batch)
+    ref_norms = torch.sqrt(sum(v.flatten(1).pow(2).sum(1) for v in ref.values()))
+    tape = Tape(model)
+    with tape:
+        losses = loss_batch(*batch)
+    psg = tape.per_sample_gradients(losses)
+    torch.testing.assert_close(psg.norms(), ref_norms, rtol=1e-5, atol=1e-7)
+    coef = torch.rand(B)
+    for p, w in psg.weighted_sum(coef).items():
+        torch.testing.assert_close(w, torch.einsum("b,b...->...", coef, ref[p]), rtol=1e-4, atol=1e-6)
+    return psg, ref
+
+
+LAYERS = [
+    nn.Linear(7, 5),
+    nn.Linear(7, 5, bias=False),
+    nn.Conv2d(3, 4, 3),
+    nn.Conv2d(3, 4, 3, stride=2, padding=1, bias=False),
+    nn.Conv2d(2, 3, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2)),
+    nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1),
+    nn.ConvTranspose2d(2, 3, 3, stride=2, padding=1, output_padding=0, bias=False),
+    nn.ConvTranspose2d(2, 3, 2, stride=1),
+]
+
+
+@pytest.mark.parametrize("ghost", [True, False], ids=["ghost", "materialised"])
+@pytest.mark.parametrize("layer", LAYERS, ids=repr)
+def test_single_layer_both_paths(layer, ghost, monkeypatch):
+    monkeypatch.setattr(LayerGrads, "use_ghost", property(lambda self: ghost))
+    shape = (B, 7) if isinstance(layer, nn.Linear) else (B, layer.in_channels, 9, 8)
+    x = torch.randn(shape)
+    target = torch.randn_like(layer(x))
+
+    def loss_batch(x, t):
+        return ((layer(x) - t) ** 2).flatten(1).sum(1) * 0.5
+
+    def loss_one(p, x, t):
+        return 0.5 * ((functional_call(layer, p, (x[None],)) - t[None]) ** 2).sum()
+
+    check(layer, loss_batch, loss_one, x, target)
+
+
+def test_linear_on_sequences():
+    """A Linear layer applied per token: per-sample gradients sum over positions."""
+    layer = nn.Linear(6, 4)
+    x = torch.randn(B, 5, 6)
+    loss_batch = lambda x: layer(x).tanh().sum((1, 2))  # noqa: E731
+    loss_one = lambda p, x: functional_call(layer, p, (x[None],)).tanh().sum()  # noqa: E731
+    check(layer, loss_batch, loss_one, x)
+
+
+@pytest.mark.parametrize("problem_id", ["P1", "P2", "P3"])
+def test_problem_models(problem_id):
+    problem = PROBLEMS[problem_id]
+    model = problem.build()
+    shape = (3, 32, 32) if problem_id == "P1" else (1, 28, 28)
+    x = torch.rand(B, *shape)
+    y = torch.randint(0, 10, (B,))
+    noise = torch.randn(B, 32)
+    if problem.task == "classification":
+        loss_batch = lambda x, y, n: F.cross_entropy(model(x), y, reduction="none")  # noqa: E731
+        loss_one = lambda p, x, y, n: F.cross_entropy(functional_call(model, p, (x[None],)), y[None])  # noqa: E731
+    else:
+        def vae_loss(out, x):
+            recon, mu, logvar = out
+            rec = F.binary_cross_entropy(recon, x, reduction="none").flatten(1).sum(1)
+            return rec - 0.5 * (1 + logvar - mu ** 2 - logvar.exp()).sum(1)
+
+        loss_batch = lambda x, y, n: vae_loss(model(x, n), x)  # noqa: E731
+        loss_one = lambda p, x, y, n: vae_loss(functional_call(model, p, (x[None], n[None])), x[None]).sum()  # noqa: E731
+    psg, ref = check(model, loss_batch, loss_one, x, y, noise)
+    # inner products between two passes (DiSK) against the dense reference
+    tape = Tape(model)
+    with tape:
+        losses2 = loss_batch(x.flip(0), y.flip(0), noise.flip(0))
+    psg2 = tape.per_sample_gradients(losses2)
+    ref2 = reference(model, loss_one, x.flip(0), y.flip(0), noise.flip(0))
+    expected = sum((ref[p].flatten(1) * ref2[p].flatten(1)).sum(1) for p in ref)
+    torch.testing.assert_close(psg.inner(psg2), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_refuses_unsupported_layers():
+    model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    with pytest.raises(UnsupportedLayerError, match="BatchNorm1d"):
+        Tape(model)
+
+
+def test_refuses_layer_used_twice():
+    lin = nn.Linear(3, 3)
+    tape = Tape(lin)
+    with tape:
+        out = lin(lin(torch.randn(4, 3))).sum(1)
+    with pytest.raises(UnsupportedLayerError, match="more than once"):
+        tape.per_sample_gradients(out)

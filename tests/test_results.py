@@ -1,0 +1,48 @@
+"""The run file: schema, metadata round trip, atomic writes."""
+
+import math
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from dpbench import results
+
+
+def _metrics():
+    return pd.DataFrame({"split": ["train", "train", "test"], "step": [1, 2, 2], "epoch": [1, 1, 1],
+                         "loss": [0.5, math.nan, math.inf], "accuracy": [0.1, 0.2, math.nan],
+                         "batch_size": [3, 0, 10]})
+
+
+def test_round_trip_keeps_nonfinite_values(tmp_path):
+    meta = {"privacy": {"epsilon": math.inf, "target_epsilon": None}, "result": {"x": math.nan}}
+    path = results.write_run(tmp_path / "a" / "run.parquet", _metrics(), meta)
+    df, back = results.read_run(path)
+    assert list(df.columns) == list(results.METRIC_COLUMNS)
+    assert back["privacy"]["epsilon"] == math.inf and back["privacy"]["target_epsilon"] is None
+    assert math.isnan(back["result"]["x"]) and back["schema_version"] == results.SCHEMA_VERSION
+    assert df.loss.iloc[2] == math.inf
+    # readable without dpbench: plain pyarrow metadata
+    assert b"dpbench" in pq.read_schema(path).metadata
+
+
+def test_crash_during_write_leaves_no_file(tmp_path, monkeypatch):
+    target = tmp_path / "run.parquet"
+
+    def crash(table, where):
+        with open(where, "wb") as f:
+            f.write(b"PAR1 partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(results.pq, "write_table", crash)
+    with pytest.raises(KeyboardInterrupt):
+        results.write_run(target, _metrics(), {})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rejects_non_run_files(tmp_path):
+    path = tmp_path / "plain.parquet"
+    _metrics().to_parquet(path)
+    with pytest.raises(ValueError, match="not a dpbench run file"):
+        results.read_meta(path)

@@ -1,0 +1,112 @@
+"""The training harness and the `dpbench train` CLI."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import run_cli
+from dpbench import accounting
+from dpbench.results import read_run
+from dpbench.train import RunConfig, run, stream_seeds
+
+
+def test_seed_streams_are_distinct_and_stable():
+    a, b = stream_seeds(1), stream_seeds(2)
+    assert a == stream_seeds(1)
+    assert len(set(a.values())) == len(a) and not set(a.values()) & set(b.values())
+
+
+def test_run_records_what_was_promised_and_delivered(tiny_fmnist):
+    cfg = RunConfig(problem="P2", optimizer="dpsgd", lr=0.5, batch_size=60, epochs=2, seed=3, epsilon=2.0,
+                    progress_every_s=1e9)
+    res = run(cfg)
+    m, meta = res.metrics, res.meta
+    p = meta["privacy"]
+    assert p["planned_steps"] == p["steps"] == round(2 * 600 / 60) == 20
+    assert p["sample_rate"] == pytest.approx(60 / 600)
+    assert p["noise_multiplier"] == pytest.approx(accounting.calibrate_noise_multiplier(2.0, 0.1, 20))
+    assert p["epsilon"] <= 2.0 and p["epsilon"] == pytest.approx(accounting.epsilon([(p["noise_multiplier"], 0.1, 20)]))
+    assert p["epsilon_rdp"] >= p["epsilon"] and p["noise_multiplier_source"] == "calibrated"
+    assert p["noise_std_mean_gradient"] == pytest.approx(p["noise_multiplier"] / 60)
+    train, test = m[m.split == "train"], m[m.split == "test"]
+    assert list(train.step) == list(range(1, 21)) and list(test.epoch) == [1, 2] and list(test.step) == [10, 20]
+    assert train.batch_size.sum() == pytest.approx(20 * 60, rel=0.2)
+    assert meta["result"]["status"] == "completed"
+    assert meta["result"]["best_test_accuracy"] == test.accuracy.max()
+    assert meta["problem"]["parameters"] == 225_034
+    assert meta["config"]["lr"] == 0.5 and meta["optimizer"]["name"] == "dpsgd"
+
+
+def test_max_steps_reports_epsilon_for_steps_taken(tiny_fmnist):
+    res = run(RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=3, seed=0, epsilon=1.0,
+                        max_steps=7, progress_every_s=1e9))
+    p = res.meta["privacy"]
+    assert p["steps"] == 7 and p["planned_steps"] == 30
+    assert p["epsilon"] < p["epsilon_planned"] <= 1.0
+
+
+def test_same_seed_same_metrics_and_different_seed_differs(tiny_fmnist):
+    cfg = dict(problem="P2", optimizer="dpsgd", lr=0.5, batch_size=50, epochs=1, epsilon=5.0, progress_every_s=1e9)
+    a, b, c = run(RunConfig(seed=1, **cfg)), run(RunConfig(seed=1, **cfg)), run(RunConfig(seed=2, **cfg))
+    pd.testing.assert_frame_equal(a.metrics, b.metrics)
+    assert not a.metrics.loss.equals(c.metrics.loss)
+
+
+def test_divergence_is_recorded_not_raised(tiny_fmnist):
+    res = run(RunConfig(problem="P2", optimizer="sgd", lr=1e30, batch_size=60, epochs=2, seed=0,
+                        progress_every_s=1e9))
+    assert res.meta["result"]["status"] == "diverged"
+    test = res.metrics[res.metrics.split == "test"]
+    assert test.loss.iloc[-1] == math.inf and len(test) == 1  # stops at the first epoch end
+
+
+def test_noise_multiplier_given_is_recorded(tiny_fmnist):
+    res = run(RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=1, seed=0,
+                        noise_multiplier=1.3, progress_every_s=1e9))
+    p = res.meta["privacy"]
+    assert p["noise_multiplier"] == 1.3 and p["noise_multiplier_source"] == "given"
+    assert p["target_epsilon"] is None and p["epsilon"] == pytest.approx(accounting.epsilon([(1.3, 0.1, 10)]))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(optimizer="dpsgd"), "give --epsilon or --noise-multiplier"),
+    (dict(optimizer="nope", epsilon=1.0), "unknown optimizer 'nope'"),
+    (dict(optimizer="dpsgd", epsilon=1.0, hyperparameters={"kappa": 1}), "no hyperparameter 'kappa'"),
+    (dict(optimizer="dpsgd", epsilon=-1.0), "epsilon must be positive"),
+])
+def test_bad_settings_are_named(kwargs, match):
+    with pytest.raises((ValueError, KeyError), match=match):
+        RunConfig(problem="P2", lr=0.1, batch_size=10, epochs=1, seed=0, **kwargs).validate()
+
+
+@pytest.mark.slow
+def test_cli_writes_a_valid_parquet_file_from_real_data(tmp_path, fmnist_dir):
+    out = tmp_path / "run.parquet"
+    args = ["train", "--problem", "P2", "--optimizer", "dpsgd", "--lr", "0.5", "--batch-size", "256", "--epsilon", "1",
+            "--epochs", "1", "--seed", "7", "--max-steps", "6", "--train-subset", "3000", "--test-subset", "500",
+            "--data-dir", fmnist_dir, "--threads", "1"]
+    proc = run_cli(*args, "--out", out)
+    assert "step 6/6" in proc.stderr  # progress lines
+    df, meta = read_run(out)
+    assert set(df.split) == {"train", "test"} and (df.split == "train").sum() == 6
+    assert df.dtypes["loss"] == np.float64 and df.dtypes["step"] == np.int64
+    assert meta["data"] == {"source": str(fmnist_dir), "n_train": 3000, "n_test": 500}
+    p = meta["privacy"]
+    assert p["sample_rate"] == pytest.approx(256 / 3000) and p["planned_steps"] == round(3000 / 256)
+    assert p["epsilon"] <= p["epsilon_planned"] <= 1.0 and p["delta"] == 1e-5
+    assert meta["environment"]["packages"]["torch"].startswith("2.13.0")
+    assert meta["timing"]["steps_per_second"] > 0
+    # determinism across processes: the same command gives identical metrics
+    run_cli(*args, "--out", tmp_path / "again.parquet")
+    pd.testing.assert_frame_equal(df, read_run(tmp_path / "again.parquet")[0])
+
+
+def test_cli_reports_errors_in_one_line(tmp_path):
+    proc = run_cli("train", "--problem", "P2", "--optimizer", "dpsgd", "--lr", "0.1", "--batch-size", "8",
+                   "--epochs", "1", "--seed", "0", "--out", tmp_path / "x.parquet", check=False)
+    assert proc.returncode == 2 and "give --epsilon or --noise-multiplier" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run_cli("data", "--dataset", "cifar10", "--data-dir", tmp_path, "--no-download", check=False)
+    assert proc.returncode == 2 and "cifar-10-python.tar.gz" in proc.stderr and str(tmp_path) in proc.stderr

@@ -1,0 +1,13 @@
+rule data:
+    output:
+        f"{RESULTS}/data/{{dataset}}.json",
+    log:
+        f"{RESULTS}/logs/data/{{dataset}}.log",
+    params:
+        dpbench=DPBENCH,
+        data_dir=config["data_dir"],
+    conda:
+        ENV
+    shell:
+        "{params.dpbench} data --dataset {wildcards.dataset} --data-dir {params.data_dir} "
+        "--manifest {output} > {log} 2>&1"
