@@ -10,6 +10,7 @@ from torch import nn
 
 from dpbench import accounting
 from dpbench.clipping import Clipping
+from dpbench.mechanisms import PoissonSubsampledGaussian, geometric_buckets, inverse_sqrt_schedule
 from dpbench.noise import GaussianNoise
 from dpbench.optimizers import get_optimizer
 from dpbench.optimizers.base import Context
@@ -157,9 +158,37 @@ def test_analytic_gaussian_reference_values():
     assert s1 < math.sqrt(2 * math.log(1.25 / 1e-5)) / 1.0
 
 
-def test_epsilon_grows_with_steps_and_report_records_both():
-    r = accounting.report(1.0, 0.01, planned_steps=1000, steps=400, target_epsilon=None, calibrated=False)
-    assert r.epsilon < r.epsilon_planned
-    assert r.epsilon == pytest.approx(accounting.epsilon([(1.0, 0.01, 400)]))
-    assert r.epsilon_rdp >= r.epsilon  # RDP is the looser bound
+def test_report_records_planned_and_achieved_epsilon():
+    mech = PoissonSubsampledGaussian()
+    plan = mech.plan(n_train=10_000, batch_size=100, epochs=10)
+    assert (plan.steps, plan.sample_rate) == (1000, 0.01)
+    r = mech.report(plan, 1.0, steps=400, delta=1e-5, accountant="prv")
+    assert r["epsilon"] < r["epsilon_planned"]
+    assert r["epsilon"] == pytest.approx(accounting.epsilon([(1.0, 0.01, 400)]))
+    assert r["epsilon_planned"] == pytest.approx(accounting.epsilon([(1.0, 0.01, 1000)]))
+    assert r["epsilon_rdp"] >= r["epsilon"]  # RDP is the looser bound
     assert accounting.epsilon([(0.0, 0.01, 10)]) == math.inf
+
+
+def test_decaying_schedule_is_accounted_step_by_step_from_above():
+    """sigma_k = sigma / sqrt(k): buckets cover every step once, are accounted at their
+    smallest noise (an upper bound), and stay within 1% of the exact per-step composition."""
+    T = 300
+    buckets = geometric_buckets(T, inverse_sqrt_schedule, rel=0.01)
+    assert len(buckets) < 130
+    assert sum(n for _, n in buckets) == T
+    k = 1
+    for f, n in buckets:
+        factors = [inverse_sqrt_schedule(j) for j in range(k, k + n)]
+        assert f == min(factors) and max(factors) <= f * 1.0101
+        k += n
+    mech = PoissonSubsampledGaussian(inverse_sqrt_schedule, "inverse-sqrt", bucket_rel=0.05)
+    plan = mech.plan(n_train=1000, batch_size=50, epochs=3)
+    assert plan.steps == 60
+    sigma = 8.0
+    exact = accounting.epsilon([(sigma * inverse_sqrt_schedule(j), plan.sample_rate, 1) for j in range(1, 61)],
+                               accountant="rdp")
+    bucketed = accounting.epsilon(mech.history(plan, sigma, 60), accountant="rdp")
+    assert exact <= bucketed <= exact * 1.1
+    # the decay costs privacy: more than constant noise at the same base sigma
+    assert bucketed > accounting.epsilon([(sigma, plan.sample_rate, 60)], accountant="rdp")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from typing import Callable
 
 from scipy.special import ndtr
 
@@ -55,76 +55,35 @@ def epsilon(history: History, delta: float = DELTA, accountant: str = "prv") -> 
     raise ValueError(f"unknown accountant {accountant!r}; choose one of {ACCOUNTANTS}")
 
 
-def calibrate_noise_multiplier(
-    target_epsilon: float,
-    sample_rate: float,
-    steps: int,
-    delta: float = DELTA,
-    accountant: str = "prv",
-    rel_tol: float = 1e-3,
-) -> float:
-    """The smallest sigma (to relative precision rel_tol) with epsilon(sigma) <= target.
+def calibrate(epsilon_of: Callable[[float], float], target_epsilon: float, rel_tol: float = 1e-3) -> float:
+    """The smallest sigma (to relative precision rel_tol) with epsilon_of(sigma) <= target,
+    for any epsilon_of that decreases in sigma.
 
-    Bisection on sigma keeping the invariant epsilon(hi) <= target < epsilon(lo), so the
-    returned value always meets the target.
+    Bisection keeps the invariant epsilon_of(hi) <= target < epsilon_of(lo), so the returned
+    value always meets the target.
     """
     if not target_epsilon > 0:
         raise ValueError(f"target epsilon must be positive, got {target_epsilon}")
-    if not 0 < sample_rate <= 1:
-        raise ValueError(f"sample rate must be in (0, 1], got {sample_rate}")
-
-    def eps(sigma: float) -> float:
-        return epsilon([(sigma, sample_rate, steps)], delta, accountant)
-
     lo, hi = 0.0, 1.0
-    while eps(hi) > target_epsilon:
+    while epsilon_of(hi) > target_epsilon:
         lo, hi = hi, 2 * hi
         if hi > MAX_NOISE_MULTIPLIER:
-            raise ValueError(
-                f"epsilon={target_epsilon} is not reachable with sigma <= {MAX_NOISE_MULTIPLIER} "
-                f"(q={sample_rate}, T={steps}, delta={delta})"
-            )
+            raise ValueError(f"epsilon={target_epsilon} is not reachable with sigma <= {MAX_NOISE_MULTIPLIER}")
     while hi - lo > rel_tol * hi:
         mid = (lo + hi) / 2
-        if eps(mid) <= target_epsilon:
+        if epsilon_of(mid) <= target_epsilon:
             hi = mid
         else:
             lo = mid
     return hi
 
 
-@dataclass(frozen=True)
-class PrivacyReport:
-    """What was promised and what was delivered, as recorded in every run."""
-
-    accountant: str
-    delta: float
-    target_epsilon: float | None
-    noise_multiplier: float
-    sample_rate: float
-    planned_steps: int
-    steps: int
-    epsilon_planned: float  # accountant's epsilon for the planned steps
-    epsilon: float  # for the steps actually taken
-    epsilon_rdp: float  # RDP cross-check for the steps actually taken
-    calibrated: bool  # False when sigma was given explicitly
-
-
-def report(
-    noise_multiplier: float,
-    sample_rate: float,
-    planned_steps: int,
-    steps: int,
-    target_epsilon: float | None,
-    calibrated: bool,
-    delta: float = DELTA,
-    accountant: str = "prv",
-) -> PrivacyReport:
-    planned = epsilon([(noise_multiplier, sample_rate, planned_steps)], delta, accountant)
-    done = planned if steps == planned_steps else epsilon([(noise_multiplier, sample_rate, steps)], delta, accountant)
-    rdp = epsilon([(noise_multiplier, sample_rate, steps)], delta, "rdp")
-    return PrivacyReport(accountant, delta, target_epsilon, noise_multiplier, sample_rate,
-                         planned_steps, steps, planned, done, rdp, calibrated)
+def calibrate_noise_multiplier(target_epsilon: float, sample_rate: float, steps: int, delta: float = DELTA,
+                               accountant: str = "prv", rel_tol: float = 1e-3) -> float:
+    """The smallest sigma meeting the target for T steps of the Poisson-subsampled Gaussian."""
+    if not 0 < sample_rate <= 1:
+        raise ValueError(f"sample rate must be in (0, 1], got {sample_rate}")
+    return calibrate(lambda s: epsilon([(s, sample_rate, steps)], delta, accountant), target_epsilon, rel_tol)
 
 
 # -- the Gaussian mechanism, exactly (Balle & Wang 2018) -----------------------------------

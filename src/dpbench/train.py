@@ -14,12 +14,10 @@ import torch
 
 from dpbench import accounting, data
 from dpbench.clipping import Clipping, NoClipping
-from dpbench.noise import GaussianNoise
 from dpbench.optimizers import get_optimizer
 from dpbench.optimizers.base import Context
 from dpbench.problems import get_problem
 from dpbench.results import provenance
-from dpbench.sampling import PoissonSampler
 
 # The independent random streams of a run, each seeded from SeedSequence(seed).spawn(...).
 STREAMS = ("init", "sampler", "noise", "loss", "subset", "eval")
@@ -144,12 +142,10 @@ def run(cfg: RunConfig) -> RunResult:
     y_test = torch.from_numpy(pick(ds.test_labels, test_idx)).to(device)
     n_train = x_train.shape[0]
 
-    # Privacy setting: q = L/N, T = round(E N / L), sigma from the target epsilon.
-    L = cfg.batch_size
-    if L > n_train:
-        raise ValueError(f"batch_size {L} exceeds the number of training examples {n_train}")
-    q = L / n_train
-    planned_steps = max(1, round(cfg.epochs * n_train / L))
+    # The privacy setting (batches, steps, sample rate) comes from the optimizer's mechanism.
+    mechanism = spec.mechanism
+    plan = mechanism.plan(n_train, cfg.batch_size, cfg.epochs, cfg)
+    L, planned_steps = plan.batch_size, plan.steps
     steps = planned_steps if cfg.max_steps is None else min(planned_steps, cfg.max_steps)
     t0 = time.perf_counter()
     if not spec.private:
@@ -157,8 +153,7 @@ def run(cfg: RunConfig) -> RunResult:
     elif cfg.noise_multiplier is not None:
         sigma, sigma_source = float(cfg.noise_multiplier), "given"
     else:
-        sigma = accounting.calibrate_noise_multiplier(cfg.epsilon, q, planned_steps, cfg.delta, cfg.accountant)
-        sigma_source = "calibrated"
+        sigma, sigma_source = mechanism.calibrate(plan, cfg.epsilon, cfg.delta, cfg.accountant), "calibrated"
     calibration_s = time.perf_counter() - t0
 
     with torch.random.fork_rng(devices=[]):
@@ -175,32 +170,33 @@ def run(cfg: RunConfig) -> RunResult:
         expected_batch_size=L,
         noise_multiplier=sigma,
         clipping=clipping,
-        noise=GaussianNoise(seeds["noise"], device),
+        noise=mechanism.noise(plan, seeds["noise"], device),
         steps=planned_steps,
         hyperparameters=hyper,
     )
     step_fn = spec.build(ctx)
-    sampler = PoissonSampler(n_train, q, seeds["sampler"], device)
+    sampler = mechanism.sampler(plan, n_train, seeds["sampler"], device)
 
     # Per-step metrics stay on the device until an epoch ends (no sync per step).
     train_loss = torch.full((steps,), math.nan, dtype=torch.float64, device=device)
     train_correct = torch.zeros(steps, dtype=torch.float64, device=device)
     batch_sizes = torch.zeros(steps, dtype=torch.int64, device=device)
-    epoch_ends = sorted({min(steps, round(e * n_train / L)) for e in range(1, cfg.epochs + 1)} | {steps})
-    epoch_ends = [s for s in epoch_ends if s <= steps]
+    epoch_ends = sorted({min(steps, round(e * planned_steps / cfg.epochs)) for e in range(1, cfg.epochs + 1)})
     test_rows: list[dict] = []
     label = f"{cfg.problem} {cfg.optimizer} lr={cfg.lr:g} L={L} eps={cfg.epsilon} seed={cfg.seed}"
     progress = Progress(label, steps, cfg.progress_every_s)
-    print(f"[{label}] N={n_train} q={q:.6g} T={planned_steps} steps={steps} sigma={sigma:.6g} ({sigma_source}) "
+    print(f"[{label}] N={n_train} q={plan.sample_rate} T={planned_steps} steps={steps} sigma={sigma:.6g} ({sigma_source}) "
           f"device={device}", file=sys.stderr, flush=True)
 
-    status, step, eval_s = "completed", 0, 0.0
+    status, step, eval_s, stats = "completed", 0, 0.0, {}
     train_t0 = time.perf_counter()
     for epoch, end in enumerate(epoch_ends, start=1):
         while step < end:
             idx = sampler.sample()
             out = step_fn(x_train[idx], y_train[idx])
             batch_sizes[step] = idx.numel()
+            for key, value in out.stats.items():
+                stats[key] = stats.get(key, 0.0) + value
             if out.losses.numel():
                 train_loss[step] = out.losses.double().mean()
                 if out.correct is not None:
@@ -241,35 +237,35 @@ def run(cfg: RunConfig) -> RunResult:
     metrics = metrics.astype({"step": "int64", "epoch": "int64", "batch_size": "int64",
                               "loss": "float64", "accuracy": "float64"})
 
-    privacy = None
-    if spec.private:
-        privacy = accounting.report(sigma, q, planned_steps, steps_done, cfg.epsilon,
-                                    sigma_source == "calibrated", cfg.delta, cfg.accountant)
+    privacy = mechanism.report(plan, sigma, steps_done, cfg.delta, cfg.accountant) if spec.private else {}
     test = metrics[metrics.split == "test"]
     meta = {
         "config": asdict(cfg),
         "problem": {"id": problem.id, "dataset": problem.dataset, "task": problem.task, "metric": problem.metric,
                     "parameters": sum(p.numel() for p in model.parameters())},
         "optimizer": {"name": spec.name, "private": spec.private, "description": spec.description,
-                      "reference": spec.reference, "hyperparameters": hyper, "sampling": spec.sampling},
+                      "reference": spec.reference, "hyperparameters": hyper, "stats": stats},
         "data": {"source": ds.source, "n_train": n_train, "n_test": int(x_test.shape[0])},
         "privacy": {
+            "mechanism": mechanism.name if spec.private else None,
             "noise_multiplier": sigma,
             "noise_multiplier_source": sigma_source,
-            "sample_rate": q,
+            "sample_rate": plan.sample_rate if spec.private else None,
             "planned_steps": planned_steps,
             "steps": steps_done,
             "delta": cfg.delta if spec.private else None,
             "target_epsilon": cfg.epsilon if spec.private else None,
-            "epsilon": privacy.epsilon if privacy else math.inf,
-            "epsilon_planned": privacy.epsilon_planned if privacy else math.inf,
-            "epsilon_rdp": privacy.epsilon_rdp if privacy else math.inf,
+            "epsilon": privacy.pop("epsilon", math.inf),
+            "epsilon_planned": privacy.pop("epsilon_planned", math.inf),
+            "epsilon_rdp": privacy.pop("epsilon_rdp", math.inf),
             "accountant": cfg.accountant if spec.private else None,
             "clip_norm": cfg.clip_norm if spec.private else None,
             "normalize_clipping": cfg.normalize_clipping if spec.private else None,
             "sensitivity": clipping.sensitivity if spec.private else None,
-            "noise_std_mean_gradient": sigma * clipping.sensitivity / L if spec.private else 0.0,
+            "noise_std_mean_gradient": getattr(step_fn, "noise_std", 0.0) / L if spec.private else 0.0,
+            "caveat": spec.caveat,
             "calibration_time_s": calibration_s,
+            **privacy,
         },
         "result": {
             "status": status,

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dpbench.clipping import Clipping, NoClipping
-from dpbench.noise import GaussianNoise
+from dpbench.mechanisms import NoiseSource
 from dpbench.per_sample import PerSampleGradients, Tape
 
 # (model, x, y) -> (per-sample losses (B,), per-sample correctness (B,) or None)
@@ -32,7 +32,7 @@ class Context:
     expected_batch_size: int  # L
     noise_multiplier: float  # sigma
     clipping: Clipping | NoClipping
-    noise: GaussianNoise
+    noise: NoiseSource
     steps: int  # planned number of steps T
     hyperparameters: dict[str, Any] = field(default_factory=dict)  # defaults filled in
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from dpbench.mechanisms import Mechanism, PoissonSubsampledGaussian
 from dpbench.optimizers.base import Context, DPStep
 
 
@@ -16,7 +17,9 @@ class OptimizerSpec:
     description: str
     reference: str  # the paper / algorithm it implements
     defaults: dict[str, Any] = field(default_factory=dict)  # optimizer-specific hyperparameters
-    sampling: str = "poisson"  # how batches are drawn (what the accounting assumes)
+    # how batches are drawn, where noise comes from, how sigma and epsilon are computed
+    mechanism: Mechanism = field(default_factory=PoissonSubsampledGaussian)
+    caveat: str | None = None  # a limit of the privacy guarantee, recorded in every run
 
     def hyperparameters(self, given: dict[str, Any] | None) -> dict[str, Any]:
         """The defaults overridden by ``given``; an unknown name is an error that names it."""
