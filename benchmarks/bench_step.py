@@ -63,6 +63,7 @@ def opacus_loop(problem, x, y, L: int, steps: int) -> float:
             module=model, optimizer=optimizer, data_loader=DataLoader(TensorDataset(x, y), batch_size=L),
             noise_multiplier=SIGMA, max_grad_norm=1.0, poisson_sampling=True)
     done, t, warm = 0, 0.0, 3
+    warnings.filterwarnings("ignore", message="Full backward hook")  # Opacus's hooks on a model without input grads
     while done < steps:
         for xb, yb in loader:
             if done == warm:

@@ -1,0 +1,34 @@
+"""The README's worked example of adding an optimizer runs as written."""
+
+import re
+
+import torch
+
+from conftest import REPO
+from dpbench.clipping import Clipping
+from dpbench.noise import GaussianNoise
+from dpbench.optimizers.base import Context
+
+
+def test_adding_an_optimizer_example_works():
+    readme = (REPO / "README.md").read_text()
+    block = re.search(r"```python\n(# src/dpbench/optimizers/dpmomentum.py\n.*?)```", readme, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(block, "README:dpmomentum", "exec"), namespace)
+    spec = namespace["DPMOMENTUM"]
+    assert spec.hyperparameters({"mu": 0.5}) == {"mu": 0.5}
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    ctx = Context(model=model, loss_fn=lambda m, x, y: (m(x).pow(2).sum(1), None), lr=0.1,
+                  expected_batch_size=4, noise_multiplier=0.0, clipping=Clipping(1.0), noise=GaussianNoise(0),
+                  steps=2, hyperparameters=spec.hyperparameters(None))
+    step = spec.build(ctx)
+    w0 = model.weight.detach().clone()
+    x = torch.randn(4, 3)
+    step(x, None)
+    d1 = model.weight.detach() - w0
+    step(x, None)
+    d2 = model.weight.detach() - w0 - d1
+    # heavy ball: the second update carries mu = 0.9 times the first one's velocity
+    assert d1.abs().sum() > 0 and not torch.allclose(d1, d2)
+    assert "dpmomentum" not in __import__("dpbench.optimizers", fromlist=["OPTIMIZERS"]).OPTIMIZERS
