@@ -1,0 +1,114 @@
+"""Content fingerprints of the code behind a result, for incremental reruns.
+
+The workflow passes them to rules as params, and Snakemake reruns a job when its params
+change. So editing one optimizer's module reruns only that optimizer's cells; editing the
+harness (training loop, per-sample gradients, accounting, ...) reruns every cell; editing
+one figure function reruns only that figure. Dependencies are found statically from import
+statements (modules) and from references to module-level functions (figures).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+PACKAGE = "dpbench"
+# The registry imports every optimizer module: following it would make each optimizer depend
+# on all the others, and adding an optimizer would rerun everything.
+REGISTRY = "dpbench.optimizers"
+# What every training run executes, whatever its optimizer.
+HARNESS = ("dpbench.train", "dpbench.optimizers.base", "dpbench.optimizers.registry")
+
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of a dpbench module, found on disk (nothing is imported)."""
+    parts = name.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    base = ROOT.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(name: str) -> set[str]:
+    """dpbench modules that module `name` imports (statically, from its source)."""
+    path = _module_file(name)
+    if path is None:
+        return set()
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}  # `from pkg import module`
+    return {m for m in found if (m == PACKAGE or m.startswith(PACKAGE + ".")) and _module_file(m)}
+
+
+def module_closure(roots: tuple[str, ...]) -> set[str]:
+    """The dpbench modules the roots depend on, transitively; the registry is a leaf."""
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name != REGISTRY:
+            todo.extend(_imports(name))
+    seen.discard(REGISTRY)
+    seen.discard(PACKAGE)
+    return seen
+
+
+def _digest(parts: list[tuple[str, str]]) -> str:
+    h = hashlib.sha256()
+    for key, text in sorted(parts):
+        h.update(key.encode() + b"\0" + text.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+@lru_cache(maxsize=None)
+def optimizer_fingerprint(optimizer: str) -> str:
+    """Hash of the sources that determine an optimizer's runs: the harness and its module(s)."""
+    from dpbench.optimizers import get_optimizer
+
+    module = get_optimizer(optimizer).build.__module__
+    names = module_closure(HARNESS) | module_closure((module,))
+    return _digest([(n, _module_file(n).read_text()) for n in names])
+
+
+def function_closure(fn) -> list:
+    """fn and the module-level functions of its own module that it references, transitively."""
+    module = sys.modules[fn.__module__]
+    seen, todo = {}, [fn]
+    while todo:
+        f = todo.pop()
+        if f.__name__ in seen:
+            continue
+        seen[f.__name__] = f
+        for node in ast.walk(ast.parse(inspect.getsource(f))):
+            if isinstance(node, ast.Name):
+                target = getattr(module, node.id, None)
+                if inspect.isfunction(target) and target.__module__ == module.__name__:
+                    todo.append(target)
+    return list(seen.values())
+
+
+def function_fingerprint(fn) -> str:
+    """Hash of a function's source and of the same-module functions it calls."""
+    return _digest([(f.__qualname__, inspect.getsource(f)) for f in function_closure(fn)])

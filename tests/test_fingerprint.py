@@ -1,0 +1,51 @@
+"""Code fingerprints: what an optimizer's (or a figure's) results depend on."""
+
+import shutil
+import subprocess
+import sys
+
+from conftest import REPO
+from dpbench import fingerprint
+
+
+def test_harness_closure_excludes_the_registry_and_other_optimizers():
+    harness = fingerprint.module_closure(fingerprint.HARNESS)
+    assert {"dpbench.train", "dpbench.per_sample", "dpbench.accounting", "dpbench.clipping",
+            "dpbench.sampling", "dpbench.noise", "dpbench.optimizers.base"} <= harness
+    assert "dpbench.optimizers" not in harness and "dpbench.optimizers.sgd" not in harness
+    assert "dpbench.figures" not in harness and "dpbench.aggregate" not in harness
+
+
+def _fingerprints(src, names):
+    code = ("import sys; from dpbench.fingerprint import optimizer_fingerprint as f; "
+            f"print(' '.join(f(n) for n in {names!r}))")
+    out = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(src)}, capture_output=True,
+                         text=True, check=True)
+    return dict(zip(names, out.stdout.split()))
+
+
+def test_editing_an_optimizer_module_changes_only_its_fingerprint(tmp_path):
+    from dpbench.optimizers import OPTIMIZERS
+
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
+    names = sorted(OPTIMIZERS)
+    before = _fingerprints(src, names)
+    sgd_module = src / "dpbench" / "optimizers" / "sgd.py"
+    sgd_module.write_text(sgd_module.read_text() + "\n# an edit\n")
+    after_opt = _fingerprints(src, names)
+    changed = {n for n in names if before[n] != after_opt[n]}
+    assert changed == {n for n in names if OPTIMIZERS[n].build.__module__ == "dpbench.optimizers.sgd"}
+    harness = src / "dpbench" / "per_sample.py"
+    harness.write_text(harness.read_text() + "\n# an edit\n")
+    after_harness = _fingerprints(src, names)
+    assert all(after_harness[n] != after_opt[n] for n in names)
+
+
+def test_figure_fingerprint_follows_called_functions():
+    from dpbench import figures
+
+    closure = {f.__name__ for f in fingerprint.function_closure(figures.best_accuracy)}
+    assert {"best_accuracy", "best_per_setting"} <= closure
+    assert fingerprint.function_fingerprint(figures.best_accuracy) == fingerprint.function_fingerprint(
+        figures.best_accuracy)
