@@ -1,0 +1,276 @@
+"""Figures of chapter 5 from synthetic aggregated tables whose best cells are known by construction."""
+
+import itertools
+import math
+import statistics
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpbench import figures
+
+LRS = [0.01, 0.1, 1.0]
+SIZES = [256, 512]
+EPOCHS = [250, 500]
+SEEDS = [0, 1, 2]
+OFFSET = {"dpsgd": 0.0, "dpadambc": -0.05, "dpdisk": -0.02}
+# the best learning rate shifts with epsilon, as in the thesis
+LR_TERM = {1.0: {0.01: 0.0, 0.1: 0.1, 1.0: 0.05}, 10.0: {0.01: 0.0, 0.1: 0.05, 1.0: 0.15}}
+
+
+def accuracy(opt, eps, lr, size, epochs, seed):
+    return (0.5 + OFFSET[opt] + (0.1 if eps == 10.0 else 0.0) + LR_TERM[eps][lr]
+            + 0.02 * (size == 512) + 0.01 * (epochs == 500) + 0.01 * seed ** 2)
+
+
+def diverged(opt, eps, lr, size, epochs, seed):
+    # a whole cell (all epochs, all seeds) and a half cell (only E = 500)
+    return opt == "dpsgd" and lr == 1.0 and size == 256 and (eps == 1.0 or epochs == 500)
+
+
+def missing(opt, eps, lr, size, epochs, seed):
+    return opt == "dpadambc" and lr == 1.0 and size == 512
+
+
+def _row(problem, task, opt, eps, lr, size, epochs, seed, acc, loss, status):
+    private = eps is not None
+    return {"run_id": f"{problem}/{opt}/L{size}-E{epochs}-eps{eps}-lr{lr:g}-s{seed}", "problem": problem,
+            "dataset": {"P1": "cifar10", "P2": "fashion-mnist", "P3": "fashion-mnist"}[problem],
+            "task": task, "optimizer": opt, "private": private, "lr": lr, "batch_size": size, "epochs": epochs,
+            "seed": seed, "hyperparameters": "{}", "target_epsilon": eps if private else np.nan,
+            "epsilon": (eps * 0.99) if private else np.nan, "status": status,
+            "best_test_accuracy": acc, "best_test_loss": loss, "final_test_accuracy": acc,
+            "final_test_loss": loss, "best_epoch": 1.0,
+            "best_val_accuracy": acc, "best_val_loss": loss}
+
+
+def classification_runs():
+    rows = []
+    for opt, eps, lr, size, epochs, seed in itertools.product(["dpsgd", "dpadambc", "dpdisk"], [1.0, 10.0],
+                                                               LRS, SIZES, EPOCHS, SEEDS):
+        if missing(opt, eps, lr, size, epochs, seed) or (opt == "dpdisk" and seed > 0):
+            continue
+        if diverged(opt, eps, lr, size, epochs, seed):
+            rows.append(_row("P1", "classification", opt, eps, lr, size, epochs, seed, np.nan, np.inf, "diverged"))
+        else:
+            acc = accuracy(opt, eps, lr, size, epochs, seed)
+            rows.append(_row("P1", "classification", opt, eps, lr, size, epochs, seed, acc, 1.5 - acc, "completed"))
+    for seed in SEEDS:  # a non-private reference
+        rows.append(_row("P1", "classification", "sgd", None, 0.1, 256, 250, seed, 0.9, 0.3, "completed"))
+    runs = pd.DataFrame(rows)
+    # validation disagrees with test for one run: the worst learning rate looks best on validation
+    trap = runs.run_id == "P1/dpsgd/L256-E250-eps1.0-lr0.01-s0"
+    runs.loc[trap, "best_val_accuracy"] = 0.99
+    return runs
+
+
+VAE_LOSS = {  # (optimizer, eps, lr, batch size) -> best test loss; inf: diverged
+    ("dpsgd", 1.0, 0.1, 1024): 320.0, ("dpsgd", 1.0, 1.0, 1024): 290.0, ("dpsgd", 1.0, 10.0, 1024): np.inf,
+    ("dpsgd", 1.0, 0.1, 2048): 330.0, ("dpsgd", 1.0, 1.0, 2048): 300.0, ("dpsgd", 1.0, 10.0, 2048): 310.0,
+    ("dpsgd", 10.0, 0.1, 1024): 280.0, ("dpsgd", 10.0, 1.0, 1024): 260.0, ("dpsgd", 10.0, 10.0, 1024): np.inf,
+    ("dpsgd", 10.0, 0.1, 2048): 285.0, ("dpsgd", 10.0, 1.0, 2048): 265.0, ("dpsgd", 10.0, 10.0, 2048): np.inf,
+    ("dpmatrix-me", 1.0, 0.1, 1024): 300.0, ("dpmatrix-me", 1.0, 1.0, 1024): 270.0,
+    ("dpmatrix-me", 1.0, 0.1, 2048): 305.0, ("dpmatrix-me", 1.0, 1.0, 2048): 275.0,
+    ("dpmatrix-me", 10.0, 0.1, 1024): 250.0, ("dpmatrix-me", 10.0, 1.0, 2048): 240.0,
+}
+
+
+def vae_runs():
+    rows = []
+    for (opt, eps, lr, size), loss in VAE_LOSS.items():
+        status = "completed" if np.isfinite(loss) else "diverged"
+        rows.append(_row("P3", "generation", opt, eps, lr, size, 30, 0, np.nan, loss, status))
+        # a second, worse seed in every finite cell: the cell is the best over seeds
+        if np.isfinite(loss):
+            rows.append(_row("P3", "generation", opt, eps, lr, size, 30, 1, np.nan, loss + 7.0, "completed"))
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return pd.concat([classification_runs(), vae_runs()], ignore_index=True)
+
+
+def cell(df, **where):
+    mask = np.ones(len(df), bool)
+    for k, v in where.items():
+        mask &= (df[k] == v).to_numpy()
+    assert mask.sum() == 1, where
+    return df[mask].iloc[0]
+
+
+def test_heatmap_cells_are_the_best_over_other_settings_and_seeds(runs):
+    data = figures.heatmap_data(runs, "P1", y="batch_size")
+    for (opt, eps, lr, size), c in data.set_index(["optimizer", "epsilon", "lr", "batch_size"]).iterrows():
+        values = [accuracy(opt, eps, lr, size, e, s) for e, s in itertools.product(EPOCHS, SEEDS)
+                  if not diverged(opt, eps, lr, size, e, s) and (opt != "dpdisk" or s == 0)]
+        if values:
+            assert c.value == pytest.approx(max(values)) and not c.diverged
+        else:
+            assert math.isnan(c.value) and c.diverged
+    # a literal: DP-SGD, eps 10, lr 1, L 512: 0.5 + 0.1 + 0.15 + 0.02 + 0.01 (E 500) + 0.04 (seed 2)
+    assert cell(data, optimizer="dpsgd", epsilon=10.0, lr=1.0, batch_size=512).value == pytest.approx(0.82)
+    # half-diverged cell: E 500 diverged, so E 250 at seed 2: 0.5 + 0.1 + 0.15 + 0.04
+    assert cell(data, optimizer="dpsgd", epsilon=10.0, lr=1.0, batch_size=256).value == pytest.approx(0.79)
+    # missing cells are absent (drawn blank), not zero
+    assert data[(data.optimizer == "dpadambc") & (data.lr == 1.0) & (data.batch_size == 512)].empty
+    assert len(data) == 3 * 2 * len(LRS) * len(SIZES) - 2  # 3 optimizers, 2 eps; 2 missing cells
+    assert (data.n_runs[data.optimizer == "dpsgd"] == len(EPOCHS) * len(SEEDS)).all()
+
+
+def test_red_box_on_the_argmax_black_boxes_on_diverged_cells(runs):
+    data = figures.heatmap_data(runs, "P1", y="epochs")
+    best = data[data.is_best].set_index(["optimizer", "epsilon"])
+    assert len(best) == 6  # one per panel
+    assert best.loc[("dpsgd", 1.0), ["lr", "epochs"]].tolist() == [0.1, 500]
+    assert best.loc[("dpsgd", 10.0), ["lr", "epochs"]].tolist() == [1.0, 500]  # L 512 (L 256 diverged at E 500)
+    assert best.loc[("dpadambc", 10.0), ["lr", "epochs"]].tolist() == [1.0, 500]
+    for _, panel in data.groupby(["optimizer", "epsilon"]):
+        assert panel.value.max() == panel[panel.is_best].value.iloc[0]
+    # lr x epochs: no cell of DP-SGD at eps 1, lr 1 is all-diverged (L 512 ran fine)
+    assert not data.diverged.any()
+
+    fig = figures.heatmap_figure(runs, "P1", ys=("batch_size",))
+    boxes = _boxes(fig)
+    assert boxes["best"] == {("DP-SGD · ε = 1", "0.1", "512"), ("DP-SGD · ε = 10", "1", "512"),
+                             ("DP-AdamBC · ε = 1", "0.1", "512"), ("DP-AdamBC · ε = 10", "1", "256"),
+                             ("DP-DiSK · ε = 1", "0.1", "512"), ("DP-DiSK · ε = 10", "1", "512")}
+    assert boxes["diverged"] == {("DP-SGD · ε = 1", "1", "256")}
+    figures.plt.close(fig)
+
+
+def _boxes(fig):
+    """{'best': {(panel title, x tick, y tick)}, 'diverged': {...}} of the drawn rectangles."""
+    out = {"best": set(), "diverged": set()}
+    for ax in fig.axes:
+        xt = [t.get_text() for t in ax.get_xticklabels()]
+        yt = [t.get_text() for t in ax.get_yticklabels()]
+        for p in ax.patches:
+            if p.get_gid() in out:
+                j, i = p.get_xy()
+                out[p.get_gid()].add((ax.get_title(), xt[int(j)], yt[int(i)]))
+    return out
+
+
+def test_vae_heatmap_log_loss_lowest_is_best_and_diverged_cells_boxed_black(runs):
+    data = figures.heatmap_data(runs, "P3", y="batch_size")
+    assert cell(data, optimizer="dpsgd", epsilon=1.0, lr=1.0, batch_size=1024).value == pytest.approx(math.log10(290))
+    assert data.metric.iloc[0] == "best log10 test loss"
+    diverged = {tuple(r) for r in data[data.diverged][["optimizer", "epsilon", "lr", "batch_size"]].to_numpy()}
+    assert diverged == {k for k, v in VAE_LOSS.items() if not np.isfinite(v)}
+    assert np.isposinf(data[data.diverged].value).all()
+    best = data[data.is_best].set_index(["optimizer", "epsilon"])
+    assert best.loc[("dpsgd", 1.0), ["lr", "batch_size"]].tolist() == [1.0, 1024]
+    assert best.loc[("dpmatrix-me", 10.0), ["lr", "batch_size"]].tolist() == [1.0, 2048]
+    assert best.loc[("dpmatrix-me", 10.0)].value == pytest.approx(math.log10(240))
+
+    fig = figures.heatmap_figure(runs, "P3")
+    boxes = _boxes(fig)
+    assert boxes["diverged"] == {("DP-SGD · ε = 1", "10", "1024"), ("DP-SGD · ε = 10", "10", "1024"),
+                                 ("DP-SGD · ε = 10", "10", "2048")}
+    assert ("DP-Matrix-ME · ε = 10", "1", "2048") in boxes["best"] and len(boxes["best"]) == 4
+    figures.plt.close(fig)
+
+
+def test_seed_sensitivity_mean_and_std_of_the_best_config_per_lr(runs):
+    data = figures.seed_sensitivity_data(runs[runs.problem == "P1"]).set_index(["optimizer", "lr"])
+    # DP-DiSK (one seed) and SGD (one config, 3 seeds) -- DP-DiSK is dropped, SGD kept
+    assert set(data.index.get_level_values("optimizer")) == {"dpsgd", "dpadambc", "sgd"}
+    seed_term = [0.01 * s ** 2 for s in SEEDS]  # 0, 0.01, 0.04
+    # DP-SGD at lr 0.1: eps 10 (0.1 + 0.05) beats eps 1 (0 + 0.1); L 512, E 500
+    row = data.loc[("dpsgd", 0.1)]
+    assert (row.target_epsilon, row.batch_size, row.epochs) == (10.0, 512, 500)
+    base = 0.5 + 0.1 + 0.05 + 0.02 + 0.01
+    assert row["mean"] == pytest.approx(statistics.mean(base + t for t in seed_term))
+    assert row["std"] == pytest.approx(statistics.stdev(base + t for t in seed_term))
+    assert row.n_seeds == 3
+    # DP-SGD at lr 1: eps 10, L 512, E 500 (L 256 diverged at E 500; eps 1 L 256 all diverged)
+    row = data.loc[("dpsgd", 1.0)]
+    assert (row.target_epsilon, row.batch_size, row.epochs) == (10.0, 512, 500)
+    assert row["mean"] == pytest.approx(0.5 + 0.1 + 0.15 + 0.02 + 0.01 + statistics.mean(seed_term))
+    assert row["std"] == pytest.approx(statistics.stdev(seed_term))
+    assert figures.seed_sensitivity_data(runs, min_seeds=4).empty
+
+
+def test_validation_selection_picks_another_configuration(runs):
+    by_test = figures.best_per_setting(runs).set_index(["problem", "optimizer", "epsilon"])
+    by_val = figures.best_per_setting(runs, select_by="val").set_index(["problem", "optimizer", "epsilon"])
+    t, v = by_test.loc[("P1", "dpsgd", 1.0)], by_val.loc[("P1", "dpsgd", 1.0)]
+    assert t.lr == 0.1 and t.value == pytest.approx(0.5 + 0.1 + 0.02 + 0.01 + 0.04)
+    # validation chose the trap run; what is reported is that run's *test* accuracy
+    assert v.run_id == "P1/dpsgd/L256-E250-eps1.0-lr0.01-s0" and v.value == pytest.approx(0.5)
+    assert "best_val_accuracy" in v.metric
+    # elsewhere validation equals test, so the choice is the same
+    assert (by_val.drop(("P1", "dpsgd", 1.0)).run_id == by_test.drop(("P1", "dpsgd", 1.0)).run_id).all()
+    # an explicit column works the same; a missing one says which
+    explicit = figures.best_per_setting(runs, select_by="best_val_accuracy")
+    assert "P1/dpsgd/L256-E250-eps1.0-lr0.01-s0" in set(explicit.run_id)
+    with pytest.raises(KeyError, match="best_val_accuracy"):
+        figures.best_per_setting(runs.drop(columns=["best_val_accuracy"]), select_by="val")
+
+
+def test_best_per_setting_keeps_fig_5_1_numbers(runs):
+    best = figures.best_per_setting(runs).set_index(["problem", "optimizer", "epsilon"])
+    assert best.loc[("P1", "sgd", np.inf)].value == pytest.approx(0.9) and not best.loc[("P1", "sgd", np.inf)].private
+    assert best.loc[("P1", "dpsgd", 10.0)].value == pytest.approx(0.82)
+    assert best.loc[("P3", "dpsgd", 1.0)].value == pytest.approx(math.log10(290))
+    assert best.loc[("P3", "dpmatrix-me", 10.0)].value == pytest.approx(math.log10(240))
+
+
+def test_best_settings_per_batch_size(runs):
+    data = figures.best_settings_data(runs, "P1").set_index(["optimizer", "epsilon", "batch_size"])
+    assert data.loc[("dpsgd", 1.0, 256), ["epochs", "lr"]].tolist() == [500, 0.1]
+    assert data.loc[("dpsgd", 10.0, 256), ["epochs", "lr"]].tolist() == [250, 1.0]  # E 500 diverged
+    assert data.loc[("dpsgd", 10.0, 512), ["epochs", "lr"]].tolist() == [500, 1.0]
+    assert data.loc[("dpadambc", 10.0, 512), ["epochs", "lr"]].tolist() == [500, 0.1]  # lr 1 missing
+
+
+def test_all_diverged_group_never_crashes_and_has_no_bar():
+    runs = vae_runs()
+    runs = runs[runs.optimizer == "dpsgd"].assign(best_test_loss=np.inf, status="diverged")
+    best = figures.best_per_setting(runs)
+    assert best.diverged.all() and np.isposinf(best.value).all()
+    fig = figures.build("fig5_2", runs)
+    assert not any(p.get_height() > 0 for ax in fig.axes for p in ax.patches)
+    figures.plt.close(fig)
+
+
+@pytest.mark.parametrize("figure_id", list(figures.FIGURES))
+def test_every_figure_writes_png_and_pdf(runs, tmp_path, figure_id):
+    runs_path = tmp_path / "runs.parquet"
+    runs.to_parquet(runs_path)
+    options = {"problem": "P1"} if figure_id in ("fig5_6", "figB_1", "figB_2") else {}
+    png, pdf = figures.plot(figure_id, runs_path, None, tmp_path / "figs" / figure_id, **options)
+    assert png == tmp_path / "figs" / f"{figure_id}.png" and pdf.suffix == ".pdf"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 5_000
+
+
+def test_filters_and_unknown_figure(runs, tmp_path):
+    assert set(figures.select_runs(runs, {"epochs": [30]}).problem) == {"P3"}
+    with pytest.raises(KeyError, match="nope"):
+        figures.select_runs(runs, {"nope": [1]})
+    with pytest.raises(ValueError, match="unknown figure"):
+        figures.build("fig9_9", runs)
+    # thesis filters on a table without Setup 3 runs: an empty figure, not a crash
+    fig = figures.build("fig5_7", runs[runs.problem == "P1"], filters="thesis")
+    assert "no runs" in fig.texts[0].get_text()
+    figures.plt.close(fig)
+
+
+def test_best_accuracy_keeps_its_interface(runs, tmp_path):
+    runs.to_parquet(tmp_path / "runs.parquet")
+    out = figures.best_accuracy(tmp_path / "runs.parquet", tmp_path / "best_accuracy.png")
+    assert out == tmp_path / "best_accuracy.png" and out.stat().st_size > 10_000
+    assert (tmp_path / "best_accuracy.pdf").stat().st_size > 5_000
+
+
+def test_command_line_options():
+    assert figures.parse_options(["problem=P2", "ys=batch_size,epochs", "epsilons=1,10", "select_by=val",
+                                  "min_seeds=3", "filter.epochs=250,500", "filter.problem=P1"]) == {
+        "problem": "P2", "ys": ["batch_size", "epochs"], "epsilons": [1, 10], "select_by": "val", "min_seeds": 3,
+        "filters": {"epochs": [250, 500], "problem": ["P1"]}}
+    assert figures.parse_options(["filters=thesis"]) == {"filters": "thesis"}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        figures.parse_options(["problem"])
