@@ -129,3 +129,77 @@ def gaussian_noise_multiplier(target_epsilon: float, delta: float = DELTA, sensi
         if hi - lo <= 1e-12 * hi:
             break
     return hi
+
+
+# -- fast RDP for long histories (decaying noise schedules) --------------------------------
+#
+# Opacus's RDP accountant loops over its orders in Python (~60 ms per history entry, most of
+# it in fractional orders), so a schedule accounted as hundreds of buckets takes minutes per
+# epsilon and calibration needs dozens. At integer orders alpha the Poisson-subsampled
+# Gaussian has the closed form (Mironov, Talwar & Zhang 2019, Sec. 3.3)
+#     A_alpha = sum_{i=0}^{alpha} C(alpha, i) q^i (1-q)^(alpha-i) exp((i^2 - i) / (2 sigma^2)),
+#     RDP(alpha) = log(A_alpha) / (alpha - 1),
+# which we evaluate as one log-sum-exp per order, vectorised over all entries of a history.
+# Leaving out Opacus's fractional orders only removes candidates from the minimum over
+# orders, so the epsilon is an upper bound of Opacus's (and equal to it at these orders).
+
+RDP_INTEGER_ORDERS = tuple(range(2, 64)) + (80, 100, 128, 160, 200, 256, 512, 1024)
+
+
+def rdp_subsampled_gaussian(sample_rates, noise_multipliers, orders=RDP_INTEGER_ORDERS):
+    """RDP of one step of the Poisson-subsampled Gaussian mechanism, at integer orders.
+
+    ``sample_rates`` and ``noise_multipliers`` are arrays of equal length n (one entry per
+    history segment); returns an (n, len(orders)) array, ``inf`` where sigma = 0.
+    """
+    import numpy as np
+    from scipy.special import gammaln, logsumexp
+
+    q = np.atleast_1d(np.asarray(sample_rates, dtype=np.float64))
+    sigma = np.atleast_1d(np.asarray(noise_multipliers, dtype=np.float64))
+    if any(float(a) != int(a) or a < 2 for a in orders):
+        raise ValueError("rdp_subsampled_gaussian needs integer orders >= 2")
+    out = np.zeros((q.size, len(orders)))
+    sub = (q > 0) & (q < 1) & (sigma > 0)
+    full = (q == 1) & (sigma > 0)
+    with np.errstate(divide="ignore"):
+        log_q, log_1mq = np.log(q[sub])[:, None], np.log1p(-q[sub])[:, None]
+    inv_2s2 = 1.0 / (2.0 * sigma[sub] ** 2)[:, None]
+    for j, alpha in enumerate(int(a) for a in orders):
+        i = np.arange(alpha + 1, dtype=np.float64)
+        log_binom = gammaln(alpha + 1) - gammaln(i + 1) - gammaln(alpha - i + 1)
+        terms = log_binom + i * log_q + (alpha - i) * log_1mq + (i * i - i) * inv_2s2
+        out[sub, j] = logsumexp(terms, axis=1) / (alpha - 1)
+        out[full, j] = alpha / (2.0 * sigma[full] ** 2)
+    out[(sigma <= 0) & (q > 0)] = np.inf
+    return out
+
+
+def rdp_to_epsilon(rdp, delta: float, orders=RDP_INTEGER_ORDERS) -> float:
+    """(epsilon, delta)-DP from RDP at several orders: Balle et al. 2020, Thm. 21, exactly as
+    Opacus's ``get_privacy_spent`` (the smallest bound over the orders)."""
+    import numpy as np
+
+    a = np.asarray(orders, dtype=np.float64)
+    rdp = np.asarray(rdp, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        eps = rdp - (math.log(delta) + np.log(a)) / (a - 1) + np.log((a - 1) / a)
+    if np.isnan(eps).all():
+        return math.inf
+    return float(np.nanmin(eps))
+
+
+def fast_rdp_epsilon(history: History, delta: float = DELTA, orders=RDP_INTEGER_ORDERS) -> float:
+    """The RDP epsilon of a history at integer orders, vectorised over its segments: equal to
+    Opacus's RDP accountant restricted to the same orders (checked by the tests), in
+    milliseconds for histories of hundreds of segments."""
+    import numpy as np
+
+    history = [(float(s), float(q), int(n)) for s, q, n in history if n > 0]
+    if not history:
+        return 0.0
+    if any(s <= 0 for s, _, _ in history):
+        return math.inf
+    sigma, q, n = (np.array(c) for c in zip(*history))
+    rdp = (rdp_subsampled_gaussian(q, sigma, orders) * n[:, None]).sum(0)
+    return rdp_to_epsilon(rdp, delta, orders)

@@ -1,7 +1,7 @@
 """The optimizer registry. To add an optimizer, write a module with an ``OptimizerSpec`` and
 add it to the list below (see README, "Adding an optimizer")."""
 
-from dpbench.optimizers import sgd
+from dpbench.optimizers import adam, d2p2, dice, disk, sgd
 from dpbench.optimizers.registry import OptimizerSpec
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
@@ -9,6 +9,16 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
     for spec in [
         sgd.SGD_REFERENCE,
         sgd.DPSGD,
+        adam.ADAM,
+        adam.DPADAM,
+        adam.DPADAMBC,
+        adam.DPADAMW,
+        adam.DPADAMW_BC,
+        dice.DPDICE,
+        disk.DPDISK,
+        d2p2.D2P2SGD,
+        d2p2.D2PSGD,
+        d2p2.DP2SGD,
     ]
 }
 

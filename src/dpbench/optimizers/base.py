@@ -50,9 +50,10 @@ class StepOutput:
 
 class UpdateRule(Protocol):
     """Turns a (privatised) mean gradient into a parameter update, in place, and owns the
-    optimizer state; ``state_dict``/``load_state_dict`` make it checkpointable."""
+    optimizer state; ``state_dict``/``load_state_dict`` make it checkpointable. ``update`` may
+    return a dict of diagnostics (floats), which the step adds to its ``StepOutput.stats``."""
 
-    def update(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None: ...
+    def update(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> dict[str, float] | None: ...
 
     def state_dict(self) -> dict: ...
 
@@ -81,7 +82,9 @@ class DPStep:
         grads = self.clip_and_sum(psg)
         grads = self.add_noise(grads)
         grads = [g.div_(self.ctx.expected_batch_size) for g in grads]
-        self.rule.update(self.params, grads)
+        stats = self.rule.update(self.params, grads)
+        if stats:
+            out.stats.update(stats)
         return out
 
     # -- stages ------------------------------------------------------------------------------
@@ -126,8 +129,8 @@ class NonPrivateStep(DPStep):
             return StepOutput(x.new_zeros(0), None)
         losses, correct = self.ctx.loss_fn(self.model, x, y)
         grads = torch.autograd.grad(losses.sum(), self.params)
-        self.rule.update(self.params, [g.div_(self.ctx.expected_batch_size) for g in grads])
-        return StepOutput(losses.detach(), correct)
+        stats = self.rule.update(self.params, [g.div_(self.ctx.expected_batch_size) for g in grads])
+        return StepOutput(losses.detach(), correct, dict(stats or {}))
 
 
 class SGD:

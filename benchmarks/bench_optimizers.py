@@ -1,0 +1,142 @@
+"""Time per step and peak memory of every registered optimizer on P2, relative to DP-SGD.
+
+Each optimizer runs in a fresh subprocess (so peak RSS is its own): real Fashion-MNIST, the
+2c2d CNN, Poisson batches at expected size L (the same batches for every optimizer), sigma = 1,
+default hyperparameters, a few warm-up steps, then ``--steps`` timed steps. The projected
+optimizers (d2p2sgd, dp2sgd) draw a d x p Gaussian matrix every step (d = 225,034,
+p = 157,524: 3.5e10 draws), minutes per step on a CPU, so they are timed over
+``--projection-steps`` steps without warm-up (their cost per step is the same every step).
+
+Usage:  python benchmarks/bench_optimizers.py [--batch-size 256] [--threads 2] [--steps 50]
+                                              [--projection-steps 2] [--optimizers a,b,...]
+Prints a Markdown table: the median ms per step (robust to a busy shared machine; the mean too)
+and peak memory while stepping (Linux /proc: the peak is
+reset after the data are loaded), each also as a multiple of dpsgd's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROJECTED = ("d2p2sgd", "dp2sgd")
+
+
+def status_mib(key: str) -> float:
+    """VmRSS (now) or VmHWM (peak) of this process, from /proc (Linux)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    raise KeyError(key)
+
+
+def reset_peak() -> None:
+    """Reset VmHWM to the current RSS (Linux >= 4.0), so the peak excludes data loading."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def worker(name: str, batch_size: int, steps: int, warmup: int, threads: int, data_dir: str | None) -> dict:
+    import torch
+
+    from dpbench import data
+    from dpbench.clipping import Clipping, NoClipping
+    from dpbench.optimizers import get_optimizer
+    from dpbench.optimizers.base import Context
+    from dpbench.problems import get_problem
+    from dpbench.sampling import PoissonSampler
+
+    torch.set_num_threads(threads)
+    problem, spec = get_problem("P2"), get_optimizer(name)
+    ds = data.load(problem.dataset, data_dir)
+    x, y = problem.preprocess(ds.train_images), torch.from_numpy(ds.train_labels)
+    n = len(y)
+    torch.manual_seed(0)
+    model = problem.build()
+    plan = spec.mechanism.plan(n, batch_size, 1)
+    ctx = Context(model=model, loss_fn=lambda m, xb, yb: problem.per_sample_loss(m, xb, yb), lr=0.01,
+                  expected_batch_size=batch_size, noise_multiplier=1.0 if spec.private else 0.0,
+                  clipping=Clipping(1.0) if spec.private else NoClipping(),
+                  noise=spec.mechanism.noise(plan, 1, "cpu"), steps=plan.steps,
+                  hyperparameters=spec.hyperparameters(None))
+    step = spec.build(ctx)
+    sampler = PoissonSampler(n, batch_size / n, seed=0)  # the same batches for every optimizer
+    batches = [sampler.sample() for _ in range(warmup + steps)]
+    del ds
+    gc.collect()
+    reset_peak()
+    base = status_mib("VmRSS")
+    for idx in batches[:warmup]:
+        step(x[idx], y[idx])
+    times = []
+    for idx in batches[warmup:]:
+        t = time.perf_counter()
+        step(x[idx], y[idx])
+        times.append(time.perf_counter() - t)
+    return {"name": name, "ms": 1e3 * statistics.median(times), "mean_ms": 1e3 * statistics.fmean(times),
+            "steps": steps, "peak_mib": status_mib("VmHWM"), "base_mib": base}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=50, help="timed steps per optimizer")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--projection-steps", type=int, default=2, help="timed steps for d2p2sgd, dp2sgd")
+    parser.add_argument("--optimizers", help="comma-separated (default: all registered; dpsgd always)")
+    parser.add_argument("--data-dir")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        projected = args.worker in PROJECTED
+        print(json.dumps(worker(args.worker, args.batch_size, args.projection_steps if projected else args.steps,
+                                0 if projected else args.warmup, args.threads, args.data_dir)))
+        return
+
+    from dpbench.optimizers import OPTIMIZERS
+
+    names = args.optimizers.split(",") if args.optimizers else list(OPTIMIZERS)
+    names = ["dpsgd"] + [n for n in names if n != "dpsgd"]
+    rows = []
+    for name in names:
+        cmd = [sys.executable, __file__, "--worker", name] + [
+            a for k in ("batch_size", "threads", "steps", "warmup", "projection_steps")
+            for a in (f"--{k.replace('_', '-')}", str(getattr(args, k)))]
+        if args.data_dir:
+            cmd += ["--data-dir", args.data_dir]
+        t = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+        if proc.returncode != 0:
+            sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(f"{name}: {rows[-1]['ms']:.1f} ms/step ({time.perf_counter() - t:.0f}s)", file=sys.stderr, flush=True)
+
+    import torch
+
+    ref = rows[0]
+    print(f"P2 (d = 225,034), L = {args.batch_size}, {args.threads} CPU threads, torch {torch.__version__}, "
+          f"{platform.processor() or platform.machine()}; each optimizer in a fresh process, sigma = 1, "
+          f"default hyperparameters\n")
+    print("Peak memory: the process's peak RSS while stepping (data loaded, 190 MiB of it the training "
+          "set); step memory: that peak minus the RSS before the first step.\n")
+    print("| optimizer | ms / step (median) | x dpsgd | mean ms | steps timed | peak RSS (MiB) | step memory (MiB) "
+          "| x dpsgd |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        grow, ref_grow = r["peak_mib"] - r["base_mib"], ref["peak_mib"] - ref["base_mib"]
+        print(f"| {r['name']} | {r['ms']:.1f} | {r['ms'] / ref['ms']:.2f} | {r['mean_ms']:.1f} | {r['steps']} | "
+              f"{r['peak_mib']:.0f} | {grow:.0f} | {grow / ref_grow:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
