@@ -39,6 +39,7 @@ def cmd_train(args) -> int:
         delta=args.delta, clip_norm=args.clip_norm, normalize_clipping=not args.flat_clipping,
         accountant=args.accountant, hyperparameters=dict(args.hp or []), max_steps=args.max_steps,
         train_subset=args.train_subset, test_subset=args.test_subset, data_dir=args.data_dir,
+        factorization=args.factorization, noise_file=args.noise_file, cache_dir=args.cache_dir,
         device=args.device, progress_every_s=args.progress_every,
     )
     result = run(cfg)
@@ -77,6 +78,28 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_factorize(args) -> int:
+    from dpbench.matrix import factorization
+    from dpbench.matrix.noise_file import log_stderr
+
+    fact = factorization.factorize(args.key, tol=args.tol, log=log_stderr)
+    factorization.save(fact, args.out, args.report)
+    print(factorization.report_json(fact.report), end="")
+    return 0
+
+
+def cmd_noise(args) -> int:
+    import json as _json
+
+    from dpbench.matrix import factorization, noise_file
+
+    fact = factorization.load(args.factorization)
+    info = noise_file.write_noise(args.out, fact.noising, args.dim, args.seed, log=noise_file.log_stderr,
+                                  meta={"factorization_key": fact.key, "factorization_digest": fact.digest})
+    print(_json.dumps(info, indent=2, sort_keys=True))
+    return 0
+
+
 def cmd_grid(args) -> int:
     from dpbench.grid import expand, load_config
 
@@ -109,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--train-subset", type=_positive_int, help="train on a random subset of N examples")
     t.add_argument("--test-subset", type=_positive_int, help="evaluate on a random subset of N examples")
     t.add_argument("--data-dir", help="directory with the official dataset files")
+    t.add_argument("--factorization", help="matrix mechanisms: the factorization .npz (dpbench factorize)")
+    t.add_argument("--noise-file", help="matrix mechanisms: the correlated noise .npy (dpbench noise)")
+    t.add_argument("--cache-dir", help="matrix mechanisms: where missing factorization/noise files are made "
+                                       "(default $DPBENCH_CACHE_DIR or <tmp>/dpbench-cache)")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     t.add_argument("--threads", type=_positive_int, help="torch CPU threads")
     t.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines")
@@ -131,6 +158,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", required=True, help="the aggregated runs table")
     p.add_argument("--out", required=True, help="output image (.png or .pdf)")
     p.set_defaults(func=cmd_plot)
+
+    f = sub.add_parser("factorize", help="matrix mechanisms: factorize A = B C for a key, e.g. me-k30-b48")
+    f.add_argument("--key", required=True, help="<kind>-k<epochs>-b<batches>[-tau<tau>], kind in "
+                                                "se, se-lambda, me, me-lambda, identity")
+    f.add_argument("--out", required=True, help="output .npz (written atomically)")
+    f.add_argument("--report", help="the report as JSON (default: next to --out)")
+    f.add_argument("--tol", type=float, help="relative duality gap to stop at")
+    f.set_defaults(func=cmd_factorize)
+
+    n = sub.add_parser("noise", help="matrix mechanisms: write the correlated noise C^-1 Z (T x d, float32)")
+    n.add_argument("--factorization", required=True, help="the factorization .npz")
+    n.add_argument("--dim", type=_positive_int, required=True, help="d, the number of model parameters")
+    n.add_argument("--seed", type=int, required=True, help="the run's noise seed (dpbench.train.stream_seeds)")
+    n.add_argument("--out", required=True, help="output .npy (written atomically, JSON sidecar next to it)")
+    n.set_defaults(func=cmd_noise)
 
     g = sub.add_parser("grid", help="list the cells a workflow config expands to")
     g.add_argument("config")

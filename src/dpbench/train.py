@@ -42,6 +42,10 @@ class RunConfig:
     train_subset: int | None = None
     test_subset: int | None = None
     data_dir: str | None = None
+    # matrix mechanisms: the factorization and noise files (computed into cache_dir if absent)
+    factorization: str | None = None
+    noise_file: str | None = None
+    cache_dir: str | None = None
     device: str = "auto"
     eval_batch_size: int = 1000
     progress_every_s: float = 10.0

@@ -36,8 +36,44 @@ def run_file(cell_id):
 
 
 def train_args(wildcards):
-    return shlex.join(CELLS[wildcards.cell].train_args(config["train"]))
+    cell = CELLS[wildcards.cell]
+    args = cell.train_args(config["train"])
+    files = matrix_files(cell)  # matrix cells also name their factorization and noise files
+    if files:
+        args += ["--factorization", str(files[0]), "--noise-file", str(files[1])]
+    return shlex.join(args)
 
 
 def dataset_manifest(wildcards):
     return f"{RESULTS}/data/{CELLS[wildcards.cell].dataset}.json"
+
+
+# Matrix mechanisms (dpbench.matrix): a training cell of a dpmatrix-* optimizer needs its
+# factorization (keyed by kind, k, b, tau) and its noise file (keyed by the factorization,
+# the parameter count d and the run seed); rules factorize and noise (matrix.smk) make them
+# once and every cell that shares them reads them (common random numbers).
+MATRIX_CACHE = f"{RESULTS}/cache/matrix"
+
+
+def matrix_files(cell):
+    """(factorization, noise) paths of a cell, or None for a non-matrix optimizer."""
+    from dpbench.matrix import cache
+    from dpbench.matrix.mechanism import MatrixMechanism
+    from dpbench.optimizers import get_optimizer
+
+    mechanism = get_optimizer(cell.optimizer).mechanism
+    if not isinstance(mechanism, MatrixMechanism):
+        return None
+    n_train = cache.TRAIN_SIZES[cell.dataset]
+    if config["train"].get("train_subset"):
+        n_train = min(n_train, config["train"]["train_subset"])
+    key = mechanism.key(n_train, cell.batch_size, cell.epochs, dict(cell.hyperparameters).get("tau"))
+    return cache.run_files(f"{RESULTS}/cache", key, cell.problem, cell.seed)
+
+
+def train_inputs(wildcards):
+    inputs = {"manifest": dataset_manifest(wildcards)}
+    files = matrix_files(CELLS[wildcards.cell])
+    if files:
+        inputs["factorization"], inputs["noise"] = map(str, files)
+    return inputs

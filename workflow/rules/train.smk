@@ -1,6 +1,6 @@
 rule train:
     input:
-        dataset_manifest,
+        unpack(train_inputs),
     output:
         f"{RESULTS}/runs/{{cell}}.parquet",
     log:

@@ -2,6 +2,7 @@
 add it to the list below (see README, "Adding an optimizer")."""
 
 from dpbench.optimizers import adam, d2p2, dice, disk, sgd
+from dpbench.optimizers import dpmatrix
 from dpbench.optimizers.registry import OptimizerSpec
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
@@ -19,6 +20,10 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
         d2p2.D2P2SGD,
         d2p2.D2PSGD,
         d2p2.DP2SGD,
+        dpmatrix.DPMATRIX_SE,
+        dpmatrix.DPMATRIX_SE_LAMBDA,
+        dpmatrix.DPMATRIX_ME,
+        dpmatrix.DPMATRIX_ME_LAMBDA,
     ]
 }
 

@@ -1,0 +1,89 @@
+"""Where factorizations and noise files live, and how a run finds (or makes) them.
+
+Cache layout (the workflow's rules write the same paths under ``<results_dir>/cache``):
+
+    <cache>/matrix/<key>/factorization.npz, factorization.json   key = (kind, k, b, tau)
+    <cache>/matrix/<key>/noise-d<d>-seed<seed>.npy, .json         seed = the run's noise stream
+
+A factorization is shared by every run with the same (kind, T = k b, k, b, tau); a noise file
+by every run that also has the same parameter count d and run seed: runs that differ only in
+learning rate or epsilon see exactly the same noise (common random numbers).
+
+Without Snakemake (``dpbench train`` on its own), the ensure_* functions compute missing files
+under an exclusive lock (fcntl) so concurrent runs compute each file once, and write them
+atomically; with Snakemake, each file is the output of exactly one job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+TRAIN_SIZES = {"fashion-mnist": 60_000, "cifar10": 50_000}  # official training sets
+PARAMETER_COUNTS = {"P1": 258_762, "P2": 225_034, "P3": 1_875_265}  # checked by tests
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("DPBENCH_CACHE_DIR") or Path(tempfile.gettempdir()) / "dpbench-cache")
+
+
+def factorization_path(cache_dir: str | Path, key: str) -> Path:
+    return Path(cache_dir) / "matrix" / key / "factorization.npz"
+
+
+def noise_path(cache_dir: str | Path, key: str, dim: int, seed: int) -> Path:
+    return Path(cache_dir) / "matrix" / key / f"noise-d{dim}-seed{seed}.npy"
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def ensure_factorization(cache_dir: str | Path, key: str, log: Callable[[str], None] | None = None) -> Path:
+    from dpbench.matrix import factorization
+
+    path = factorization_path(cache_dir, key)
+    if path.exists():
+        return path
+    with _locked(path):
+        if not path.exists():  # another process may have made it while we waited
+            if log:
+                log(f"factorizing {key} into {path}")
+            factorization.save(factorization.factorize(key, log=log), path)
+    return path
+
+
+def ensure_noise(cache_dir: str | Path, factorization_file: str | Path, dim: int, seed: int,
+                 log: Callable[[str], None] | None = None) -> Path:
+    from dpbench.matrix import factorization, noise_file
+
+    fact = factorization.load(factorization_file)
+    path = noise_path(cache_dir, fact.key, dim, seed)
+    if path.exists():
+        return path
+    with _locked(path):
+        if not path.exists():
+            if log:
+                log(f"writing correlated noise {path} ({fact.steps} x {dim} float32)")
+            noise_file.write_noise(path, fact.noising, dim, seed, log=log,
+                                   meta={"factorization_key": fact.key, "factorization_digest": fact.digest})
+    return path
+
+
+def run_files(cache_dir: str | Path, key: str, problem: str, seed: int) -> tuple[Path, Path]:
+    """The factorization and noise files of a run (for the workflow: no computing here)."""
+    from dpbench.train import stream_seeds
+
+    return factorization_path(cache_dir, key), noise_path(cache_dir, key, PARAMETER_COUNTS[problem],
+                                                          stream_seeds(seed)["noise"])

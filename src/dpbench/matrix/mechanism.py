@@ -1,0 +1,175 @@
+"""The matrix-factorization mechanism behind the ``dpmatrix-*`` optimizers.
+
+Privacy argument. With fixed batches (participation.py) the gradients G (T x d, rows the
+clipped sums, each example contributing a vector of norm <= s at the steps of its pattern)
+are privatised once, as a whole, by the Gaussian mechanism C G + sigma s Z with
+Z ~ N(0, I): its L2 sensitivity is s sens(C) (sensitivity.py), and sigma is calibrated
+exactly for ONE release (Balle & Wang's analytic Gaussian mechanism, thesis eq. 2.4,
+accounting.gaussian_noise_multiplier) with sens(C) = 1 after scaling. Training uses
+G_hat = C^-1 (C G + sigma s Z) = G + sigma s C^-1 Z, row t at step t: post-processing, and
+causal because C^-1 is lower triangular, which is what makes the guarantee hold for
+adaptively chosen gradients (Denisov et al. 2022). SGD then releases A G_hat (prefix sums)
+whatever workload the factorization was optimised for: the lambda variants only change C.
+Adjacency: one example's gradients replaced by zeros in its batch slot (the zero-out notion
+the matrix-mechanism papers use); under replace-one adjacency the sensitivity doubles.
+
+A run stopped after t steps has released (C G + sigma s Z)[:t], whose sensitivity is that of
+C[:t, :t] (<= sens(C)); its achieved epsilon is computed for that.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from dpbench import accounting
+from dpbench.matrix import cache, factorization
+from dpbench.matrix.noise_file import NoiseFile, read_meta
+from dpbench.matrix.participation import FixedBatchSampler
+from dpbench.matrix.sensitivity import prefix_sensitivity
+from dpbench.mechanisms import Plan
+
+
+def _log(message: str) -> None:
+    print(f"[matrix] {message}", file=sys.stderr, flush=True)
+
+
+class CorrelatedNoise:
+    """NoiseSource: step t gets row t of C^-1 Z, split into the shapes of the parameters.
+    The file is opened at the first step, when d (the parameter count) is known."""
+
+    def __init__(self, resolve: Callable[[int], Path], device: torch.device | str = "cpu"):
+        self.resolve = resolve
+        self.device = torch.device(device)
+        self.file: NoiseFile | None = None
+        self.path: Path | None = None
+        self.step = 0
+        self._row = None
+
+    def sample(self, like: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.file is None:
+            self.path = self.resolve(sum(t.numel() for t in like))
+            self.file = NoiseFile(self.path)
+            self._row = torch.empty(self.file.dim, dtype=torch.float32)
+        self.file.row(self.step, out=self._row.numpy())
+        self.step += 1
+        flat = self._row.to(like[0].device, non_blocking=False) if like[0].device.type != "cpu" else self._row
+        out, i = [], 0
+        for t in like:
+            out.append(flat[i:i + t.numel()].view(t.shape).to(t.dtype, copy=True))
+            i += t.numel()
+        return out
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "path": None if self.path is None else str(self.path)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+
+
+class MatrixMechanism:
+    """Mechanism (dpbench.mechanisms) for the single-epoch (``single_epoch=True``) and the
+    multi-epoch matrix mechanisms, optionally convergence-aware (Lambda_tau objective)."""
+
+    def __init__(self, single_epoch: bool, convergence_aware: bool):
+        self.single_epoch, self.convergence_aware = single_epoch, convergence_aware
+        self.kind = ("se" if single_epoch else "me") + ("-lambda" if convergence_aware else "")
+        self.name = (f"matrix-factorization-{'single' if single_epoch else 'multi'}-epoch"
+                     f"{'-convergence-aware' if convergence_aware else ''}")
+
+    def key(self, n_train: int, batch_size: int, epochs: int, tau: int | None = None) -> str:
+        """The factorization a run needs: (kind, k = E, b = N // L, tau)."""
+        if batch_size > n_train:
+            raise ValueError(f"batch_size {batch_size} exceeds the number of training examples {n_train}")
+        if self.single_epoch and epochs > 1:
+            raise ValueError(f"the single-epoch matrix mechanism ({self.kind}) lets each example participate once: "
+                             f"it cannot train for E = {epochs} epochs (use dpmatrix-me{self.kind[2:]} for E > 1)")
+        return factorization.make_key(self.kind, epochs, n_train // batch_size,
+                                      tau if self.convergence_aware else None)
+
+    def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> Plan:
+        hyper = dict(getattr(run_config, "hyperparameters", None) or {})
+        key = self.key(n_train, batch_size, epochs, hyper.get("tau"))
+        batches = n_train // batch_size
+        cache_dir = getattr(run_config, "cache_dir", None) or cache.default_cache_dir()
+        given = getattr(run_config, "factorization", None)
+        path = Path(given) if given else cache.ensure_factorization(cache_dir, key, _log)
+        fact = factorization.load(path)
+        if (fact.epochs, fact.batches) != (epochs, batches) or fact.kind not in (self.kind, "identity") or \
+                (fact.kind != "identity" and fact.key != key):
+            raise ValueError(f"factorization {path} is {fact.key!r}, but this run needs {key!r} "
+                             f"(k = {epochs} epochs, b = N // L = {n_train} // {batch_size} = {batches} batches)")
+        extras = {"factorization": fact, "factorization_file": str(path), "key": key, "epochs": epochs,
+                  "batches": batches, "noise_file": getattr(run_config, "noise_file", None),
+                  "cache_dir": str(cache_dir), "unused_examples": n_train - batches * batch_size}
+        return Plan(batch_size=batch_size, steps=epochs * batches, sample_rate=None, extras=extras)
+
+    def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float:
+        """Exact: the smallest sigma making one Gaussian release of sensitivity sens(C)
+        (epsilon, delta)-DP (Balle & Wang; the accountant argument does not apply)."""
+        if not target_epsilon > 0:
+            raise ValueError(f"target epsilon must be positive, got {target_epsilon}")
+        return accounting.gaussian_noise_multiplier(target_epsilon, delta,
+                                                    sensitivity=plan.extras["factorization"].sensitivity)
+
+    def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
+        fact = plan.extras["factorization"]
+        k, b = fact.epochs, fact.batches
+        planned_sens = fact.sensitivity
+        done_sens = planned_sens if steps >= plan.steps else (
+            prefix_sensitivity(fact.strategy, k, b, steps) if steps > 0 else 0.0)
+
+        def eps(s: float) -> float:
+            if s == 0:
+                return 0.0
+            return math.inf if noise_multiplier <= 0 else accounting.gaussian_epsilon(s / noise_multiplier, delta)
+
+        rdp = (0.0 if done_sens == 0 else math.inf if noise_multiplier <= 0 else
+               accounting.epsilon([(noise_multiplier / done_sens, 1.0, 1)], delta, "rdp"))
+        r = fact.report
+        return {
+            "epsilon": eps(done_sens), "epsilon_planned": eps(planned_sens), "epsilon_rdp": rdp,
+            "accountant": "analytic-gaussian (one release, Balle & Wang 2018)",
+            "strategy_sensitivity": planned_sens, "strategy_sensitivity_steps_taken": done_sens,
+            "sampling": (f"fixed batches: one shuffle per run, b = {b} batches of exactly L = {plan.batch_size} "
+                         f"({plan.extras['unused_examples']} examples unused), same order every epoch; "
+                         "no amplification"),
+            "adjacency": "zero-out (one example's gradients replaced by 0 in its batch slot)",
+            "matrix": {
+                "key": fact.key, "kind": fact.kind, "epochs": k, "batches": b, "steps": fact.steps,
+                "tau": r.get("tau"), "objective": r.get("objective"), "prefix_sum_error": r.get("prefix_sum_error"),
+                "relative_duality_gap": r.get("relative_duality_gap"), "method": r.get("method"),
+                "digest": fact.digest, "factorization_file": plan.extras["factorization_file"],
+                "noise_file": plan.extras.get("noise_file"),
+                "common_random_numbers": "noise depends only on (factorization, d, run seed): runs that differ "
+                                         "only in learning rate or epsilon share it",
+            },
+        }
+
+    def sampler(self, plan: Plan, n_train: int, seed: int, device) -> FixedBatchSampler:
+        return FixedBatchSampler(n_train, plan.batch_size, seed, device)
+
+    def noise(self, plan: Plan, seed: int, device) -> CorrelatedNoise:
+        fact = plan.extras["factorization"]
+
+        def resolve(dim: int) -> Path:
+            given = plan.extras.get("noise_file")
+            path = Path(given) if given else cache.ensure_noise(plan.extras["cache_dir"],
+                                                                plan.extras["factorization_file"], dim, seed, _log)
+            try:
+                meta = read_meta(path)
+            except FileNotFoundError:
+                raise ValueError(f"noise file {path} has no metadata sidecar {path.with_suffix('.json')}") from None
+            expected = {"steps": fact.steps, "dim": dim, "seed": seed, "factorization_digest": fact.digest}
+            for name, value in expected.items():
+                if meta.get(name) != value:
+                    raise ValueError(f"noise file {path} has {name} = {meta.get(name)!r}, this run needs {value!r} "
+                                     f"(factorization {fact.key}, d = {dim}, noise seed {seed})")
+            plan.extras["noise_file"] = str(path)
+            return path
+
+        return CorrelatedNoise(resolve, device)
