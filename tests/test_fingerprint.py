@@ -42,10 +42,13 @@ def test_editing_an_optimizer_module_changes_only_its_fingerprint(tmp_path):
     assert all(after_harness[n] != after_opt[n] for n in names)
 
 
-def test_figure_fingerprint_follows_called_functions():
+def test_figure_fingerprints_follow_each_figures_own_code():
     from dpbench import figures
 
-    closure = {f.__name__ for f in fingerprint.function_closure(figures.best_accuracy)}
-    assert {"best_accuracy", "best_per_setting"} <= closure
-    assert fingerprint.function_fingerprint(figures.best_accuracy) == fingerprint.function_fingerprint(
-        figures.best_accuracy)
+    closure = {f.__name__ for f in fingerprint.function_closure(figures.FIGURES["fig5_4"].build)}
+    assert {"heatmap_figure", "heatmap_data", "draw_heatmaps"} <= closure
+    assert "seed_sensitivity_data" not in closure
+    prints = {fid: fingerprint.figure_fingerprint(fid) for fid in figures.FIGURES}
+    # the same builder with other defaults (5.6 vs 5.7: P2 vs P1 heatmaps) is another figure
+    assert len(set(prints.values())) == len(prints)
+    assert prints["fig5_1"] == fingerprint.figure_fingerprint("fig5_1")

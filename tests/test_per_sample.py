@@ -1,5 +1,7 @@
 """Per-sample gradients (norms, weighted sums, inner products) against torch.func."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,7 +29,7 @@ def check(model, loss_batch, loss_one, *batch):
         losses = loss_batch(*batch)
     psg = tape.per_sample_gradients(losses)
     torch.testing.assert_close(psg.norms(), ref_norms, rtol=1e-5, atol=1e-7)
-    coef = torch.rand(B)
+    coef = torch.rand(B, dtype=ref_norms.dtype)
     for p, w in psg.weighted_sum(coef).items():
         torch.testing.assert_close(w, torch.einsum("b,b...->...", coef, ref[p]), rtol=1e-4, atol=1e-6)
     return psg, ref
@@ -49,8 +51,9 @@ LAYERS = [
 @pytest.mark.parametrize("layer", LAYERS, ids=repr)
 def test_single_layer_both_paths(layer, ghost, monkeypatch):
     monkeypatch.setattr(LayerGrads, "use_ghost", property(lambda self: ghost))
+    layer = copy.deepcopy(layer).double()  # float64: both paths must agree to rounding, not to float32 noise
     shape = (B, 7) if isinstance(layer, nn.Linear) else (B, layer.in_channels, 9, 8)
-    x = torch.randn(shape)
+    x = torch.randn(shape, dtype=torch.float64)
     target = torch.randn_like(layer(x))
 
     def loss_batch(x, t):

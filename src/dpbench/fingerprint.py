@@ -112,3 +112,19 @@ def function_closure(fn) -> list:
 def function_fingerprint(fn) -> str:
     """Hash of a function's source and of the same-module functions it calls."""
     return _digest([(f.__qualname__, inspect.getsource(f)) for f in function_closure(fn)])
+
+
+def figure_fingerprint(figure_id: str) -> str:
+    """Hash of what draws one figure: its builder, the shared plotting path, its defaults."""
+    from dpbench import figures
+
+    spec = figures.FIGURES[figure_id]
+    functions = {f.__qualname__: f for f in function_closure(spec.build) + function_closure(figures.plot)}
+    parts = [(name, inspect.getsource(f)) for name, f in functions.items()]
+    filters = figures.THESIS_FILTERS.get(figure_id)
+    return _digest(parts + [("defaults", repr(spec.defaults)), ("thesis_filters", repr(filters))])
+
+
+def modules_fingerprint(roots: tuple[str, ...]) -> str:
+    """Hash of some dpbench modules and everything they import (e.g. the matrix solvers)."""
+    return _digest([(n, _module_file(n).read_text()) for n in module_closure(roots)])
