@@ -92,7 +92,7 @@ def test_cli_writes_a_valid_parquet_file_from_real_data(tmp_path, fmnist_dir):
     df, meta = read_run(out)
     assert set(df.split) == {"train", "test"} and (df.split == "train").sum() == 6
     assert df.dtypes["loss"] == np.float64 and df.dtypes["step"] == np.int64
-    assert meta["data"] == {"source": str(fmnist_dir), "n_train": 3000, "n_test": 500}
+    assert meta["data"] == {"source": str(fmnist_dir), "n_train": 3000, "n_test": 500, "n_val": 0}
     p = meta["privacy"]
     assert p["sample_rate"] == pytest.approx(256 / 3000) and p["planned_steps"] == round(3000 / 256)
     assert p["epsilon"] <= p["epsilon_planned"] <= 1.0 and p["delta"] == 1e-5
@@ -110,3 +110,84 @@ def test_cli_reports_errors_in_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
     proc = run_cli("data", "--dataset", "cifar10", "--data-dir", tmp_path, "--no-download", check=False)
     assert proc.returncode == 2 and "cifar-10-python.tar.gz" in proc.stderr and str(tmp_path) in proc.stderr
+
+
+class Interrupt(Exception):
+    pass
+
+
+class FlakySampler:
+    """Wraps a run's sampler and raises on chosen calls (counted across runs): a killed job."""
+
+    calls = 0
+    fail_at: tuple = ()
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def sample(self):
+        FlakySampler.calls += 1
+        if FlakySampler.calls in FlakySampler.fail_at:
+            raise Interrupt
+        return self.inner.sample()
+
+    def state_dict(self):
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state):
+        self.inner.load_state_dict(state)
+
+
+@pytest.mark.parametrize("optimizer", ["dpsgd", "dpadambc", "dpdisk", "sgd", "dpmatrix-me"])
+def test_killed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkeypatch, optimizer):
+    """Interrupt mid-epoch 1 and mid-epoch 2 (after mid-epoch checkpoints); the resumed run
+    ends with exactly the metrics of an uninterrupted one: model, optimizer state, noise
+    stream (i.i.d. or correlated), sampler and metrics all continue where they stopped."""
+    from dpbench.optimizers import get_optimizer
+
+    eps = None if optimizer == "sgd" else 3.0
+    cfg = RunConfig(problem="P2", optimizer=optimizer, lr=1e-3 if "adam" in optimizer else 0.05, batch_size=60,
+                    epochs=3, seed=4, epsilon=eps, validation_size=60, progress_every_s=1e9,
+                    cache_dir=str(tmp_path / "cache"))
+    reference = run(cfg)
+    mechanism = get_optimizer(optimizer).mechanism
+    original = type(mechanism).sampler
+    monkeypatch.setattr(type(mechanism), "sampler", lambda self, *a, **k: FlakySampler(original(self, *a, **k)))
+    monkeypatch.setattr(FlakySampler, "calls", 0)
+    monkeypatch.setattr(FlakySampler, "fail_at", (7, 16))  # step 7 (epoch 1 of 9 steps), step 16 (epoch 2)
+    ckpt = tmp_path / "run.ckpt"
+    for _ in range(2):
+        with pytest.raises(Interrupt):
+            run(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
+        assert ckpt.exists()
+    resumed = run(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
+    pd.testing.assert_frame_equal(resumed.metrics, reference.metrics)
+    assert resumed.meta["timing"]["resumes"] == 2
+    for key in ("privacy", "result"):
+        assert {k: v for k, v in resumed.meta[key].items() if k != "calibration_time_s"} == \
+               {k: v for k, v in reference.meta[key].items() if k != "calibration_time_s"}
+
+
+def test_checkpoint_of_another_configuration_is_ignored(tiny_fmnist, tmp_path, capsys):
+    ckpt = tmp_path / "run.ckpt"
+    base = dict(problem="P2", optimizer="dpsgd", batch_size=60, epochs=2, seed=1, epsilon=2.0, progress_every_s=1e9)
+    from dpbench.train import Checkpoint
+
+    Checkpoint(ckpt, RunConfig(lr=0.1, **base)).save({"step": 99})
+    fresh = run(RunConfig(lr=0.2, **base), checkpoint=ckpt)
+    assert "another configuration" in capsys.readouterr().err
+    assert fresh.meta["timing"]["resumes"] == 0
+
+
+def test_validation_split_is_held_out_and_selects_without_test(tiny_fmnist):
+    res = run(RunConfig(problem="P2", optimizer="sgd", lr=0.05, batch_size=50, epochs=3, seed=2, validation_size=100,
+                        progress_every_s=1e9))
+    m, r = res.metrics, res.meta["result"]
+    assert res.meta["data"]["n_train"] == 500 and res.meta["data"]["n_val"] == 100
+    assert res.meta["privacy"]["planned_steps"] == round(3 * 500 / 50)
+    val, test = m[m.split == "val"].set_index("epoch"), m[m.split == "test"].set_index("epoch")
+    assert list(val.index) == [1, 2, 3] and (val.batch_size == 100).all()
+    best_epoch = val.accuracy.idxmax()
+    assert r["best_val_accuracy"] == val.accuracy.max()
+    assert r["test_accuracy_at_best_val"] == test.loc[best_epoch, "accuracy"]
+    assert r["test_loss_at_best_val"] == test.loc[best_epoch, "loss"]

@@ -38,13 +38,16 @@ def cmd_train(args) -> int:
         epochs=args.epochs, seed=args.seed, epsilon=args.epsilon, noise_multiplier=args.noise_multiplier,
         delta=args.delta, clip_norm=args.clip_norm, normalize_clipping=not args.flat_clipping,
         accountant=args.accountant, hyperparameters=dict(args.hp or []), max_steps=args.max_steps,
-        train_subset=args.train_subset, test_subset=args.test_subset, data_dir=args.data_dir,
+        train_subset=args.train_subset, test_subset=args.test_subset, validation_size=args.validation_size,
+        data_dir=args.data_dir,
         factorization=args.factorization, noise_file=args.noise_file, cache_dir=args.cache_dir,
         device=args.device, progress_every_s=args.progress_every,
     )
-    result = run(cfg)
+    checkpoint = args.checkpoint or f"{args.out}.ckpt"
+    result = run(cfg, checkpoint=checkpoint, checkpoint_every_s=args.checkpoint_every)
     result.meta["run_id"] = args.run_id or Path(args.out).stem
     write_run(args.out, result.metrics, result.meta)
+    Path(checkpoint).unlink(missing_ok=True)  # the run file now holds everything
     r, p = result.meta["result"], result.meta["privacy"]
     print(f"wrote {args.out}: status={r['status']} best test accuracy={r['best_test_accuracy']:.4f} "
           f"best test loss={r['best_test_loss']:.4g} sigma={p['noise_multiplier']:.4g} "
@@ -74,7 +77,8 @@ def cmd_aggregate(args) -> int:
 def cmd_plot(args) -> int:
     from dpbench import figures
 
-    figures.best_accuracy(args.runs, args.out)
+    png, pdf = figures.plot(args.figure, args.runs, args.out, **figures.parse_options(args.option or []))
+    print(f"wrote {png} and {pdf}", file=sys.stderr)
     return 0
 
 
@@ -131,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-steps", type=_positive_int, help="stop after N steps (epsilon is reported for them)")
     t.add_argument("--train-subset", type=_positive_int, help="train on a random subset of N examples")
     t.add_argument("--test-subset", type=_positive_int, help="evaluate on a random subset of N examples")
+    t.add_argument("--validation-size", type=int, default=0,
+                   help="hold N training examples out as a validation split for model selection")
+    t.add_argument("--checkpoint", help="checkpoint file (default OUT.ckpt): saved every epoch and every "
+                                        "--checkpoint-every seconds; a killed run resumes from it")
+    t.add_argument("--checkpoint-every", type=float, default=600.0, help="seconds between mid-epoch checkpoints")
     t.add_argument("--data-dir", help="directory with the official dataset files")
     t.add_argument("--factorization", help="matrix mechanisms: the factorization .npz (dpbench factorize)")
     t.add_argument("--noise-file", help="matrix mechanisms: the correlated noise .npy (dpbench noise)")
@@ -154,9 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--out-epochs", required=True)
     a.set_defaults(func=cmd_aggregate)
 
-    p = sub.add_parser("plot", help="best test accuracy per optimizer and epsilon (thesis Fig. 5.1)")
+    p = sub.add_parser("plot", help="a figure of thesis chapter 5 / appendix B, as PNG and PDF")
+    p.add_argument("figure", help="fig5_1 ... fig5_8, figB_1, figB_2")
     p.add_argument("--runs", required=True, help="the aggregated runs table")
-    p.add_argument("--out", required=True, help="output image (.png or .pdf)")
+    p.add_argument("--out", required=True, help="output stem: writes STEM.png and STEM.pdf")
+    p.add_argument("-o", "--option", action="append", metavar="KEY=VALUE",
+                   help="figure option, e.g. problem=P2, select_by=val, filters=thesis, filter.epochs=250,500")
     p.set_defaults(func=cmd_plot)
 
     f = sub.add_parser("factorize", help="matrix mechanisms: factorize A = B C for a key, e.g. me-k30-b48")
