@@ -14,11 +14,10 @@ include: "workflow/rules/plots.smk"
 localrules:
     all,
     aggregate,
-    plot_best_accuracy,
 
 
 rule all:
     input:
         rules.aggregate.output,
-        rules.plot_best_accuracy.output,
+        expand(f"{RESULTS}/figures/{{figure}}.{{ext}}", figure=FIGURES, ext=("png", "pdf")),
     default_target: True

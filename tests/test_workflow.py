@@ -35,7 +35,9 @@ def test_tiny_grid_end_to_end(tmp_path, fmnist_dir):
     config = {
         "data_dir": str(fmnist_dir),
         "results_dir": "out",
-        "train": {"max_steps": 3, "train_subset": 1000, "test_subset": 200, "threads": 1, "device": "cpu"},
+        "train": {"max_steps": 3, "train_subset": 1000, "test_subset": 200, "validation_size": 100, "threads": 1,
+                  "device": "cpu"},
+        "figures": {"fig5_1": {}, "fig5_6": {"select_by": "val"}},
         "grid": [{"problems": ["P2"], "batch_sizes": [100], "epsilons": [1, 10], "epochs": [1],
                   "optimizers": {"dpsgd": {"lr": [0.5]}, "sgd": {"lr": [0.1]}}}],
     }
@@ -51,7 +53,14 @@ def test_tiny_grid_end_to_end(tmp_path, fmnist_dir):
     assert (private.epsilon <= private.target_epsilon).all()
     epochs = pd.read_parquet(out / "aggregate" / "epochs.parquet")
     assert set(epochs.run_id) == set(runs.run_id)
-    assert (out / "figures" / "best_accuracy.png").stat().st_size > 10_000
+    assert runs.test_accuracy_at_best_val.notna().all() and (runs.n_val == 100).all()
+    for figure in ("fig5_1", "fig5_6"):
+        assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000
+        assert (out / "figures" / f"{figure}.pdf").stat().st_size > 5_000
+    report = snakemake("--snakefile", REPO / "Snakefile", "--directory", tmp_path, "--configfile",
+                       tmp_path / "config.yaml", "--report", tmp_path / "report.html", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert (tmp_path / "report.html").stat().st_size > 100_000
     for run_file in (out / "runs").rglob("*.parquet"):
         assert read_meta(run_file)["config"]["max_steps"] == 3
     assert list((out / "logs" / "train").rglob("*.log")) and list((out / "benchmarks").rglob("*.tsv"))

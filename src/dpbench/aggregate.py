@@ -2,12 +2,14 @@
 
 * runs: one row per run (settings, privacy promised and delivered, best and final metrics,
   status, timing), hyperparameters as a JSON string;
-* epochs: one row per run and epoch (test loss/accuracy, mean training loss/accuracy).
+* epochs: one row per run and epoch (test and validation loss/accuracy, mean training
+  loss/accuracy).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +49,12 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
         "best_test_loss": res["best_test_loss"],
         "final_test_accuracy": res["final_test_accuracy"],
         "final_test_loss": res["final_test_loss"],
+        # with a validation split (train.validation_size > 0), else NaN
+        "best_val_accuracy": res.get("best_val_accuracy", math.nan),
+        "best_val_loss": res.get("best_val_loss", math.nan),
+        "test_accuracy_at_best_val": res.get("test_accuracy_at_best_val", math.nan),
+        "test_loss_at_best_val": res.get("test_loss_at_best_val", math.nan),
+        "n_val": meta["data"].get("n_val", 0),
         "wall_time_s": timing["wall_time_s"],
         "steps_per_second": timing["steps_per_second"],
         "device": meta["environment"]["device"],
@@ -60,7 +68,9 @@ def epoch_rows(run_id: str, metrics: pd.DataFrame) -> pd.DataFrame:
              .agg(train_loss=("loss", "mean"), train_accuracy=("accuracy", "mean")))
     test = (metrics[metrics.split == "test"].set_index("epoch")[["step", "loss", "accuracy"]]
             .rename(columns={"loss": "test_loss", "accuracy": "test_accuracy"}))
-    out = test.join(train, how="left").reset_index()
+    val = (metrics[metrics.split == "val"].set_index("epoch")[["loss", "accuracy"]]
+           .rename(columns={"loss": "val_loss", "accuracy": "val_accuracy"}))
+    out = test.join(val, how="left").join(train, how="left").reset_index()
     out.insert(0, "run_id", run_id)
     return out
 

@@ -10,11 +10,13 @@ The numbers are a deliberately conservative cost model, not a measurement of eac
   the GPU costs are 2-4x what a DP step of these small models takes on a current data-centre GPU
   (P2, L = 256: 17.7 ms assumed), the CPU costs are the measured 2-thread P2 step of the README
   (74.7 ms at L = 256, i.e. 0.29 ms per example) with P1 and P3 scaled by their FLOPs;
-* matrix mechanisms (optimizers named ``dpmatrix*``) additionally keep the T x d history of
-  noise vectors (float32) in host memory and read half of it per step on average;
+* matrix mechanisms (optimizers named ``dpmatrix*``) read one d-vector of precomputed
+  correlated noise per step from a memory-mapped file (``dpbench.matrix``), which costs
+  neither memory nor time worth modelling; their factorization and noise files are made by
+  CPU jobs (``factorization_resources``);
 * runtime = 1.5 x that estimate + ``STARTUP_MIN`` (interpreter, CUDA, data, sigma calibration),
   rounded up to 5 minutes; memory = 1.5 x (``BASE_MB`` + the datasets as uint8 and float32
-  tensors + the noise history), rounded up to 1000 MB;
+  tensors), rounded up to 1000 MB;
 * a retry (Snakemake's ``attempt``, 1-based) multiplies both by the attempt number.
 
 ``resources(cell, train, attempt)`` is meant for ``rule train``'s resource callables,
@@ -31,13 +33,11 @@ from typing import Any
 N_TRAIN = {"P1": 50_000, "P2": 60_000, "P3": 60_000}
 N_TEST = {"P1": 10_000, "P2": 10_000, "P3": 10_000}
 FEATURES = {"P1": 3 * 32 * 32, "P2": 28 * 28, "P3": 28 * 28}
-PARAMS = {"P1": 258_762, "P2": 225_034, "P3": 1_875_265}
 
 STEP_OVERHEAD_S = 0.010  # sampling, clipping, noise, optimizer, kernel launches
 GPU_S_PER_EXAMPLE = {"P1": 40e-6, "P2": 30e-6, "P3": 120e-6}  # forward + per-sample backward
 CPU_S_PER_EXAMPLE = {"P1": 0.45e-3, "P2": 0.29e-3, "P3": 1.2e-3}
 EVAL_FRACTION = 1 / 3  # a test example costs about a third of a training example (forward only)
-NOISE_READ_BYTES_PER_S = 100e9  # reading the noise history (host or device memory), conservative
 
 BASE_MB = 3000  # python, torch, CUDA context on the host
 STARTUP_MIN = 10
@@ -54,11 +54,6 @@ def _get(cell: Any, key: str, default=None):
 
 def _round_up(x: float, step: int) -> int:
     return int(step * math.ceil(x / step))
-
-
-def is_matrix(optimizer: str) -> bool:
-    """Matrix mechanisms (correlated noise) keep a history of noise vectors."""
-    return optimizer.startswith("dpmatrix")
 
 
 def planned_steps(problem: str, batch_size: int, epochs: int, train: Mapping | None = None) -> int:
@@ -79,8 +74,6 @@ def compute_seconds(cell: Any, train: Mapping | None = None) -> float:
     evals = min(epochs, math.ceil(steps * batch_size / n_train))  # one test pass per epoch reached
     n_test = min(N_TEST[problem], train.get("test_subset") or N_TEST[problem])
     seconds = steps * (STEP_OVERHEAD_S + batch_size * per_example) + evals * n_test * per_example * EVAL_FRACTION
-    if is_matrix(_get(cell, "optimizer")):
-        seconds += steps * steps / 2 * PARAMS[problem] * 4 / NOISE_READ_BYTES_PER_S
     return seconds
 
 
@@ -95,11 +88,7 @@ def memory_mb(cell: Any, train: Mapping | None = None) -> float:
     n_train = min(N_TRAIN[problem], train.get("train_subset") or N_TRAIN[problem])
     # the full files as uint8, the (sub)set used as float32
     data = (N_TRAIN[problem] + N_TEST[problem] + 4 * (n_train + N_TEST[problem])) * FEATURES[problem]
-    noise = 0
-    if is_matrix(_get(cell, "optimizer")):
-        steps = planned_steps(problem, int(_get(cell, "batch_size")), int(_get(cell, "epochs")), train)
-        noise = steps * PARAMS[problem] * 4
-    return BASE_MB + (data + noise) / 1e6
+    return BASE_MB + data / 1e6
 
 
 def resources(cell: Any, train: Mapping | None = None, attempt: int = 1) -> dict[str, int]:

@@ -2,7 +2,7 @@
 
 Every figure is two steps: a *data* function (runs table -> a tidy DataFrame holding exactly
 the numbers drawn, testable without a plot) and a *draw* function (that DataFrame -> Figure).
-``plot(figure_id, runs_path, epochs_path, out_stem, **options)`` reads the tables, builds the
+``plot(figure_id, runs_path, out_stem, **options)`` reads the runs table, builds the
 figure named by its thesis number (``FIGURES``) and writes ``<out_stem>.png`` and ``.pdf``.
 
 Selection. "Best" means: among the runs of a group (a bar, a heatmap cell, ...), the run with
@@ -12,7 +12,9 @@ the best *selection metric*; the number shown is that run's *test* metric.
   ``best_test_loss`` for the VAE (lower is better, shown as log10). Optimistic: the same
   test set selects and reports.
 * ``select_by="val"``: ``best_val_accuracy`` / ``best_val_loss`` (columns a validation split
-  adds), so the reported test number is not itself selected on the test set.
+  adds) choose the run, and the number reported is its test metric at the epoch validation
+  chose (``test_accuracy_at_best_val`` / ``test_loss_at_best_val``): nothing is selected on
+  the test set.
 * any other column name: selects by it (lower is better iff its name contains "loss").
 
 Runs whose selection metric is not finite (diverged: infinite loss, NaN accuracy) never win;
@@ -90,9 +92,14 @@ def select_runs(runs: pd.DataFrame, filters: dict | None = None, optimizers: Ite
 
 
 def selection_columns(task: str, select_by: str = "test") -> tuple[str, str]:
-    """(selection column, reported test column) for a task ('classification' or other)."""
+    """(selection column, reported test column) for a task ('classification' or other).
+
+    With ``select_by="val"`` both the configuration and its epoch are chosen on validation:
+    the reported number is the test metric at the epoch of the best validation metric."""
     kind = "accuracy" if task == "classification" else "loss"
-    column = f"best_{select_by}_{kind}" if select_by in ("test", "val") else select_by
+    if select_by == "val":
+        return f"best_val_{kind}", f"test_{kind}_at_best_val"
+    column = f"best_{select_by}_{kind}" if select_by == "test" else select_by
     return column, f"best_test_{kind}"
 
 
@@ -546,16 +553,8 @@ def parse_options(items: Iterable[str]) -> dict:
     return options
 
 
-def plot(figure_id: str, runs_path: str | Path, epochs_path: str | Path | None, out_stem: str | Path,
-         **options) -> tuple[Path, Path]:
+def plot(figure_id: str, runs_path: str | Path, out_stem: str | Path, **options) -> tuple[Path, Path]:
     """Reads the aggregated runs table, draws figure `figure_id`, writes <out_stem>.png and
-    .pdf; returns their paths. No figure of chapter 5 needs the per-epoch table (epochs_path
-    may be None); it is accepted so that every figure rule has the same shape."""
+    .pdf; returns their paths."""
     runs = pd.read_parquet(runs_path)
     return save(build(figure_id, runs, **options), out_stem)
-
-
-def best_accuracy(runs_path: str | Path, out: str | Path) -> Path:
-    """Thesis Fig. 5.1 (kept for `dpbench plot --runs R --out F.png`): writes F.png and F.pdf."""
-    png, pdf = plot("fig5_1", runs_path, None, out)
-    return pdf if Path(out).suffix == ".pdf" else png

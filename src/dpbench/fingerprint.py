@@ -17,9 +17,10 @@ from functools import lru_cache
 from pathlib import Path
 
 PACKAGE = "dpbench"
-# The registry imports every optimizer module: following it would make each optimizer depend
-# on all the others, and adding an optimizer would rerun everything.
-REGISTRY = "dpbench.optimizers"
+# Modules whose imports are not followed, and which do not count themselves: the registry
+# imports every optimizer module (following it would make each optimizer depend on all the
+# others, and adding one would rerun everything); this module only computes fingerprints.
+LEAVES = ("dpbench.optimizers", "dpbench.fingerprint")
 # What every training run executes, whatever its optimizer.
 HARNESS = ("dpbench.train", "dpbench.optimizers.base", "dpbench.optimizers.registry")
 
@@ -60,7 +61,7 @@ def _imports(name: str) -> set[str]:
 
 
 def module_closure(roots: tuple[str, ...]) -> set[str]:
-    """The dpbench modules the roots depend on, transitively; the registry is a leaf."""
+    """The dpbench modules the roots depend on, transitively (LEAVES excluded)."""
     seen: set[str] = set()
     todo = list(roots)
     while todo:
@@ -68,11 +69,9 @@ def module_closure(roots: tuple[str, ...]) -> set[str]:
         if name in seen:
             continue
         seen.add(name)
-        if name != REGISTRY:
+        if name not in LEAVES:
             todo.extend(_imports(name))
-    seen.discard(REGISTRY)
-    seen.discard(PACKAGE)
-    return seen
+    return seen - set(LEAVES) - {PACKAGE}
 
 
 def _digest(parts: list[tuple[str, str]]) -> str:

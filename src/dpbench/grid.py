@@ -65,8 +65,9 @@ class Cell:
             args += ["--hp", f"{key}={value}"]
         for key, flag in (("delta", "--delta"), ("clip_norm", "--clip-norm"), ("accountant", "--accountant"),
                           ("max_steps", "--max-steps"), ("train_subset", "--train-subset"),
-                          ("test_subset", "--test-subset"), ("device", "--device")):
-            if train.get(key) is not None:
+                          ("test_subset", "--test-subset"), ("validation_size", "--validation-size"),
+                          ("device", "--device")):
+            if train.get(key) not in (None, 0):
                 args += [flag, str(train[key])]
         if train.get("normalize_clipping") is False:
             args.append("--flat-clipping")

@@ -11,6 +11,8 @@ min_version("9.0")
 
 SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
+from dpbench import cluster  # noqa: E402
+from dpbench.fingerprint import figure_fingerprint, modules_fingerprint, optimizer_fingerprint  # noqa: E402
 from dpbench.grid import ConfigError, expand as expand_grid  # noqa: E402
 
 validate(config, "../schemas/config.schema.yaml")
@@ -67,6 +69,7 @@ def matrix_files(cell):
     n_train = cache.TRAIN_SIZES[cell.dataset]
     if config["train"].get("train_subset"):
         n_train = min(n_train, config["train"]["train_subset"])
+    n_train -= config["train"]["validation_size"]  # held out before batches are cut
     key = mechanism.key(n_train, cell.batch_size, cell.epochs, dict(cell.hyperparameters).get("tau"))
     return cache.run_files(f"{RESULTS}/cache", key, cell.problem, cell.seed)
 
@@ -77,3 +80,47 @@ def train_inputs(wildcards):
     if files:
         inputs["factorization"], inputs["noise"] = map(str, files)
     return inputs
+
+
+# Incremental reruns: a content hash of the code behind each job is one of its params, so
+# Snakemake reruns exactly the jobs whose code changed (see dpbench.fingerprint): editing one
+# optimizer's module reruns its cells, editing the harness reruns all cells, editing one
+# figure reruns that figure.
+def train_code(wildcards):
+    return optimizer_fingerprint(CELLS[wildcards.cell].optimizer)
+
+
+MATRIX_CODE = modules_fingerprint(("dpbench.matrix.factorization", "dpbench.matrix.noise_file"))
+
+
+# Cluster resources of a training cell (dpbench.cluster: from its problem, batch size, epochs;
+# they grow with each retry); short cells are bundled into shared jobs by the SLURM profile.
+def train_resource(name):
+    return lambda wildcards, attempt: cluster.resources(CELLS[wildcards.cell], config["train"], attempt)[name]
+
+
+def train_group(wildcards):
+    return cluster.bundle(CELLS[wildcards.cell], config["train"])
+
+
+def matrix_resource(name):
+    def resource(wildcards, attempt):
+        k, b = (int(part[1:]) for part in wildcards.factorization.split("-") if part[:1] in "kb" and part[1:].isdigit())
+        return cluster.factorization_resources(k * b, attempt)[name]
+
+    return resource
+
+
+# Figures: those the config asks for, each with its options as `dpbench plot -o KEY=VALUE`.
+FIGURES = config["figures"]
+
+
+def figure_options(figure):
+    join = lambda v: ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+    options = []
+    for key, value in FIGURES[figure].items():
+        if key == "filters" and isinstance(value, dict):
+            options += [f"filter.{column}={join(v)}" for column, v in value.items()]
+        else:
+            options.append(f"{key}={join(value)}")
+    return " ".join(f"-o {shlex.quote(o)}" for o in options)

@@ -19,9 +19,11 @@ rule factorize:
         f"{RESULTS}/benchmarks/matrix/{{factorization}}/factorize.tsv"
     params:
         dpbench=DPBENCH,
+        code=MATRIX_CODE,
     threads: 1
     resources:
-        mem_mb=2000,
+        mem_mb=matrix_resource("mem_mb"),
+        runtime=matrix_resource("runtime"),
     conda:
         ENV
     shell:
@@ -42,9 +44,11 @@ rule noise:
         f"{RESULTS}/benchmarks/matrix/{{factorization}}/noise-d{{dim}}-seed{{noise_seed}}.tsv"
     params:
         dpbench=DPBENCH,
+        code=MATRIX_CODE,
     threads: 1
     resources:
-        mem_mb=2000,
+        mem_mb=matrix_resource("mem_mb"),
+        runtime=matrix_resource("runtime"),
     conda:
         ENV
     shell:

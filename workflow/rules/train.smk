@@ -11,11 +11,18 @@ rule train:
         dpbench=DPBENCH,
         args=train_args,
         data_dir=config["data_dir"],
+        code=train_code,
     threads: config["train"]["threads"]
+    group:
+        train_group
     resources:
-        mem_mb=4000,
+        mem_mb=train_resource("mem_mb"),
+        runtime=train_resource("runtime"),
+        cpus_per_gpu=train_resource("cpus_per_gpu"),
     conda:
         ENV
     shell:
+        # Checkpoints go to OUT.ckpt (every epoch and every 10 minutes): a killed job, rerun
+        # (--rerun-incomplete, or a SLURM retry), continues where it stopped.
         "{params.dpbench} train {params.args} --data-dir {params.data_dir} --threads {threads} "
         "--run-id {wildcards.cell} --out {output} > {log} 2>&1"

@@ -1,0 +1,148 @@
+"""Incremental reruns, shown with `snakemake --dry-run` job counts on a copy of the repository:
+an optimizer's code change reruns only its cells, a figure's code change only that figure, a
+grid change only the cells it adds; a killed workflow resumes from its checkpoints."""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from conftest import REPO, snakemake_exe
+
+pytestmark = pytest.mark.slow
+
+CONFIG = {
+    "results_dir": "results",
+    "train": {"max_steps": 2, "train_subset": 500, "test_subset": 100, "validation_size": 100, "device": "cpu"},
+    "figures": {"fig5_1": {}, "fig5_4": {"problem": "P2", "ys": ["batch_size"]}},
+    "grid": [{"problems": ["P2"], "batch_sizes": [100], "epsilons": [2], "epochs": [1],
+              "optimizers": {"sgd": {"lr": [0.1]}, "dpsgd": {"lr": [0.5]}, "dpadam": {"lr": [0.001]}}}],
+}
+
+
+def copy_repo(dest):
+    for name in ("Snakefile", "workflow", "src", "config", "envs"):
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy(src, dest / name)
+
+
+def snakemake(workdir, *args, timeout=600, **kw):
+    return subprocess.run([snakemake_exe(), "--cores", "2", "--configfile", "run.yaml", *map(str, args)],
+                          cwd=workdir, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def planned_jobs(workdir) -> dict[str, int]:
+    """Jobs a dry run would execute, per rule (the 'Job stats' table)."""
+    proc = snakemake(workdir, "-n", "--quiet", "rules")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit() and parts[0] not in ("total",):
+            counts[parts[0]] = int(parts[1])
+    return counts
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, fmnist_dir):
+    d = tmp_path_factory.mktemp("reruns")
+    copy_repo(d)
+    (d / "run.yaml").write_text(yaml.safe_dump({**CONFIG, "data_dir": str(fmnist_dir)}))
+    proc = snakemake(d)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert planned_jobs(d) == {}
+    return d
+
+
+def edit(path, text="\n# an edit\n"):
+    original = path.read_text()
+    path.write_text(original + text)
+    return lambda: path.write_text(original)
+
+
+def test_changing_one_optimizer_reruns_only_its_cells(workdir):
+    undo = edit(workdir / "src" / "dpbench" / "optimizers" / "adam.py")
+    try:
+        jobs = planned_jobs(workdir)
+        # dpadam is the only cell of the grid whose optimizer lives in adam.py
+        assert jobs == {"train": 1, "aggregate": 1, "plot_fig5_1": 1, "plot_fig5_4": 1, "all": 1}
+        proc = snakemake(workdir, "-n")
+        trained = [line.split()[-1] for line in proc.stdout.splitlines() if line.strip().startswith("output: results/runs/")]
+        assert len(trained) == 1 and trained[0].startswith("results/runs/P2/dpadam/")
+    finally:
+        undo()
+    assert planned_jobs(workdir) == {}
+
+
+def test_changing_the_harness_reruns_every_cell(workdir):
+    undo = edit(workdir / "src" / "dpbench" / "per_sample.py")
+    try:
+        assert planned_jobs(workdir)["train"] == 3
+    finally:
+        undo()
+
+
+def test_changing_one_figure_reruns_only_that_figure(workdir):
+    undo = edit(workdir / "src" / "dpbench" / "figures.py",
+                "\n\ndef heatmap_data(*args, **kwargs):  # a changed heatmap\n    return _heatmap_data(*args, **kwargs)\n")
+    figures = workdir / "src" / "dpbench" / "figures.py"
+    text = figures.read_text()
+    figures.write_text(text.replace("def heatmap_data(runs", "def _heatmap_data(runs", 1))
+    try:
+        assert planned_jobs(workdir) == {"plot_fig5_4": 1, "all": 1}
+    finally:
+        undo()
+    assert planned_jobs(workdir) == {}
+
+
+def test_changing_a_grid_axis_touches_only_its_cells(workdir):
+    config = yaml.safe_load((workdir / "run.yaml").read_text())
+    original = yaml.safe_dump(config)
+    try:
+        config["grid"][0]["optimizers"]["dpsgd"]["lr"] = [0.5, 1.0]  # one new cell
+        (workdir / "run.yaml").write_text(yaml.safe_dump(config))
+        assert planned_jobs(workdir) == {"train": 1, "aggregate": 1, "plot_fig5_1": 1, "plot_fig5_4": 1, "all": 1}
+        del config["grid"][0]["optimizers"]["dpadam"]  # and one cell fewer: nothing to train
+        (workdir / "run.yaml").write_text(yaml.safe_dump(config))
+        assert planned_jobs(workdir)["train"] == 1
+        config["grid"][0]["optimizers"]["dpsgd"]["lr"] = [0.5]
+        (workdir / "run.yaml").write_text(yaml.safe_dump(config))
+        assert planned_jobs(workdir) == {"aggregate": 1, "plot_fig5_1": 1, "plot_fig5_4": 1, "all": 1}
+    finally:
+        (workdir / "run.yaml").write_text(original)
+    assert planned_jobs(workdir) == {}
+
+
+def test_a_killed_workflow_resumes_from_its_checkpoints(tmp_path, fmnist_dir):
+    copy_repo(tmp_path)
+    config = {"data_dir": str(fmnist_dir), "results_dir": "results",
+              "train": {"train_subset": 2000, "test_subset": 200, "device": "cpu"},
+              "grid": [{"problems": ["P2"], "batch_sizes": [100], "epsilons": [2], "epochs": [4],
+                        "optimizers": {"dpsgd": {"lr": [0.5]}}}]}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen([snakemake_exe(), "--cores", "1", "--configfile", "run.yaml"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    runs = tmp_path / "results" / "runs"
+    deadline = time.time() + 300
+    while not list(runs.rglob("*.ckpt")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole workflow dies mid-training
+    proc.wait()
+    assert list(runs.rglob("*.ckpt")) and not list(runs.rglob("*.parquet")), "killed too late"
+    # a killed Snakemake leaves its lock: --unlock, then rerun. The run file is written
+    # atomically, so the job is simply missing its output; its checkpoint is there.
+    assert snakemake(tmp_path, "--unlock").returncode == 0
+    assert planned_jobs(tmp_path)["train"] == 1
+    done = snakemake(tmp_path, "--rerun-incomplete")
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = next((tmp_path / "results" / "logs" / "train").rglob("*.log")).read_text()
+    assert "resumed at step" in log
+    assert list(runs.rglob("*.parquet")) and not list(runs.rglob("*.ckpt"))
+    assert planned_jobs(tmp_path) == {}
