@@ -1,8 +1,7 @@
 """The optimizer registry. To add an optimizer, write a module with an ``OptimizerSpec`` and
 add it to the list below (see README, "Adding an optimizer")."""
 
-from dpbench.optimizers import adam, d2p2, dice, disk, sgd
-from dpbench.optimizers import dpmatrix
+from dpbench.optimizers import adam, d2p2, dice, disk, dpmatrix, sgd
 from dpbench.optimizers.registry import OptimizerSpec
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {

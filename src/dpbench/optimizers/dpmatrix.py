@@ -11,40 +11,34 @@ def _build(ctx):
     return DPStep(ctx, SGD(ctx.lr))
 
 
-DPMATRIX_SE = OptimizerSpec(
-    name="dpmatrix-se",
-    build=_build,
-    private=True,
+def _spec(name, single_epoch, convergence_aware, description, reference):
+    return OptimizerSpec(
+        name=name,
+        build=_build,
+        private=True,
+        description=description,
+        reference=reference,
+        defaults={"tau": None} if convergence_aware else {},  # tau None: tau = T
+        mechanism=MatrixMechanism(single_epoch=single_epoch, convergence_aware=convergence_aware),
+    )
+
+
+DPMATRIX_SE = _spec(
+    "dpmatrix-se", single_epoch=True, convergence_aware=False,
     description="single-epoch matrix mechanism: fixed batches, correlated noise C^-1 Z, SGD step",
-    reference="Denisov et al. 2022 (fixed-point factorization); thesis 2.2.5 method 1",
-    mechanism=MatrixMechanism(single_epoch=True, convergence_aware=False),
-)
+    reference="Denisov et al. 2022 (fixed-point factorization); thesis 2.2.5 method 1")
 
-DPMATRIX_SE_LAMBDA = OptimizerSpec(
-    name="dpmatrix-se-lambda",
-    build=_build,
-    private=True,
+DPMATRIX_SE_LAMBDA = _spec(
+    "dpmatrix-se-lambda", single_epoch=True, convergence_aware=True,
     description="single-epoch matrix mechanism with the convergence-aware objective Lambda_tau A",
-    reference="Koloskova et al. 2023 objective, Denisov et al. 2022 fixed point; thesis 2.2.5 method 3",
-    defaults={"tau": None},  # None: tau = T
-    mechanism=MatrixMechanism(single_epoch=True, convergence_aware=True),
-)
+    reference="Koloskova et al. 2023 objective, Denisov et al. 2022 fixed point; thesis 2.2.5 method 3")
 
-DPMATRIX_ME = OptimizerSpec(
-    name="dpmatrix-me",
-    build=_build,
-    private=True,
+DPMATRIX_ME = _spec(
+    "dpmatrix-me", single_epoch=False, convergence_aware=False,
     description="multi-epoch matrix mechanism for (k, b) participation: fixed batches, correlated noise, SGD step",
-    reference="Choquette-Choo et al. 2023 (dual optimization); thesis 2.2.5 method 2",
-    mechanism=MatrixMechanism(single_epoch=False, convergence_aware=False),
-)
+    reference="Choquette-Choo et al. 2023 (dual optimization); thesis 2.2.5 method 2")
 
-DPMATRIX_ME_LAMBDA = OptimizerSpec(
-    name="dpmatrix-me-lambda",
-    build=_build,
-    private=True,
+DPMATRIX_ME_LAMBDA = _spec(
+    "dpmatrix-me-lambda", single_epoch=False, convergence_aware=True,
     description="multi-epoch matrix mechanism with the convergence-aware objective Lambda_tau A",
-    reference="Koloskova et al. 2023 objective, Choquette-Choo et al. 2023 dual; thesis 2.2.5 method 3",
-    defaults={"tau": None},  # None: tau = T
-    mechanism=MatrixMechanism(single_epoch=False, convergence_aware=True),
-)
+    reference="Koloskova et al. 2023 objective, Choquette-Choo et al. 2023 dual; thesis 2.2.5 method 3")
