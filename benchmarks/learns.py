@@ -23,6 +23,8 @@ LR = {
     "sgd": 0.1, "adam": 1e-3,
     "dpsgd": 1.0, "dpadam": 1e-3, "dpadambc": 1e-4, "dpadamw": 1e-3, "dpadamw-bc": 1e-4,
     "dpdice": 1.0, "dpdisk": 1.0, "d2p2sgd": 1.0, "d2psgd": 1.0, "dp2sgd": 1.0,
+    # matrix mechanisms: Setup 2's best lr at epsilon = 10 (thesis Sec. 5.3); fixed batches, E = 1
+    "dpmatrix-se": 1.0, "dpmatrix-se-lambda": 1.0, "dpmatrix-me": 1.0, "dpmatrix-me-lambda": 1.0,
 }
 
 

@@ -32,3 +32,18 @@ def test_adding_an_optimizer_example_works():
     # heavy ball: the second update carries mu = 0.9 times the first one's velocity
     assert d1.abs().sum() > 0 and not torch.allclose(d1, d2)
     assert "dpmomentum" not in __import__("dpbench.optimizers", fromlist=["OPTIMIZERS"]).OPTIMIZERS
+
+
+def test_adding_a_setup_example_is_a_valid_config(tmp_path):
+    from dpbench.grid import expand, load_config
+
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Adding a setup"):]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    path = tmp_path / "mysetup.yaml"
+    path.write_text(block)
+    cells = expand(load_config(path))
+    # P2 x 2 batch sizes x 2 epsilons x 3 seeds x (3 dpsgd + 2 x 2 dpadamw + 3 dpmatrix-me)
+    assert len(cells) == 2 * 2 * 3 * (3 + 4 + 3)
+    assert {c.optimizer for c in cells} == {"dpsgd", "dpadamw", "dpmatrix-me"}
+    assert {dict(c.hyperparameters).get("weight_decay") for c in cells if c.optimizer == "dpadamw"} == {0, 1.0e-4}
