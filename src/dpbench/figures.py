@@ -287,7 +287,8 @@ def draw_comparison(best: pd.DataFrame, problems: list[str] | None = None,
             sns.barplot(data=private, x="ε", y="value", hue="optimizer ", order=[_fmt_tick(e) for e in eps],
                         hue_order=hue, palette={label(o): colours[o] for o in names}, ax=ax)
             for container in ax.containers:
-                ax.bar_label(container, fmt="%.3f", fontsize=6, padding=1)
+                ax.bar_label(container, fmt="%.3f", fontsize=6, padding=1,
+                             bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.4, "alpha": 0.85})
         for _, ref in here[~here["private"] & here["optimizer"].isin(names)].iterrows():
             if np.isfinite(ref["value"]):
                 ax.axhline(ref["value"], ls="--", lw=1, color=colours[ref["optimizer"]], label=label(ref["optimizer"]))
