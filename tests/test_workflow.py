@@ -37,24 +37,31 @@ def test_tiny_grid_end_to_end(tmp_path, fmnist_dir):
         "results_dir": "out",
         "train": {"max_steps": 3, "train_subset": 1000, "test_subset": 200, "validation_size": 100, "threads": 1,
                   "device": "cpu"},
-        "figures": {"fig5_1": {}, "fig5_6": {"select_by": "val"}},
-        "grid": [{"problems": ["P2"], "batch_sizes": [100], "epsilons": [1, 10], "epochs": [1],
-                  "optimizers": {"dpsgd": {"lr": [0.5]}, "sgd": {"lr": [0.1]}}}],
+        # every kind of figure: comparison bars, seed sensitivity, accuracy heatmaps, best settings,
+        # a VAE log-loss heatmap, and selection on validation
+        "figures": {"fig5_1": {}, "fig5_3": {}, "fig5_4": {"problem": "P2"}, "fig5_5": {"problem": "P2"},
+                    "fig5_6": {"select_by": "val"}, "fig5_8": {}},
+        "grid": [{"problems": ["P2"], "batch_sizes": [100], "epsilons": [1, 10], "epochs": [1], "seeds": 2,
+                  "optimizers": {"dpsgd": {"lr": [0.5, 1.0]}, "sgd": {"lr": [0.1]}}},
+                 {"problems": ["P3"], "batch_sizes": [100], "epsilons": [10], "epochs": [1],
+                  "optimizers": {"dpsgd": {"lr": [0.5]}}}],
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     proc = snakemake("--snakefile", REPO / "Snakefile", "--directory", tmp_path, "--configfile",
-                     tmp_path / "config.yaml", "--cores", "2", cwd=tmp_path)
+                     tmp_path / "config.yaml", "--profile", REPO / "workflow" / "profiles" / "default", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = tmp_path / "out"
     runs = pd.read_parquet(out / "aggregate" / "runs.parquet")
-    assert len(runs) == 3 and set(runs.optimizer) == {"dpsgd", "sgd"}
+    assert len(runs) == 11 and set(runs.optimizer) == {"dpsgd", "sgd"} and set(runs.problem) == {"P2", "P3"}
     assert (runs.status == "completed").all() and (runs.steps == 3).all()
     private = runs[runs.private]
     assert (private.epsilon <= private.target_epsilon).all()
     epochs = pd.read_parquet(out / "aggregate" / "epochs.parquet")
     assert set(epochs.run_id) == set(runs.run_id)
-    assert runs.test_accuracy_at_best_val.notna().all() and (runs.n_val == 100).all()
-    for figure in ("fig5_1", "fig5_6"):
+    classifier = runs.problem == "P2"
+    assert runs[classifier].test_accuracy_at_best_val.notna().all() and (runs.n_val == 100).all()
+    assert runs[~classifier].test_loss_at_best_val.notna().all()  # the VAE: loss only
+    for figure in config["figures"]:
         assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000
         assert (out / "figures" / f"{figure}.pdf").stat().st_size > 5_000
     report = snakemake("--snakefile", REPO / "Snakefile", "--directory", tmp_path, "--configfile",
