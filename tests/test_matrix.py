@@ -277,7 +277,7 @@ def test_cache_computes_each_file_once_even_concurrently(tmp_path, monkeypatch):
 
     def cell():
         f = cache.ensure_factorization(tmp_path, "se-k1-b8")
-        paths.append(cache.ensure_noise(tmp_path, f, 5000, 11))
+        paths.append(cache.ensure_noise(tmp_path, factorization.load(f), 5000, 11))
 
     threads = [threading.Thread(target=cell) for _ in range(4)]
     for t in threads:

@@ -64,11 +64,11 @@ def ensure_factorization(cache_dir: str | Path, key: str, log: Callable[[str], N
     return path
 
 
-def ensure_noise(cache_dir: str | Path, factorization_file: str | Path, dim: int, seed: int,
+def ensure_noise(cache_dir: str | Path, fact, dim: int, seed: int,
                  log: Callable[[str], None] | None = None) -> Path:
-    from dpbench.matrix import factorization, noise_file
+    """The noise file of a loaded factorization (``factorization.Factorization``), d and seed."""
+    from dpbench.matrix import noise_file
 
-    fact = factorization.load(factorization_file)
     path = noise_path(cache_dir, fact.key, dim, seed)
     if path.exists():
         return path

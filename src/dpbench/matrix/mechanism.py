@@ -60,7 +60,8 @@ class CorrelatedNoise:
         flat = self._row.to(like[0].device, non_blocking=False) if like[0].device.type != "cpu" else self._row
         out, i = [], 0
         for t in like:
-            out.append(flat[i:i + t.numel()].view(t.shape).to(t.dtype, copy=True))
+            # on the CPU, flat is the reused row buffer: copy; on a GPU it is a fresh transfer already
+            out.append(flat[i:i + t.numel()].view(t.shape).to(t.dtype, copy=flat is self._row))
             i += t.numel()
         return out
 
@@ -158,8 +159,7 @@ class MatrixMechanism:
 
         def resolve(dim: int) -> Path:
             given = plan.extras.get("noise_file")
-            path = Path(given) if given else cache.ensure_noise(plan.extras["cache_dir"],
-                                                                plan.extras["factorization_file"], dim, seed, _log)
+            path = Path(given) if given else cache.ensure_noise(plan.extras["cache_dir"], fact, dim, seed, _log)
             try:
                 meta = read_meta(path)
             except FileNotFoundError:

@@ -51,8 +51,13 @@ def multi_epoch_sensitivity(strategy: np.ndarray, epochs: int, batches: int) -> 
     steps = strategy.shape[1]
     if steps != epochs * batches:
         raise ValueError(f"C has {steps} columns, not k*b = {epochs}*{batches}")
+    return _pattern_bound(strategy, batches)
+
+
+def _pattern_bound(strategy: np.ndarray, batches: int) -> float:
+    """sqrt(max_j sum_{s,t in pi_j} |X_st|) over the patterns pi_j = {j, j+b, ...} among C's columns."""
     worst = 0.0
-    for j in range(batches):
+    for j in range(min(batches, strategy.shape[1])):
         cols = strategy[:, j::batches]
         worst = max(worst, float(np.abs(cols.T @ cols).sum()))
     return float(np.sqrt(worst))
@@ -69,10 +74,4 @@ def prefix_sensitivity(strategy: np.ndarray, epochs: int, batches: int, steps: i
     """Sensitivity of the first ``steps`` releases: a run stopped after t steps has released
     (C G + Z)[:t], a function of C[:t, :t] G[:t] + Z[:t] because C is lower triangular."""
     c = strategy[:steps, :steps]
-    if epochs == 1:
-        return single_epoch_sensitivity(c)
-    worst = 0.0
-    for j in range(min(batches, steps)):
-        cols = c[:, j::batches]
-        worst = max(worst, float(np.abs(cols.T @ cols).sum()))
-    return float(np.sqrt(worst))
+    return single_epoch_sensitivity(c) if epochs == 1 else _pattern_bound(c, batches)
