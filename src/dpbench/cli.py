@@ -93,14 +93,12 @@ def cmd_factorize(args) -> int:
 
 
 def cmd_noise(args) -> int:
-    import json as _json
-
     from dpbench.matrix import factorization, noise_file
 
     fact = factorization.load(args.factorization)
     info = noise_file.write_noise(args.out, fact.noising, args.dim, args.seed, log=noise_file.log_stderr,
                                   meta={"factorization_key": fact.key, "factorization_digest": fact.digest})
-    print(_json.dumps(info, indent=2, sort_keys=True))
+    print(json.dumps(info, indent=2, sort_keys=True))
     return 0
 
 

@@ -148,16 +148,16 @@ def load_splits(cfg: RunConfig, problem, seeds: dict[str, int], device) -> Split
     ds = data.load(problem.dataset, cfg.data_dir)
     train_idx = _subset(len(ds.train_labels), cfg.train_subset, seeds["subset"])
     test_idx = _subset(len(ds.test_labels), cfg.test_subset, seeds["subset"] + 1)
-    train_idx = np.arange(len(ds.train_labels)) if train_idx is None else train_idx
     val_idx = None
     if cfg.validation_size:
-        if cfg.validation_size >= len(train_idx):
+        pool = np.arange(len(ds.train_labels)) if train_idx is None else train_idx
+        if cfg.validation_size >= len(pool):
             raise ValueError(f"validation_size {cfg.validation_size} leaves no training examples "
-                             f"(of {len(train_idx)})")
-        held_out = np.zeros(len(train_idx), dtype=bool)
-        held_out[np.random.default_rng(seeds["subset"] + 2).choice(len(train_idx), cfg.validation_size,
+                             f"(of {len(pool)})")
+        held_out = np.zeros(len(pool), dtype=bool)
+        held_out[np.random.default_rng(seeds["subset"] + 2).choice(len(pool), cfg.validation_size,
                                                                    replace=False)] = True
-        train_idx, val_idx = train_idx[~held_out], train_idx[held_out]
+        train_idx, val_idx = pool[~held_out], pool[held_out]
 
     def tensors(images, labels, idx):
         if idx is None:
@@ -183,9 +183,11 @@ class Checkpoint:
         from dpbench.fingerprint import optimizer_fingerprint
 
         self.path = Path(path) if path else None
-        # the configuration and the code that trains it: a checkpoint made by other code is stale
-        self.key = {k: v for k, v in asdict(cfg).items() if k not in VOLATILE}
-        self.key["code"] = optimizer_fingerprint(cfg.optimizer)
+        self.key = None
+        if self.path is not None:
+            # the configuration and the code that trains it: a checkpoint made by other code is stale
+            self.key = {k: v for k, v in asdict(cfg).items() if k not in VOLATILE}
+            self.key["code"] = optimizer_fingerprint(cfg.optimizer)
 
     def load(self) -> dict | None:
         if self.path is None or not self.path.exists():
@@ -204,10 +206,6 @@ class Checkpoint:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         torch.save({"key": self.key, **state}, tmp)
         os.replace(tmp, self.path)
-
-    def remove(self) -> None:
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
 
 
 def run(cfg: RunConfig, checkpoint: str | Path | None = None, checkpoint_every_s: float = 600.0) -> RunResult:
