@@ -20,7 +20,6 @@ Only the noise stage changes (``add_noise``); automatic clipping is a clipping r
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -52,7 +51,7 @@ class ProjectedStep(DPStep):
     """A DP step whose noise stage projects: theta <- theta - lr P (P^T g_bar + e_k)."""
 
     def __init__(self, ctx: Context, rule, auto_clip_gamma: float, decay: bool,
-                 projection_rate: float | None = None, paper_sensitivity: bool = False):
+                 projection_rate: float | None = None):
         ctx = replace(ctx, clipping=AutomaticClipping(auto_clip_gamma, ctx.clipping.sensitivity))
         super().__init__(ctx, rule)
         self.decay, self.k = decay, 0
@@ -65,10 +64,8 @@ class ProjectedStep(DPStep):
             if tail_t is None:
                 raise TypeError("a projected step needs its mechanism's noise source "
                                 "(mechanisms.RandomProjectionGaussian.noise), which carries the norm bound")
-            if ctx.noise.paper_sensitivity != bool(paper_sensitivity):
-                raise ValueError("paper_sensitivity differs between the step and its privacy plan")
             self.projection_dim = max(1, round(projection_rate * self.dimension))
-            if not paper_sensitivity:
+            if not ctx.noise.paper_sensitivity:  # the privacy plan's setting (checked there)
                 self.factor = projection_sensitivity_factor(self.dimension, self.projection_dim, tail_t)
             ctx.noise.record(dimension=self.dimension, projection_dim=self.projection_dim,
                              projection_sensitivity_factor=self.factor)
@@ -79,7 +76,7 @@ class ProjectedStep(DPStep):
         return self.ctx.noise_multiplier * self.ctx.clipping.sensitivity * self.factor
 
     def noise_std_at(self, k: int) -> float:
-        return self.noise_std * (1 / math.sqrt(k) if self.decay else 1.0)
+        return self.noise_std * (inverse_sqrt_schedule(k) if self.decay else 1.0)
 
     @torch.no_grad()
     def add_noise(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -107,11 +104,8 @@ class ProjectedStep(DPStep):
 
 def _build(ctx: Context, decay: bool, projection: bool) -> ProjectedStep:
     h = ctx.hyperparameters
-    paper = h.get("paper_sensitivity", False)
-    if not isinstance(paper, bool):
-        raise ValueError(f"paper_sensitivity must be true or false, got {paper!r}")
     return ProjectedStep(ctx, SGD(ctx.lr), float(h["auto_clip_gamma"]), decay,
-                         float(h["projection_rate"]) if projection else None, paper)
+                         float(h["projection_rate"]) if projection else None)
 
 
 PROJECTION_DEFAULTS = {"auto_clip_gamma": 0.01, "projection_rate": 0.7, "paper_sensitivity": False}
