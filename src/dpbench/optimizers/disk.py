@@ -85,11 +85,6 @@ class DiskStep(DPStep):
         self.gamma = gamma
         self.a = (1 - rule.kappa) / (rule.kappa * gamma)
 
-    def _pass(self, x, y):
-        with self.tape:
-            losses, correct = self.ctx.loss_fn(self.model, x, y)
-        return self.tape.per_sample_gradients(losses), losses.detach(), correct
-
     def per_sample_gradients(self, x, y):
         d = self.rule.direction
         if x.shape[0] == 0 or self.a == 0 or d is None:  # one pass at theta
@@ -100,7 +95,7 @@ class DiskStep(DPStep):
         try:
             with torch.no_grad():
                 torch._foreach_add_(self.params, d, alpha=self.gamma)
-            shifted, _, _ = self._pass(x, y)
+            shifted, _ = super().per_sample_gradients(x, y)
         finally:
             with torch.no_grad():
                 torch._foreach_copy_(self.params, saved)  # theta restored bit for bit
@@ -108,8 +103,9 @@ class DiskStep(DPStep):
             with torch.no_grad():
                 losses, correct = self.ctx.loss_fn(self.model, x, y)
             return shifted, StepOutput(losses.detach(), correct, {"passes": 1.0, "loss_only_passes": 1.0})
-        current, losses, correct = self._pass(x, y)
-        return CombinedGradients(shifted, current, self.a), StepOutput(losses, correct, {"passes": 2.0})
+        current, out = super().per_sample_gradients(x, y)
+        out.stats["passes"] = 2.0
+        return CombinedGradients(shifted, current, self.a), out
 
 
 DPDISK = OptimizerSpec(
