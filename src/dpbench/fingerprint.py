@@ -40,8 +40,10 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
-def _imports(name: str) -> set[str]:
-    """dpbench modules that module `name` imports (statically, from its source)."""
+@lru_cache(maxsize=None)
+def _imports(name: str) -> frozenset[str]:
+    """dpbench modules that module `name` imports (statically, from its source; parsed once
+    per process)."""
     path = _module_file(name)
     if path is None:
         return set()
@@ -57,7 +59,7 @@ def _imports(name: str) -> set[str]:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
             found.add(base)
             found |= {f"{base}.{a.name}" for a in node.names}  # `from pkg import module`
-    return {m for m in found if (m == PACKAGE or m.startswith(PACKAGE + ".")) and _module_file(m)}
+    return frozenset(m for m in found if (m == PACKAGE or m.startswith(PACKAGE + ".")) and _module_file(m))
 
 
 def module_closure(roots: tuple[str, ...]) -> set[str]:
@@ -86,9 +88,7 @@ def optimizer_fingerprint(optimizer: str) -> str:
     """Hash of the sources that determine an optimizer's runs: the harness and its module(s)."""
     from dpbench.optimizers import get_optimizer
 
-    module = get_optimizer(optimizer).build.__module__
-    names = module_closure(HARNESS) | module_closure((module,))
-    return _digest([(n, _module_file(n).read_text()) for n in names])
+    return modules_fingerprint((*HARNESS, get_optimizer(optimizer).build.__module__))
 
 
 def function_closure(fn) -> list:
@@ -108,20 +108,23 @@ def function_closure(fn) -> list:
     return list(seen.values())
 
 
-def function_fingerprint(fn) -> str:
-    """Hash of a function's source and of the same-module functions it calls."""
-    return _digest([(f.__qualname__, inspect.getsource(f)) for f in function_closure(fn)])
-
-
 def figure_fingerprint(figure_id: str) -> str:
     """Hash of what draws one figure: its builder, the shared plotting path, its defaults."""
     from dpbench import figures
 
     spec = figures.FIGURES[figure_id]
-    functions = {f.__qualname__: f for f in function_closure(spec.build) + function_closure(figures.plot)}
+    functions = {f.__qualname__: f for f in function_closure(spec.build) + _plot_closure()}
     parts = [(name, inspect.getsource(f)) for name, f in functions.items()]
     filters = figures.THESIS_FILTERS.get(figure_id)
     return _digest(parts + [("defaults", repr(spec.defaults)), ("thesis_filters", repr(filters))])
+
+
+@lru_cache(maxsize=1)
+def _plot_closure() -> list:
+    """The shared plotting path of every figure (dpbench.figures.plot and what it calls)."""
+    from dpbench import figures
+
+    return function_closure(figures.plot)
 
 
 def modules_fingerprint(roots: tuple[str, ...]) -> str:
