@@ -56,10 +56,16 @@ def _round_up(x: float, step: int) -> int:
     return int(step * math.ceil(x / step))
 
 
+def train_size(problem: str, train: Mapping | None = None) -> int:
+    """N: the problem's training set, capped by the config's train_subset."""
+    train = train or {}
+    return min(N_TRAIN[problem], train.get("train_subset") or N_TRAIN[problem])
+
+
 def planned_steps(problem: str, batch_size: int, epochs: int, train: Mapping | None = None) -> int:
     """T = round(E·N/L), with N capped by train_subset and T by max_steps."""
     train = train or {}
-    n = min(N_TRAIN[problem], train.get("train_subset") or N_TRAIN[problem])
+    n = train_size(problem, train)
     steps = max(1, round(epochs * n / batch_size))
     return min(steps, train["max_steps"]) if train.get("max_steps") else steps
 
@@ -70,7 +76,7 @@ def compute_seconds(cell: Any, train: Mapping | None = None) -> float:
     problem, batch_size, epochs = _get(cell, "problem"), int(_get(cell, "batch_size")), int(_get(cell, "epochs"))
     per_example = (CPU_S_PER_EXAMPLE if _on_cpu(train) else GPU_S_PER_EXAMPLE)[problem]
     steps = planned_steps(problem, batch_size, epochs, train)
-    n_train = min(N_TRAIN[problem], train.get("train_subset") or N_TRAIN[problem])
+    n_train = train_size(problem, train)
     evals = min(epochs, math.ceil(steps * batch_size / n_train))  # one test pass per epoch reached
     n_test = min(N_TEST[problem], train.get("test_subset") or N_TEST[problem])
     seconds = steps * (STEP_OVERHEAD_S + batch_size * per_example) + evals * n_test * per_example * EVAL_FRACTION
@@ -85,7 +91,7 @@ def memory_mb(cell: Any, train: Mapping | None = None) -> float:
     """Estimated peak host memory (MB) of a cell, before the safety factor."""
     train = train or {}
     problem = _get(cell, "problem")
-    n_train = min(N_TRAIN[problem], train.get("train_subset") or N_TRAIN[problem])
+    n_train = train_size(problem, train)
     # the full files as uint8, the (sub)set used as float32
     data = (N_TRAIN[problem] + N_TEST[problem] + 4 * (n_train + N_TEST[problem])) * FEATURES[problem]
     return BASE_MB + data / 1e6

@@ -105,7 +105,9 @@ def train_group(wildcards):
 
 def matrix_resource(name):
     def resource(wildcards, attempt):
-        k, b = (int(part[1:]) for part in wildcards.factorization.split("-") if part[:1] in "kb" and part[1:].isdigit())
+        from dpbench.matrix.factorization import parse_key
+
+        _, k, b, _ = parse_key(wildcards.factorization)
         return cluster.factorization_resources(k * b, attempt)[name]
 
     return resource
