@@ -266,8 +266,7 @@ def run(cfg: RunConfig, checkpoint: str | Path | None = None, checkpoint_every_s
     train_loss = torch.full((steps,), math.nan, dtype=torch.float64, device=device)
     train_correct = torch.zeros(steps, dtype=torch.float64, device=device)
     batch_sizes = torch.zeros(steps, dtype=torch.int64, device=device)
-    progress_state = {"step": 0, "eval_rows": [], "stats": {}, "status": "completed", "eval_s": 0.0,
-                      "train_s": 0.0, "resumes": 0}
+    progress_state = {"step": 0, "eval_rows": [], "stats": {}, "eval_s": 0.0, "train_s": 0.0, "resumes": 0}
     if saved:
         model.load_state_dict(saved["model"])
         step_fn.load_state_dict(saved["step_fn"])
@@ -283,8 +282,11 @@ def run(cfg: RunConfig, checkpoint: str | Path | None = None, checkpoint_every_s
                    "model": model.state_dict(), "step_fn": step_fn.state_dict(), "sampler": sampler.state_dict(),
                    "loss_gen": loss_gen.get_state(), "train_loss": train_loss.cpu(),
                    "train_correct": train_correct.cpu(), "batch_sizes": batch_sizes.cpu(),
-                   "progress": {**progress_state, "train_s": progress_state["train_s"] + time.perf_counter()
-                                - session_t0 - session_eval_s()}})
+                   "progress": {**progress_state, "step": step, "train_s": train_time()}})
+
+    def train_time() -> float:
+        """Training seconds so far, over every session of this run, evaluation excluded."""
+        return progress_state["train_s"] + time.perf_counter() - session_t0 - (progress_state["eval_s"] - eval_s0)
 
     epoch_ends = sorted({min(steps, round(e * planned_steps / cfg.epochs)) for e in range(1, cfg.epochs + 1)})
     label = f"{cfg.problem} {cfg.optimizer} lr={cfg.lr:g} L={L} eps={cfg.epsilon} seed={cfg.seed}"
@@ -295,7 +297,7 @@ def run(cfg: RunConfig, checkpoint: str | Path | None = None, checkpoint_every_s
           file=sys.stderr, flush=True)
 
     session_t0, eval_s0 = time.perf_counter(), progress_state["eval_s"]
-    session_eval_s = lambda: progress_state["eval_s"] - eval_s0  # noqa: E731
+    status = "completed"
     last_save = time.perf_counter()
     for epoch, end in enumerate(epoch_ends, start=1):
         if step >= end:
@@ -311,7 +313,6 @@ def run(cfg: RunConfig, checkpoint: str | Path | None = None, checkpoint_every_s
                 if out.correct is not None:
                     train_correct[step] = out.correct.double().mean()
             step += 1
-            progress_state["step"] = step
             if progress.due():
                 progress(step, f"epoch {epoch}/{len(epoch_ends)} loss {train_loss[step - 1].item():.4g}")
             if step < end and time.perf_counter() - last_save > checkpoint_every_s:
@@ -331,13 +332,12 @@ def run(cfg: RunConfig, checkpoint: str | Path | None = None, checkpoint_every_s
         test_row = progress_state["eval_rows"][-1]
         progress(step, f"epoch {epoch} test loss {test_row['loss']:.4g} acc {test_row['accuracy']:.4f}")
         if diverged:
-            progress_state["status"] = "diverged"
+            status = "diverged"  # a diverged run saves no checkpoint: it ends here
             break
         if step < steps:
             save_checkpoint()
             last_save = time.perf_counter()
-    train_s = progress_state["train_s"] + time.perf_counter() - session_t0 - session_eval_s()
-    status, eval_s = progress_state["status"], progress_state["eval_s"]
+    train_s, eval_s = train_time(), progress_state["eval_s"]
 
     steps_done = step
     epoch_of_step = np.searchsorted(np.array(epoch_ends), np.arange(1, steps_done + 1)) + 1
