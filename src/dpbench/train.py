@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dpbench import accounting, data
+from dpbench import accounting, cuda, data
 from dpbench.clipping import Clipping, NoClipping
 from dpbench.optimizers import get_optimizer
 from dpbench.optimizers.base import Context
@@ -219,6 +219,8 @@ def run(cfg: RunConfig, checkpoint: str | Path | None = None, checkpoint_every_s
     problem = get_problem(cfg.problem)
     hyper = spec.hyperparameters(cfg.hyperparameters)
     device = resolve_device(cfg.device)
+    if device.type == "cuda":
+        cuda.configure()  # IEEE float32 (no TF32) and deterministic kernels: dpbench.cuda
     seeds = stream_seeds(cfg.seed)
     splits = load_splits(cfg, problem, seeds, device)
     n_train = splits.x_train.shape[0]
@@ -396,6 +398,8 @@ def run(cfg: RunConfig, checkpoint: str | Path | None = None, checkpoint_every_s
             "resumes": progress_state["resumes"],
         },
         "environment": {**provenance(), "device": str(device), "torch_threads": torch.get_num_threads(),
+                        **({"cuda": cuda.settings(), "gpu": torch.cuda.get_device_name(device)}
+                           if device.type == "cuda" else {}),
                         "seeds": seeds},
     }
     return RunResult(metrics, meta)
