@@ -1,6 +1,7 @@
 """Cluster execution: the resource model (dpbench.cluster), the SLURM profiles, and (optional)
 a tiny grid through a real single-node SLURM cluster started on this machine."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -9,8 +10,9 @@ import time
 import pytest
 import yaml
 
-from conftest import REPO, snakemake_exe
+from conftest import REPO, run_cli, snakemake_exe
 from dpbench import cluster
+from dpbench.grid import expand, load_config
 
 PROFILES = REPO / "workflow" / "profiles"
 SCRIPTS = REPO / "scripts" / "slurm"
@@ -29,23 +31,80 @@ def test_steps_follow_the_training_loop():
 
 
 def test_resources_of_known_cells():
-    # P2, L 256, E 2 on a GPU: 469 steps x (10 ms + 256 x 30 us) = 8.3 s, plus 2 test passes
+    # the assumed GPU costs: P2, L 256, E 2: 469 steps x (10 ms + 256 x 30 us) = 8.3 s, plus 2 test passes
     seconds = 469 * (0.010 + 256 * 30e-6) + 2 * 10_000 * 30e-6 / 3
-    assert cluster.compute_seconds(cell(), TRAIN) == pytest.approx(seconds)
-    assert cluster.resources(cell(), TRAIN) == {"mem_mb": 5000, "runtime": 15, "gpu": 1, "cpus_per_gpu": 4}
+    assumed = cluster.ASSUMED
+    assert cluster.compute_seconds(cell(), TRAIN, assumed) == pytest.approx(seconds)
+    assert cluster.resources(cell(), TRAIN, costs=assumed) == {"mem_mb": 5000, "runtime": 15, "gpu": 1,
+                                                               "cpus_per_gpu": 4}
     # the longest Setup 1 run: P1, L 256, E 500 (97,656 steps): about 34 minutes of compute
-    long = cluster.resources(cell("P1", "dpsgd", 256, 500), TRAIN)
+    long = cluster.resources(cell("P1", "dpsgd", 256, 500), TRAIN, costs=assumed)
     assert long["runtime"] == 65 and long["mem_mb"] == 6000
     # a CPU device asks for no GPU and uses the (slower) CPU costs
     cpu = cluster.resources(cell("P1", "dpsgd", 256, 500), {"device": "cpu", "threads": 2})
     assert cpu["gpu"] == 0 and cpu["cpus_per_gpu"] == 2 and cpu["runtime"] > 4 * long["runtime"]
 
 
+MEASURED = {"device": "Test GPU", "torch": "x",
+            "step_seconds": {"P2": {"dpsgd": {"256": 0.004, "1024": 0.010},
+                                    "sgd": {"256": 0.002, "1024": 0.005}}},
+            "eval_seconds_per_example": {"P2": 1e-6}, "startup_seconds": 20.0,
+            "concurrency_gain": {"P2": {"1": 1.0, "2": 1.7, "4": 2.5}, "P1": {"1": 1.0, "4": 3.0}}}
+
+
+def test_measured_gpu_costs(tmp_path):
+    (tmp_path / "costs.json").write_text(json.dumps(MEASURED))
+    costs = cluster.GpuCosts.from_file(tmp_path / "costs.json")
+    assert costs.source.startswith("measured on Test GPU")
+    # measured sizes exactly; linear in L between them; the smallest size's time below; per example above
+    assert costs.step("P2", "dpsgd", 256) == 0.004 and costs.step("P2", "dpsgd", 1024) == 0.010
+    assert costs.step("P2", "dpsgd", 512) == pytest.approx(0.004 + 0.006 * 256 / 768)
+    assert costs.step("P2", "dpsgd", 64) == 0.004 and costs.step("P2", "dpsgd", 2048) == pytest.approx(0.020)
+    # cost classes: DP-Adam and matrix variants, the non-private adam; unmeasured ones fall back
+    assert costs.step("P2", "adam", 256) == 0.002
+    assert cluster.cost_class("dpadamw-bc") == "dpadambc" and cluster.cost_class("dpmatrix-me-lambda") == "dpmatrix-se"
+    assert cluster.cost_class("d2p2sgd") is None and cluster.cost_class("d2psgd") == "dpsgd"
+    assert costs.step("P2", "dpdisk", 256) == cluster.ASSUMED.step("P2", "dpdisk", 256) == 0.010 + 256 * 30e-6
+    assert costs.step("P3", "dpsgd", 256) == cluster.ASSUMED.step("P3", "dpsgd", 256)
+    # P2, L 256, E 2: 469 steps of 4 ms and 2 test passes of 10,000 examples at 1 us
+    assert cluster.compute_seconds(cell(), TRAIN, costs) == pytest.approx(469 * 0.004 + 2 * 10_000 * 1e-6)
+    # the gain of K cells per GPU: the largest measured K <= K; other problems the smallest gain measured
+    assert costs.gain("P2", 1) == 1.0 and costs.gain("P2", 3) == 1.7 and costs.gain("P2", 16) == 2.5
+    assert costs.gain("P3", 4) == 2.5 and cluster.ASSUMED.gain("P2", 8) == 1.0
+    assert costs.gain("P3", 2) == 1.0  # P1's largest measured K <= 2 is 1: no gain claimed
+    cells = [cell(), cell(epochs=4)]
+    alone = (469 * 0.004 + 0.02 + 20) + (938 * 0.004 + 0.04 + 20)
+    assert cluster.gpu_hours(cells, TRAIN, 1, costs) == pytest.approx(alone / 3600)
+    assert cluster.gpu_hours(cells, TRAIN, 4, costs) == pytest.approx(alone / 2.5 / 3600)
+    (tmp_path / "bad.json").write_text(json.dumps({"device": "x"}))
+    with pytest.raises(ValueError, match="not a GPU cost file"):
+        cluster.GpuCosts.from_file(tmp_path / "bad.json")
+
+
+def test_default_costs_are_the_committed_measurement_or_assumed():
+    if cluster.COSTS_FILE.exists():
+        assert cluster.COSTS == cluster.GpuCosts.from_file(cluster.COSTS_FILE)
+        assert {"P1", "P2", "P3"} <= set(cluster.COSTS.step_seconds)
+    else:
+        assert cluster.COSTS is cluster.ASSUMED
+
+
+def test_cost_command_projects_gpu_hours(tmp_path):
+    (tmp_path / "costs.json").write_text(json.dumps(MEASURED))
+    proc = run_cli("cost", "config/setup2.yaml", "--costs", tmp_path / "costs.json", "--cells-per-gpu", "4")
+    costs = cluster.GpuCosts.from_file(tmp_path / "costs.json")
+    cells = expand(load_config(REPO / "config" / "setup2.yaml"))
+    one, four = (cluster.gpu_hours(cells, {"device": "cuda"}, k, costs) for k in (1, 4))
+    assert f"| config/setup2.yaml | 60 | {one:,.1f} | {four:,.1f} |" in proc.stdout
+    assert "measured on Test GPU" in proc.stdout and "P2 2.50x" in proc.stdout
+
+
 def test_matrix_mechanisms_train_at_dp_sgd_cost():
     # correlated noise is one row of a memory-mapped file per step: no T x d history in memory
+    # (the assumed costs; measured ones time the matrix step on its own)
     for problem, size in (("P3", 1024), ("P1", 2048)):
-        dpsgd = cluster.resources(cell(problem, "dpsgd", size, 30), TRAIN)
-        assert cluster.resources(cell(problem, "dpmatrix-me-lambda", size, 30), TRAIN) == dpsgd
+        dpsgd = cluster.resources(cell(problem, "dpsgd", size, 30), TRAIN, costs=cluster.ASSUMED)
+        assert cluster.resources(cell(problem, "dpmatrix-me-lambda", size, 30), TRAIN, costs=cluster.ASSUMED) == dpsgd
 
 
 def test_retries_ask_for_more_and_estimates_grow_with_the_work():
