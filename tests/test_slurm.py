@@ -134,16 +134,40 @@ def test_profiles():
     assert slurm["default-resources"]["slurm_account"].startswith("CHANGE-ME")
     assert slurm["default-resources"]["slurm_partition"].startswith("CHANGE-ME")
     train = slurm["set-resources"]["train"]
-    assert train["gpu"] == 1 and train["slurm_partition"].startswith("CHANGE-ME")
+    assert train["gres"] == "gpu:1" and "gpu" not in train and train["slurm_partition"].startswith("CHANGE-ME")
     assert "mem_mb" not in train and "runtime" not in train  # they come from dpbench.cluster via the rule
-    assert slurm["group-components"] == {cluster.SHORT_GROUP: 8}
-    assert slurm["set-resource-scopes"] == {"gpu": "local"} and slurm["resources"] == {"gpu": 1}
+    assert slurm["group-components"] == {cluster.SHORT_GROUP: 16}
+    assert slurm["set-resource-scopes"] == {"gpu_slots": "local"} and slurm["resources"] == {"gpu_slots": 4}
 
     local = yaml.safe_load((PROFILES / "slurm-local" / "config.yaml").read_text())
     assert local["slurm-status-command"] == "squeue" and local["slurm-no-account"] is True
     text = (PROFILES / "slurm-local" / "config.yaml").read_text()
     assert "slurm_partition" not in text and "slurm_account" not in text and "gres" not in text
     assert local["set-resources"]["train"] == {"gpu": 0}
+
+
+def test_a_bundle_shares_one_gpu_between_gpu_slots_runs():
+    """What the slurm profile makes Snakemake 9 ask SLURM for a bundle of 16 short runs: the
+    group's resources (Snakemake's own layering of a group job) with the profile's train
+    resources. 4 slots: 4 runs at a time on ONE GPU, 4 rounds of runtime, memory and CPUs of 4."""
+    from types import SimpleNamespace
+
+    from snakemake.resources import GroupResources, Resources
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    slurm = yaml.safe_load((PROFILES / "slurm" / "config.yaml").read_text())
+    per_run = {"mem_mb": 5000, "runtime": 15, "cpus_per_gpu": 4, "slurm_partition": "gpu",
+               **slurm["set-resources"]["train"]}
+    n = slurm["group-components"][cluster.SHORT_GROUP]
+    jobs = [SimpleNamespace(resources=dict(per_run), pipe_group=None) for _ in range(n)]
+    group = GroupResources.basic_layered([jobs], Resources.from_mapping(slurm["resources"]), run_local=False,
+                                         additive_resources=["runtime"], sortby=["runtime"])
+    slots = slurm["resources"]["gpu_slots"]
+    assert group["gres"] == "gpu:1" and group["gpu_slots"] == slots == 4
+    assert group["runtime"] == 15 * n // slots and group["mem_mb"] == 5000 * slots
+    assert group["cpus_per_gpu"] == 4 * slots
+    assert set_gres_string(SimpleNamespace(resources=SimpleNamespace(get=group.get, gres=group["gres"]))).strip() \
+        == "--gres=gpu:1"
 
 
 @pytest.mark.parametrize("profile", ["slurm", "slurm-local"])
