@@ -539,22 +539,28 @@ COST_CLASS = {"sgd": "sgd", "adam": "sgd", "dpsgd": "dpsgd", "d2psgd": "dpsgd", 
 
 
 def cmd_costs(args) -> None:
-    """gpu_costs.json for dpbench.cluster from throughput.json (+ concurrency.json)."""
+    """gpu_costs.json for dpbench.cluster from throughput.json, concurrency JSON files and the
+    start-up seconds of scripts/gpu/identical_runs.py (or --startup-s)."""
     out = Path(args.out)
-    tp = json.loads((out / "throughput.json").read_text())
+    tp = json.loads(Path(args.throughput or out / "throughput.json").read_text())
+    startup = args.startup_s
+    if args.identical and Path(args.identical).exists():
+        startup = json.loads(Path(args.identical).read_text())["startup_s"]
     costs = {"device": tp["environment"]["device"], "torch": tp["environment"]["torch"],
-             "measured_by": "benchmarks/bench_gpu.py throughput / concurrency (scripts/gpu/run.sh part1)",
+             "measured_by": "benchmarks/bench_gpu.py throughput / concurrency, scripts/gpu/identical_runs.py "
+                            "(scripts/gpu/run.sh part1, part2)",
              "step_seconds": {}, "eval_seconds_per_example": tp["eval_s_per_example"],
-             "startup_seconds": args.startup_s, "concurrency_gain": {}}
+             "startup_seconds": startup, "concurrency_gain": {}}
     for r in tp["rows"]:
         if "s_per_step" in r and not r["method"].startswith("opacus"):
             costs["step_seconds"].setdefault(r["problem"], {}).setdefault(r["method"], {})[str(r["L"])] = r["s_per_step"]
-    conc = out / "concurrency.json"
-    if conc.exists():
-        for r in json.loads(conc.read_text())["rows"]:
-            if "gain" in r:
-                costs["concurrency_gain"].setdefault(r["problem"], {})[str(r["K"])] = r["gain"]
-    write_json(out / "gpu_costs.json", costs)
+    for path in args.concurrency or [out / "concurrency.json"]:
+        if Path(path).exists():
+            for r in json.loads(Path(path).read_text())["rows"]:
+                if "gain" in r:
+                    by_l = costs["concurrency_gain"].setdefault(r["problem"], {})
+                    by_l.setdefault(str(r["L"]), {})[str(r["K"])] = r["gain"]
+    write_json(Path(args.costs_file or out / "gpu_costs.json"), costs)
     print(json.dumps(costs, indent=1))
 
 
@@ -580,7 +586,11 @@ def main() -> None:
             s.add_argument("--cells", default="P2:256:dpsgd,P1:1024:dpsgd")
             s.add_argument("--rounds", type=int, default=3)
         if name == "costs":
-            s.add_argument("--startup-s", type=float, help="measured start-up of one training job (s)")
+            s.add_argument("--throughput", help="throughput.json (default: OUT/throughput.json)")
+            s.add_argument("--concurrency", nargs="*", help="concurrency JSON files (default: OUT/concurrency.json)")
+            s.add_argument("--identical", help="identical.json of scripts/gpu/identical_runs.py (start-up seconds)")
+            s.add_argument("--startup-s", type=float, help="start-up seconds of one training job, if not --identical")
+            s.add_argument("--costs-file", help="where to write (default: OUT/gpu_costs.json)")
     args = parser.parse_args()
     {"throughput": cmd_throughput, "concurrency": cmd_concurrency, "determinism": cmd_determinism,
      "costs": cmd_costs, "worker": worker}[args.command](args)

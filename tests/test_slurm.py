@@ -49,7 +49,8 @@ MEASURED = {"device": "Test GPU", "torch": "x",
             "step_seconds": {"P2": {"dpsgd": {"256": 0.004, "1024": 0.010},
                                     "sgd": {"256": 0.002, "1024": 0.005}}},
             "eval_seconds_per_example": {"P2": 1e-6}, "startup_seconds": 20.0,
-            "concurrency_gain": {"P2": {"1": 1.0, "2": 1.7, "4": 2.5}, "P1": {"1": 1.0, "4": 3.0}}}
+            "concurrency_gain": {"P2": {"256": {"1": 1.0, "2": 1.7, "4": 2.5}, "1024": {"1": 1.0, "4": 1.2}},
+                                 "P1": {"256": {"1": 1.0, "4": 3.0}}}}
 
 
 def test_measured_gpu_costs(tmp_path):
@@ -68,10 +69,12 @@ def test_measured_gpu_costs(tmp_path):
     assert costs.step("P3", "dpsgd", 256) == cluster.ASSUMED.step("P3", "dpsgd", 256)
     # P2, L 256, E 2: 469 steps of 4 ms and 2 test passes of 10,000 examples at 1 us
     assert cluster.compute_seconds(cell(), TRAIN, costs) == pytest.approx(469 * 0.004 + 2 * 10_000 * 1e-6)
-    # the gain of K cells per GPU: the largest measured K <= K; other problems the smallest gain measured
-    assert costs.gain("P2", 1) == 1.0 and costs.gain("P2", 3) == 1.7 and costs.gain("P2", 16) == 2.5
-    assert costs.gain("P3", 4) == 2.5 and cluster.ASSUMED.gain("P2", 8) == 1.0
-    assert costs.gain("P3", 2) == 1.0  # P1's largest measured K <= 2 is 1: no gain claimed
+    # the gain of K cells per GPU: the nearest measured L, the largest measured K <= K; other
+    # problems the smallest gain measured
+    assert costs.gain("P2", 256, 1) == 1.0 and costs.gain("P2", 256, 3) == 1.7 and costs.gain("P2", 300, 16) == 2.5
+    assert costs.gain("P2", 2048, 8) == 1.2 and costs.gain("P2", 600, 8) == 1.2 and costs.gain("P2", 400, 8) == 2.5
+    assert costs.gain("P3", 256, 4) == 2.5 and costs.gain("P3", 1024, 4) == 1.2 and cluster.ASSUMED.gain("P2", 256, 8) == 1.0
+    assert costs.gain("P3", 256, 2) == 1.0  # P1's largest measured K <= 2 is 1: no gain claimed
     cells = [cell(), cell(epochs=4)]
     alone = (469 * 0.004 + 0.02 + 20) + (938 * 0.004 + 0.04 + 20)
     assert cluster.gpu_hours(cells, TRAIN, 1, costs) == pytest.approx(alone / 3600)
@@ -96,7 +99,7 @@ def test_cost_command_projects_gpu_hours(tmp_path):
     cells = expand(load_config(REPO / "config" / "setup2.yaml"))
     one, four = (cluster.gpu_hours(cells, {"device": "cuda"}, k, costs) for k in (1, 4))
     assert f"| config/setup2.yaml | 60 | {one:,.1f} | {four:,.1f} |" in proc.stdout
-    assert "measured on Test GPU" in proc.stdout and "P2 2.50x" in proc.stdout
+    assert "measured on Test GPU" in proc.stdout and "P2 2.50x at L = 256, 1.20x at L = 2048" in proc.stdout
 
 
 def test_matrix_mechanisms_train_at_dp_sgd_cost():

@@ -118,7 +118,8 @@ def cmd_cost(args) -> int:
     k = args.cells_per_gpu
     print(f"GPU cost model: {costs.source}; start-up {costs.startup_seconds:.0f} s per job; "
           f"throughput gain with {k} cells per GPU: "
-          + ", ".join(f"{p} {costs.gain(p, k):.2f}x" for p in ("P1", "P2", "P3")) + "\n")
+          + ", ".join(f"{p} {costs.gain(p, 256, k):.2f}x at L = 256, {costs.gain(p, 2048, k):.2f}x at L = 2048"
+                      for p in ("P1", "P2", "P3")) + "\n")
     print(f"| config | runs | GPU-hours, 1 cell per GPU | GPU-hours, {k} cells per GPU |")
     print("| --- | ---: | ---: | ---: |")
     for path in args.configs:

@@ -99,7 +99,7 @@ class GpuCosts:
     step_seconds: Mapping[str, Mapping[str, Mapping[int, float]]] = field(default_factory=dict)
     eval_seconds_per_example: Mapping[str, float] = field(default_factory=dict)
     startup_seconds: float = ASSUMED_STARTUP_S
-    concurrency_gain: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    concurrency_gain: Mapping[str, Mapping[int, Mapping[int, float]]] = field(default_factory=dict)  # problem, L, K
 
     @classmethod
     def from_file(cls, path: str | Path) -> "GpuCosts":
@@ -111,8 +111,8 @@ class GpuCosts:
                               for p, by_m in raw["step_seconds"].items()},
                 eval_seconds_per_example={p: float(s) for p, s in raw["eval_seconds_per_example"].items()},
                 startup_seconds=float(raw.get("startup_seconds") or ASSUMED_STARTUP_S),
-                concurrency_gain={p: {int(k): float(g) for k, g in by_k.items()}
-                                  for p, by_k in raw.get("concurrency_gain", {}).items()})
+                concurrency_gain={p: {int(L): {int(k): float(g) for k, g in by_k.items()} for L, by_k in by_l.items()}
+                                  for p, by_l in raw.get("concurrency_gain", {}).items()})
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: not a GPU cost file of benchmarks/bench_gpu.py costs ({e!r})") from None
 
@@ -125,20 +125,21 @@ class GpuCosts:
     def eval_per_example(self, problem: str) -> float:
         return self.eval_seconds_per_example.get(problem, GPU_S_PER_EXAMPLE[problem] * EVAL_FRACTION)
 
-    def gain(self, problem: str, cells_per_gpu: int) -> float:
-        """Aggregate throughput of K processes on one GPU over one process's: measured for the
-        problem at the largest measured K <= cells_per_gpu; for an unmeasured problem the
-        smallest gain measured for any problem at that K; 1 without measurements."""
-        def at(by_k: Mapping[int, float]) -> float | None:
+    def gain(self, problem: str, batch_size: int, cells_per_gpu: int) -> float:
+        """Aggregate throughput of K processes on one GPU over one process's, measured for the
+        problem at the measured batch size nearest to L (by ratio) and the largest measured
+        K <= cells_per_gpu; for an unmeasured problem the smallest such gain of any problem;
+        1 without measurements (no gain is claimed that was not measured)."""
+        def at(by_l: Mapping[int, Mapping[int, float]]) -> float:
+            by_k = by_l[min(by_l, key=lambda size: abs(math.log(size / batch_size)))]
             ks = [k for k in by_k if k <= cells_per_gpu]
-            return by_k[max(ks)] if ks else None
+            return by_k[max(ks)] if ks else 1.0
 
-        if cells_per_gpu <= 1:
+        if cells_per_gpu <= 1 or not self.concurrency_gain:
             return 1.0
         if problem in self.concurrency_gain:
-            return at(self.concurrency_gain[problem]) or 1.0
-        gains = [g for g in map(at, self.concurrency_gain.values()) if g is not None]
-        return min(gains) if gains else 1.0
+            return at(self.concurrency_gain[problem])
+        return min(map(at, self.concurrency_gain.values()))
 
 
 ASSUMED = GpuCosts(source="assumed (no measurement)")
@@ -233,7 +234,7 @@ def gpu_hours(cells: Iterable[Any], train: Mapping | None = None, cells_per_gpu:
     total = 0.0
     for cell in cells:
         seconds = compute_seconds(cell, train, costs) + costs.startup_seconds
-        total += seconds / costs.gain(_get(cell, "problem"), cells_per_gpu)
+        total += seconds / costs.gain(_get(cell, "problem"), int(_get(cell, "batch_size")), cells_per_gpu)
     return total / 3600
 
 
