@@ -429,7 +429,7 @@ class Pool:
 def concurrency_markdown(result: dict) -> str:
     lines = [f"### Many training processes on one GPU: {result['environment']['device']}", "",
              f"K processes train the same cell (dpbench's step, synthetic data) over a common window of "
-             f"{result['window_s']:g} s; aggregate = sum of their steps / window. Same parameters after "
+             f"{result['window_s']:g} s; aggregate = the sum of each process's steps per second. Same parameters after "
              f"{result['hash_after']} steps in every process and for every K: "
              f"{'yes' if result.get('identical') else 'NO'}.", "",
              "| problem | L | optimizer | K | aggregate steps / s | per process | gain over K = 1 | examples / s |",

@@ -4,6 +4,7 @@ one GPU must not change results). Also reports one job's start-up seconds (wall 
 process minus its training and evaluation time), for the cost model.
 
 Usage: python scripts/gpu/identical_runs.py --out DIR --data-dir D [--device cuda] [--k 4] [--max-steps 150]
+                                           [--test-subset N]
 Writes DIR/identical.json and DIR/identical.md.
 """
 
@@ -27,7 +28,8 @@ def command(args, out: Path) -> list[str]:
     return [sys.executable, "-m", "dpbench", "train", "--problem", args.problem, "--optimizer", "dpsgd",
             "--lr", "0.5", "--batch-size", str(args.batch_size), "--epochs", "1", "--seed", "0",
             "--epsilon", "1", "--max-steps", str(args.max_steps), "--device", args.device,
-            "--threads", "2", "--data-dir", args.data_dir, "--progress-every", "1e9", "--out", str(out)]
+            "--threads", "2", "--data-dir", args.data_dir, "--progress-every", "1e9", "--out", str(out)] + \
+        (["--test-subset", str(args.test_subset)] if args.test_subset else [])
 
 
 def launch(args, outs: list[Path]) -> tuple[float, list[subprocess.Popen]]:
@@ -55,6 +57,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--max-steps", type=int, default=150)
     parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--test-subset", type=int, help="evaluate on this many test examples (default: all)")
     args = parser.parse_args()
     out = Path(args.out)
     runs = out / "identical-runs"
