@@ -174,6 +174,16 @@ def load_splits(cfg: RunConfig, problem, seeds: dict[str, int], device) -> Split
 VOLATILE = ("progress_every_s", "data_dir", "cache_dir", "factorization", "noise_file", "eval_batch_size")
 
 
+def _to_device(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_device(v, device) for v in obj)
+    return obj
+
+
 class Checkpoint:
     """Everything needed to continue a run exactly where it stopped: model, optimizer and noise
     state, sampler and loss RNGs, and the metrics so far. Written atomically; a checkpoint of
@@ -189,7 +199,9 @@ class Checkpoint:
             self.key = {k: v for k, v in asdict(cfg).items() if k not in VOLATILE}
             self.key["code"] = optimizer_fingerprint(cfg.optimizer)
 
-    def load(self) -> dict | None:
+    def load(self, device: torch.device | str = "cpu") -> dict | None:
+        """The saved state, its optimizer state (moments, residuals, filter state) on ``device``
+        with the parameters; generator states stay CPU byte tensors, as ``set_state`` takes them."""
         if self.path is None or not self.path.exists():
             return None
         state = torch.load(self.path, map_location="cpu", weights_only=False)
@@ -197,6 +209,8 @@ class Checkpoint:
             print(f"checkpoint {self.path} belongs to another configuration; starting afresh",
                   file=sys.stderr, flush=True)
             return None
+        if "step_fn" in state:
+            state["step_fn"] = {k: v if k == "noise" else _to_device(v, device) for k, v in state["step_fn"].items()}
         return state
 
     def save(self, state: dict) -> None:
@@ -225,7 +239,7 @@ def run(cfg: RunConfig, checkpoint: str | Path | None = None, checkpoint_every_s
     splits = load_splits(cfg, problem, seeds, device)
     n_train = splits.x_train.shape[0]
     ckpt = Checkpoint(checkpoint, cfg)
-    saved = ckpt.load()
+    saved = ckpt.load(device)
 
     # The privacy setting (batches, steps, sample rate) comes from the optimizer's mechanism.
     mechanism = spec.mechanism
