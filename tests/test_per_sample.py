@@ -29,10 +29,12 @@ def check(model, loss_batch, loss_one, *batch):
     with tape:
         losses = loss_batch(*batch)
     psg = tape.per_sample_gradients(losses)
-    torch.testing.assert_close(psg.norms(), ref_norms, rtol=1e-5, atol=1e-7)
+    # float32 on a GPU: other kernels (cuDNN, cuBLAS) than the reference's, summing in other orders
+    gpu32 = ref_norms.device.type == "cuda" and ref_norms.dtype == torch.float32
+    torch.testing.assert_close(psg.norms(), ref_norms, rtol=1e-4 if gpu32 else 1e-5, atol=1e-6 if gpu32 else 1e-7)
     coef = torch.rand(B, dtype=ref_norms.dtype, device=ref_norms.device)
     for p, w in psg.weighted_sum(coef).items():
-        torch.testing.assert_close(w, torch.einsum("b,b...->...", coef, ref[p]), rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(w, torch.einsum("b,b...->...", coef, ref[p]), rtol=1e-4, atol=1e-5 if gpu32 else 1e-6)
     return psg, ref
 
 
