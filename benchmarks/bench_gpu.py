@@ -8,7 +8,8 @@ Every subcommand writes JSON (and a Markdown table naming the device) and runs o
     (P1/P2: L in 256..2048, P2 also 32 and 64 for Setup 2, P3: 1024, 2048) of the non-private
     step, dpsgd, dpadambc, dpdice, dpdisk and a matrix mechanism (dpmatrix-se fed by an
     in-memory pool of noise rows that travel to the device every step exactly like rows of a
-    noise file), then Opacus 1.6 in its three modes: hooks, ghost clipping
+    noise file), dpsgd with a candidate per-sample convolution gradient (``dpsgd-unfold``,
+    see ``unfold_materialised``), then Opacus 1.6 in its three modes: hooks, ghost clipping
     (``grad_sample_mode="ghost"``) and functorch. All methods get the same Poisson batches (the
     same seeded sampler over the same in-memory tensors, drawn every step as in training), the
     same model initialisation, sigma = 1, C = 1, plain SGD. Timing: warm-up steps, then three
@@ -33,6 +34,8 @@ Usage:  python benchmarks/bench_gpu.py throughput --out DIR [--device cuda] [--b
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -56,13 +59,14 @@ from dpbench.matrix.mechanism import CorrelatedNoise  # noqa: E402
 from dpbench.noise import GaussianNoise  # noqa: E402
 from dpbench.optimizers import get_optimizer  # noqa: E402
 from dpbench.optimizers.base import Context  # noqa: E402
+from dpbench.per_sample import LayerGrads  # noqa: E402
 from dpbench.problems import get_problem  # noqa: E402
 from dpbench.sampling import PoissonSampler  # noqa: E402
 
 N_TRAIN = {"P1": 50_000, "P2": 60_000, "P3": 60_000}
 SHAPES = {"P1": (3, 32, 32), "P2": (1, 28, 28), "P3": (1, 28, 28)}
 BATCH_SIZES = {"P1": [256, 512, 1024, 2048], "P2": [32, 64, 256, 512, 1024, 2048], "P3": [1024, 2048]}
-OURS = ["sgd", "dpsgd", "dpadambc", "dpdice", "dpdisk", "dpmatrix-se"]
+OURS = ["sgd", "dpsgd", "dpadambc", "dpdice", "dpdisk", "dpmatrix-se", "dpsgd-unfold"]
 OPACUS = ["opacus-hooks", "opacus-ghost", "opacus-functorch"]
 SETUP2_METHODS = {"sgd", "dpsgd", "dpmatrix-se"}  # what Setup 2 runs at L = 32, 64
 SIGMA, LR = 1.0, 0.01
@@ -138,6 +142,26 @@ class PooledNoise(CorrelatedNoise):
         self._row = torch.empty(dim, dtype=torch.float32)
 
 
+@contextlib.contextmanager
+def unfold_materialised():
+    """A candidate for the per-sample weight gradients of convolutions (measured as the method
+    ``dpsgd-unfold``): one batched matrix product of the unfolded factors, G_i^T A_i, for every
+    layer type, instead of dpbench's grouped convolution (groups = B) per layer."""
+    original = LayerGrads.__dict__["materialised"]
+
+    def materialised(self):
+        A, G = self.factors
+        return torch.bmm(G.transpose(1, 2), A).view(self.batch_size, *self.module.weight.shape)
+
+    patched = functools.cached_property(materialised)
+    patched.__set_name__(LayerGrads, "materialised")
+    LayerGrads.materialised = patched
+    try:
+        yield
+    finally:
+        LayerGrads.materialised = original
+
+
 def build_model(problem_id: str, device, seed: int = 0):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -146,7 +170,16 @@ def build_model(problem_id: str, device, seed: int = 0):
 
 
 def our_step(problem_id: str, name: str, L: int, device, steps: int):
-    """(step(x, y), model) of one of our optimizers, built as the harness builds it."""
+    """(step(x, y), model) of one of our optimizers, built as the harness builds it
+    (``NAME-unfold``: with ``unfold_materialised``)."""
+    if name.endswith("-unfold"):
+        inner, model = our_step(problem_id, name.removesuffix("-unfold"), L, device, steps)
+
+        def step(x, y):
+            with unfold_materialised():
+                return inner(x, y)
+
+        return step, model
     problem, spec = get_problem(problem_id), get_optimizer(name)
     model = build_model(problem_id, device)
     gen = torch.Generator(device=device)
@@ -328,6 +361,7 @@ def cmd_throughput(args) -> None:
         msg = f"{1e3 * row['s_per_step']:.2f} ms/step" if "s_per_step" in row else row["error"]
         print(f"[throughput] {p} L={L} {method}: {msg}", file=sys.stderr, flush=True)
         write_json(out / "throughput.json", result)
+        (out / "throughput.md").write_text(throughput_markdown(result))
     result["elapsed_s"] = time.perf_counter() - t_start
     write_json(out / "throughput.json", result)
     (out / "throughput.md").write_text(throughput_markdown(result))
@@ -479,6 +513,7 @@ def cmd_concurrency(args) -> None:
                 print(f"[concurrency] {problem} L={L} {optimizer} K={K}: "
                       f"{row.get('aggregate_steps_per_s', row.get('error'))}", file=sys.stderr, flush=True)
                 write_json(out / "concurrency.json", result)
+                (out / "concurrency.md").write_text(concurrency_markdown(result))
     finally:
         pool.close()
     per_cell: dict = {}

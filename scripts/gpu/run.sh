@@ -124,7 +124,7 @@ EOF
 if [ "$SMOKE" = 1 ]; then
     Q=(--quick --target-s 0.1); BUDGET_TP=60; KS=1,2; WINDOW=1; CELLS=P2:64:dpsgd; PYTEST_FILES=(tests/test_per_sample.py tests/test_privacy.py)
 else
-    Q=(--target-s 0.8); BUDGET_TP=165; KS=1,2,4,8,16; WINDOW=4; CELLS=P2:256:dpsgd,P1:256:dpsgd
+    Q=(--target-s 0.8); BUDGET_TP=160; KS=1,2,4,8,16; WINDOW=4; CELLS=P2:256:dpsgd,P1:256:dpsgd
     PYTEST_FILES=(tests/test_per_sample.py tests/test_privacy.py tests/test_optimizers.py tests/test_matrix.py tests/test_train.py)
 fi
 
@@ -136,15 +136,15 @@ if [ "$PART" = part1 ]; then
 
     TIMEOUT_ARGS=()
     "$PY" -c "import pytest_timeout" 2>/dev/null && TIMEOUT_ARGS=(--timeout 90)
-    step pytest-cuda 150 "$PY" -m pytest -m cuda -q -rfEs -p no:cacheprovider -o junit_family=legacy \
+    step pytest-cuda 140 "$PY" -m pytest -m cuda -q -rfEs -p no:cacheprovider -o junit_family=legacy \
         --junitxml="$WORK/pytest-cuda.xml" "${TIMEOUT_ARGS[@]}" "${PYTEST_FILES[@]}"
     [ -f "$WORK/pytest-cuda.xml" ] && "$PY" scripts/gpu/report.py pytest "$WORK/pytest-cuda.xml" > "$WORK/pytest-cuda.md"
     sync_out
 
-    step throughput 230 "$PY" benchmarks/bench_gpu.py throughput --device "$DEVICE" --out "$WORK" \
+    step throughput 200 "$PY" benchmarks/bench_gpu.py throughput --device "$DEVICE" --out "$WORK" \
         --budget-s "$BUDGET_TP" "${Q[@]}"
-    step concurrency 110 "$PY" benchmarks/bench_gpu.py concurrency --device "$DEVICE" --out "$WORK" --ks "$KS" \
-        --cells "$CELLS" --window-s "$WINDOW" --budget-s 85 "${Q[@]}"
+    step concurrency 100 "$PY" benchmarks/bench_gpu.py concurrency --device "$DEVICE" --out "$WORK" --ks "$KS" \
+        --cells "$CELLS" --window-s "$WINDOW" --budget-s 75 "${Q[@]}"
     step costs 30 "$PY" benchmarks/bench_gpu.py costs --out "$WORK"
     [ -f "$WORK/gpu_costs.json" ] && cp "$WORK/gpu_costs.json" "$OUT/gpu_costs.json"
     step projection 30 bash -c "'$PY' -m dpbench cost --costs '$WORK/gpu_costs.json' --cells-per-gpu 8 > '$WORK/projection.md'"
