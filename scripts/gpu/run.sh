@@ -124,7 +124,7 @@ EOF
 if [ "$SMOKE" = 1 ]; then
     Q=(--quick --target-s 0.1); BUDGET_TP=60; KS=1,2; WINDOW=1; CELLS=P2:64:dpsgd; PYTEST_FILES=(tests/test_per_sample.py tests/test_privacy.py)
 else
-    Q=(--target-s 0.8); BUDGET_TP=160; KS=1,2,4,8,16; WINDOW=4; CELLS=P2:256:dpsgd,P1:256:dpsgd
+    Q=(--target-s 0.8); BUDGET_TP=160; KS=1,2,4,8,16; WINDOW=3; CELLS=P2:256:dpsgd,P1:256:dpsgd
     PYTEST_FILES=(tests/test_per_sample.py tests/test_privacy.py tests/test_optimizers.py tests/test_matrix.py tests/test_train.py)
 fi
 
@@ -144,7 +144,7 @@ if [ "$PART" = part1 ]; then
     step throughput 200 "$PY" benchmarks/bench_gpu.py throughput --device "$DEVICE" --out "$WORK" \
         --budget-s "$BUDGET_TP" "${Q[@]}"
     step concurrency 100 "$PY" benchmarks/bench_gpu.py concurrency --device "$DEVICE" --out "$WORK" --ks "$KS" \
-        --cells "$CELLS" --window-s "$WINDOW" --budget-s 75 "${Q[@]}"
+        --cells "$CELLS" --window-s "$WINDOW" --budget-s 80 "${Q[@]}"
     step costs 30 "$PY" benchmarks/bench_gpu.py costs --out "$WORK"
     [ -f "$WORK/gpu_costs.json" ] && cp "$WORK/gpu_costs.json" "$OUT/gpu_costs.json"
     step projection 30 bash -c "'$PY' -m dpbench cost --costs '$WORK/gpu_costs.json' --cells-per-gpu 8 > '$WORK/projection.md'"
