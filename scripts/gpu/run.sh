@@ -136,7 +136,7 @@ if [ "$PART" = part1 ]; then
 
     TIMEOUT_ARGS=()
     "$PY" -c "import pytest_timeout" 2>/dev/null && TIMEOUT_ARGS=(--timeout 90)
-    step pytest-cuda 140 "$PY" -m pytest -m cuda -q -rfEs -p no:cacheprovider -o junit_family=legacy \
+    step pytest-cuda 130 "$PY" -m pytest -m cuda -q -rfEs -p no:cacheprovider -o junit_family=legacy \
         --junitxml="$WORK/pytest-cuda.xml" "${TIMEOUT_ARGS[@]}" "${PYTEST_FILES[@]}"
     [ -f "$WORK/pytest-cuda.xml" ] && "$PY" scripts/gpu/report.py pytest "$WORK/pytest-cuda.xml" > "$WORK/pytest-cuda.md"
     sync_out
@@ -145,9 +145,9 @@ if [ "$PART" = part1 ]; then
         --budget-s "$BUDGET_TP" "${Q[@]}"
     step concurrency 100 "$PY" benchmarks/bench_gpu.py concurrency --device "$DEVICE" --out "$WORK" --ks "$KS" \
         --cells "$CELLS" --window-s "$WINDOW" --budget-s 80 "${Q[@]}"
-    step costs 30 "$PY" benchmarks/bench_gpu.py costs --out "$WORK"
+    step costs 15 "$PY" benchmarks/bench_gpu.py costs --out "$WORK"
     [ -f "$WORK/gpu_costs.json" ] && cp "$WORK/gpu_costs.json" "$OUT/gpu_costs.json"
-    step projection 30 bash -c "'$PY' -m dpbench cost --costs '$WORK/gpu_costs.json' --cells-per-gpu 8 > '$WORK/projection.md'"
+    step projection 15 bash -c "'$PY' -m dpbench cost --costs '$WORK/gpu_costs.json' --cells-per-gpu 8 > '$WORK/projection.md'"
 else
     CIFAR_PER_BATCH=10000
     [ "$SMOKE" = 1 ] && CIFAR_PER_BATCH=300
@@ -155,11 +155,11 @@ else
     "$PY" scripts/gpu/make_cifar.py "$DATA" --per-batch $CIFAR_PER_BATCH > "$WORK/cifar-md5.txt" 2>&1 &
     CIFAR_PID=$!
 
-    step determinism 75 "$PY" benchmarks/bench_gpu.py determinism --device "$DEVICE" --out "$WORK" \
+    step determinism 60 "$PY" benchmarks/bench_gpu.py determinism --device "$DEVICE" --out "$WORK" \
         --cells "$([ "$SMOKE" = 1 ] && echo P2:64:dpsgd || echo P2:256:dpsgd,P1:1024:dpsgd)" \
         --rounds "$([ "$SMOKE" = 1 ] && echo 1 || echo 3)" --target-s "$([ "$SMOKE" = 1 ] && echo 0.1 || echo 0.6)" \
         $([ "$SMOKE" = 1 ] && echo --quick)
-    step identical-runs 100 "$PY" scripts/gpu/identical_runs.py --out "$WORK" --data-dir "$DATA" --device "$DEVICE" \
+    step identical-runs 80 "$PY" scripts/gpu/identical_runs.py --out "$WORK" --data-dir "$DATA" --device "$DEVICE" \
         --k "$([ "$SMOKE" = 1 ] && echo 2 || echo 4)" --max-steps "$([ "$SMOKE" = 1 ] && echo 3 || echo 150)" \
         $([ "$SMOKE" = 1 ] && echo --test-subset 200)
 
@@ -173,17 +173,17 @@ else
     else
         cp scripts/gpu/workflow.yaml "$WF/config.yaml"
     fi
-    step workflow 250 "$PY" -m snakemake --snakefile "$REPO/Snakefile" --directory "$WF" \
+    step workflow 220 "$PY" -m snakemake --snakefile "$REPO/Snakefile" --directory "$WF" \
         --configfile "$WF/config.yaml" --config data_dir="$DATA" --profile "$REPO/workflow/profiles/default" \
         --cores "$([ "$SMOKE" = 1 ] && echo 2 || echo 8)" --scheduler greedy
     [ -f "$WF/results/aggregate/runs.parquet" ] && "$PY" scripts/gpu/report.py workflow "$WF/results" > "$WORK/workflow.md"
     unset DPBENCH_TEST_CIFAR10_MD5
     sync_out
 
-    step concurrency-L1024 100 "$PY" benchmarks/bench_gpu.py concurrency --device "$DEVICE" --out "$WORK/L1024" \
+    step concurrency-L1024 90 "$PY" benchmarks/bench_gpu.py concurrency --device "$DEVICE" --out "$WORK/L1024" \
         --ks "$([ "$SMOKE" = 1 ] && echo 1,2 || echo 1,4,8)" \
         --cells "$([ "$SMOKE" = 1 ] && echo P3:64:dpsgd || echo P3:1024:dpsgd,P2:1024:dpsgd)" \
-        --window-s "$WINDOW" --budget-s 75 "${Q[@]}"
+        --window-s "$WINDOW" --budget-s 70 "${Q[@]}"
     [ -f "$WORK/L1024/concurrency.md" ] && cp "$WORK/L1024/concurrency.md" "$WORK/concurrency-L1024.md"
 fi
 
