@@ -214,6 +214,7 @@ def opacus_step(problem_id: str, mode: str, L: int, n: int, device):
             poisson_sampling=False, grad_sample_mode=mode)
     module, optimizer = made[0], made[1]
     latent = model.mu.out_features if problem.task == "vae" else None
+    warnings.filterwarnings("ignore", message="Full backward hook")  # Opacus's hooks on a model without input grads
 
     def losses_of(x, y):
         if latent is None:
