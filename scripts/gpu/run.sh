@@ -159,7 +159,7 @@ else
         --cells "$([ "$SMOKE" = 1 ] && echo P2:64:dpsgd || echo P2:256:dpsgd,P1:1024:dpsgd)" \
         --rounds "$([ "$SMOKE" = 1 ] && echo 1 || echo 3)" --target-s "$([ "$SMOKE" = 1 ] && echo 0.1 || echo 0.5)" \
         $([ "$SMOKE" = 1 ] && echo --quick)
-    step identical-runs 80 "$PY" scripts/gpu/identical_runs.py --out "$WORK" --data-dir "$DATA" --device "$DEVICE" \
+    step identical-runs "$([ "$SMOKE" = 1 ] && echo 240 || echo 80)" "$PY" scripts/gpu/identical_runs.py --out "$WORK" --data-dir "$DATA" --device "$DEVICE" \
         --k "$([ "$SMOKE" = 1 ] && echo 2 || echo 4)" --max-steps "$([ "$SMOKE" = 1 ] && echo 3 || echo 150)" \
         $([ "$SMOKE" = 1 ] && echo --test-subset 200)
 
