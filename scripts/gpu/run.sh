@@ -173,7 +173,7 @@ else
     else
         cp scripts/gpu/workflow.yaml "$WF/config.yaml"
     fi
-    step workflow 220 "$PY" -m snakemake --snakefile "$REPO/Snakefile" --directory "$WF" \
+    step workflow "$([ "$SMOKE" = 1 ] && echo 400 || echo 220)" "$PY" -m snakemake --snakefile "$REPO/Snakefile" --directory "$WF" \
         --configfile "$WF/config.yaml" --config data_dir="$DATA" --profile "$REPO/workflow/profiles/default" \
         --cores "$([ "$SMOKE" = 1 ] && echo 2 || echo 8)" --scheduler greedy
     [ -f "$WF/results/aggregate/runs.parquet" ] && "$PY" scripts/gpu/report.py workflow "$WF/results" > "$WORK/workflow.md"
