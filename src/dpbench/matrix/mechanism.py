@@ -151,8 +151,8 @@ class MatrixMechanism:
             },
         }
 
-    def sampler(self, plan: Plan, n_train: int, seed: int, device) -> FixedBatchSampler:
-        return FixedBatchSampler(n_train, plan.batch_size, seed, device)
+    def sampler(self, plan: Plan, n_train: int, seed: int, device, lanes: int = 1) -> FixedBatchSampler:
+        return FixedBatchSampler(n_train, plan.batch_size, seed, device, lanes)
 
     def noise(self, plan: Plan, seed: int, device) -> CorrelatedNoise:
         fact = plan.extras["factorization"]

@@ -60,9 +60,11 @@ class DiceStep(DPStep):
             raw = [summed[p] for p in self.params]  # sum_i g_i, in clipped units
         e = self.residual
         if self.c2 > 0:
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in e]))
+            lanes = self.ctx.lanes  # ||e|| per lane (one lane in training)
+            norm = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(t.reshape(lanes, -1), dim=1) for t in e]), dim=0)
             factor = torch.clamp(self.c2 * self.units / norm.clamp_min(1e-30), max=1.0)
-            e_clipped = torch._foreach_mul(e, factor)
+            e_clipped = [t * factor.view(lanes, *([1] * (t.dim() - 1))) for t in e]
             torch._foreach_add_(clipped, e_clipped, alpha=L)  # L g_bar
         # e <- e + g - g_bar, with g = raw / L and g_bar = clipped / L (before the noise)
         torch._foreach_add_(e, torch._foreach_sub(raw, clipped), alpha=1 / L)
