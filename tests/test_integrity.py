@@ -1,0 +1,186 @@
+"""A run is never labelled private unless it was: damaged noise and factorization files are
+refused, layers that mix samples are refused, and what is not private is marked so."""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import zlib
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpbench.matrix import cache, factorization, noise_file
+from dpbench.matrix.noise_file import NoiseFile, NoiseFileError
+
+# -- noise files: checksums written while writing, verified before training, rows checked ------
+
+
+@pytest.fixture(scope="module")
+def fact():
+    return factorization.factorize("me-k3-b4")  # T = 12
+
+
+def written(tmp_path, fact, dim=20_000, seed=5, **kw):
+    path = tmp_path / "noise.npy"
+    noise_file.write_noise(path, fact.noising, dim, seed, meta={"factorization_digest": fact.digest}, **kw)
+    return path
+
+
+def zero_rows(path, rows):
+    """Overwrite whole rows of the payload with zeros (the header is left alone)."""
+    f = NoiseFile(path)
+    with open(path, "r+b") as out:
+        for t in rows:
+            out.seek(f.offset + t * f.dim * 4)
+            out.write(bytes(f.dim * 4))
+
+
+def test_row_checksums_are_those_of_the_rows_whatever_the_chunking(tmp_path, fact):
+    a = written(tmp_path, fact, dim=5000, chunk_blocks=1)  # five column chunks per row
+    meta = noise_file.read_meta(a)
+    rows = np.load(a)
+    assert meta["format_version"] == 2
+    assert meta["row_crc32"] == "".join(f"{zlib.crc32(r.tobytes()):08x}" for r in rows)
+    b = tmp_path / "b.npy"
+    noise_file.write_noise(b, fact.noising, 5000, 5, chunk_blocks=4)  # one chunk
+    assert noise_file.read_meta(b)["row_crc32"] == meta["row_crc32"]
+    NoiseFile(a, noise_file.row_variances(fact.noising)).verify(meta)  # a sound file passes
+
+
+@pytest.mark.parametrize("rows", [range(12), [6, 7, 8, 9, 10, 11]], ids=["zero-filled", "six-rows-zeroed"])
+def test_damaged_payload_is_refused_naming_the_file_and_the_fix(tmp_path, fact, rows):
+    path = written(tmp_path, fact)
+    zero_rows(path, rows)
+    with pytest.raises(NoiseFileError, match=rf"{path}: row {rows[0]} does not match the checksum.*delete {path}"):
+        NoiseFile(path).verify(noise_file.read_meta(path))
+
+
+def test_rows_are_checked_against_the_factorization_even_with_a_matching_sidecar(tmp_path, fact):
+    """A sidecar rewritten for damaged content (or a writer bug) still cannot pass: each row's
+    norm must be in the chi-square range of a row of C^-1 Z."""
+    path = written(tmp_path, fact)
+    meta = noise_file.read_meta(path)
+    zero_rows(path, [3])
+    with open(path, "r+b") as f:  # halve row 8 instead of zeroing it
+        reader = NoiseFile(path)
+        row = reader.row(8) * 0.5
+        f.seek(reader.offset + 8 * reader.dim * 4)
+        f.write(row.tobytes())
+    meta["row_crc32"] = "".join(f"{zlib.crc32(r.tobytes()):08x}" for r in np.load(path))
+    checked = NoiseFile(path, noise_file.row_variances(fact.noising))
+    with pytest.raises(NoiseFileError, match=r"row 3 has squared norm 0, outside .*delete"):
+        checked.verify(meta)
+    with pytest.raises(NoiseFileError, match=r"row 8 has squared norm"):
+        checked.row(8)  # the check at each read
+    assert checked.row(7).shape == (20_000,)  # sound rows pass
+
+
+def test_chi_square_band_has_negligible_false_alarms_and_catches_damage():
+    d = cache.PARAMETER_COUNTS["P2"]
+    lo, hi = noise_file.chi_square_band(d)
+    assert (lo / d, hi / d) == pytest.approx((0.970, 1.030), abs=1e-3)
+    # the Laurent-Massart bounds hold: each tail is below e^-50 (scipy's exact chi-square tails)
+    for dim in (1000, 5000, d, cache.PARAMETER_COUNTS["P3"]):
+        lo, hi = noise_file.chi_square_band(dim)
+        assert stats.chi2.logsf(hi, dim) <= -noise_file.ROW_CHECK_X
+        assert lo == 0 or stats.chi2.logcdf(lo, dim) <= -noise_file.ROW_CHECK_X
+    assert 2 * 100_000 * math.exp(-noise_file.ROW_CHECK_X) < 1e-16  # a whole run of 1e5 rows
+
+
+def test_old_sidecars_without_checksums_are_refused(tmp_path, fact):
+    path = written(tmp_path, fact, dim=3000)
+    meta = noise_file.read_meta(path)
+    del meta["row_crc32"]
+    with pytest.raises(NoiseFileError, match="no row checksums.*delete"):
+        NoiseFile(path).verify(meta)
+
+
+def test_damaged_header_is_refused_naming_the_file(tmp_path, fact):
+    path = written(tmp_path, fact, dim=3000)
+    with open(path, "r+b") as f:
+        f.write(bytes(64))
+    with pytest.raises(NoiseFileError, match=rf"noise file {path} has no valid .npy header.*delete"):
+        NoiseFile(path)
+
+
+def test_full_disk_while_writing_names_the_file_and_leaves_nothing(tmp_path, fact, monkeypatch):
+    calls = {"n": 0}
+    real = os.pwrite
+
+    def pwrite(fd, data, offset):
+        calls["n"] += 1
+        if calls["n"] > 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    with pytest.raises(OSError, match=r"no space left on device while writing the noise file .*noise\.npy"):
+        written(tmp_path, fact, dim=3000)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_zero_filled_noise_file_stops_the_run(tiny_fmnist, tmp_path):
+    """Before: the run trained normally and reported sigma and epsilon while adding no noise."""
+    from dpbench.train import RunConfig, run
+
+    cfg = dict(problem="P2", optimizer="dpmatrix-se", lr=0.1, batch_size=100, epochs=1, seed=1,
+               epsilon=1.0, cache_dir=str(tmp_path), progress_every_s=1e9, test_subset=20)
+    run(RunConfig(**cfg, max_steps=1))  # makes the files
+    (path,) = tmp_path.rglob("noise-*.npy")
+    zero_rows(path, range(6))
+    with pytest.raises(NoiseFileError, match=rf"noise file {path}: row 0 does not match.*delete {path}"):
+        run(RunConfig(**cfg))
+
+
+# -- factorizations: verified on load, sensitivity recomputed ----------------------------------
+
+
+def saved(tmp_path, fact):
+    path = tmp_path / "f.npz"
+    factorization.save(fact, path)
+    return path
+
+
+def rewrite(path, **arrays):
+    with np.load(path) as z:
+        content = {k: z[k] for k in z.files}
+    content.update(arrays)
+    np.savez(path, **content)
+
+
+def test_loaded_sensitivity_is_recomputed_from_c(tmp_path, fact):
+    back = factorization.load(saved(tmp_path, fact))
+    assert back.sensitivity == pytest.approx(fact.sensitivity, rel=1e-12)
+    with np.load(tmp_path / "f.npz") as z:
+        report = json.loads(str(z["report"]))
+    report["sensitivity"] = 0.5  # a report claiming half the true sensitivity would halve sigma
+    rewrite(tmp_path / "f.npz", report=np.array(json.dumps(report)))
+    with pytest.raises(factorization.FactorizationError,
+                       match=r"f\.npz is refused: its recorded sensitivity 0\.5 is not the sensitivity of C.*delete"):
+        factorization.load(tmp_path / "f.npz")
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda f: {"decoder": f.decoder * (1 + 1e-6)}, r"B C differs from the prefix-sum workload A by"),
+    (lambda f: {"noising": f.noising + np.tril(np.full_like(f.noising, 1e-7))}, r"C\^-1 C differs from I"),
+    (lambda f: {"strategy": f.strategy * 0.5}, r"C does not match the digest"),
+    (lambda f: {"strategy": f.strategy + np.triu(np.ones_like(f.strategy), 1)}, r"not lower triangular"),
+])
+def test_inconsistent_matrices_are_refused(tmp_path, fact, damage, match):
+    path = saved(tmp_path, fact)
+    rewrite(path, **damage(fact))
+    with pytest.raises(factorization.FactorizationError, match=match):
+        factorization.load(path)
+
+
+@pytest.mark.parametrize("how", ["truncated", "zeroed"])
+def test_unreadable_factorization_names_the_file(tmp_path, fact, how):
+    path = saved(tmp_path, fact)
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2] if how == "truncated" else bytes(len(raw)))
+    with pytest.raises(factorization.FactorizationError, match=rf"factorization file {path} is unreadable.*delete"):
+        factorization.load(path)
