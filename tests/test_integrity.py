@@ -11,10 +11,17 @@ import zlib
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 from scipy import stats
+from torch import nn
 
+from dpbench import per_sample
+from dpbench.clipping import Clipping
 from dpbench.matrix import cache, factorization, noise_file
 from dpbench.matrix.noise_file import NoiseFile, NoiseFileError
+from dpbench.per_sample import SampleMixingError, Tape
+from dpbench.problems import PROBLEMS
 
 # -- noise files: checksums written while writing, verified before training, rows checked ------
 
@@ -184,3 +191,77 @@ def test_unreadable_factorization_names_the_file(tmp_path, fact, how):
     path.write_bytes(raw[: len(raw) // 2] if how == "truncated" else bytes(len(raw)))
     with pytest.raises(factorization.FactorizationError, match=rf"factorization file {path} is unreadable.*delete"):
         factorization.load(path)
+
+
+# -- layers that mix samples are refused ---------------------------------------------------------
+
+
+def mixing_model(norm):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), norm, nn.ReLU(), nn.Linear(8, 3))
+
+
+def clipped_sum(model, x, y):
+    """The normalised-clipped sum (C = 0.01: every example clipped) as training forms it."""
+    tape = Tape(model)
+    with tape:
+        losses = F.cross_entropy(model(x), y, reduction="none")
+    psg = tape.per_sample_gradients(losses)
+    summed = psg.weighted_sum(Clipping(0.01).coefficients(psg.norms()))
+    return torch.cat([summed[p].reshape(-1) for p in model.parameters()])
+
+
+def test_batch_norm_without_parameters_breaks_the_sensitivity_and_is_refused(monkeypatch):
+    model = mixing_model(nn.BatchNorm1d(8, affine=False, track_running_stats=False))
+    with pytest.raises(SampleMixingError, match=r"layer '1' \(BatchNorm1d\) may mix samples"):
+        Tape(model)
+    # why: with the check off, removing one example moves the clipped sum by far more than its
+    # sensitivity 1, because the example shifts the batch statistics of every other example
+    monkeypatch.setattr(per_sample, "check_per_sample", lambda m: None)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 6, generator=g), torch.randint(0, 3, (32,), generator=g)
+    x[0] *= 30  # the changed example: far from the others
+    moved = (clipped_sum(model, x, y) - clipped_sum(model, x[1:], y[1:])).norm().item()
+    assert moved > 5  # 5.55 (normalised clipping: at most 1 for a per-sample model)
+    # the same model with a per-sample normalisation in its place moves by at most 1
+    model = mixing_model(nn.LayerNorm(8, elementwise_affine=False))
+    assert (clipped_sum(model, x, y) - clipped_sum(model, x[1:], y[1:])).norm().item() <= 1 + 1e-5
+
+
+class Centre(nn.Module):
+    def forward(self, x):
+        return x - x.mean(0)  # mixes samples, and has no parameters
+
+
+class Declared(nn.Module):
+    per_sample_forward = True
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(1, 2, 3), nn.MaxPool2d(2), nn.Flatten(), nn.Dropout(0.1))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.body(x)))
+
+
+@pytest.mark.parametrize("layer,match", [
+    (nn.BatchNorm1d(8, affine=False), r"BatchNorm1d\) may mix samples.*buffers \(running_mean, running_var"),
+    (nn.InstanceNorm1d(8, track_running_stats=True), r"InstanceNorm1d\) .*buffers"),
+    (nn.Softmax(dim=0), r"axis dim = 0"),
+    (nn.Softmax(), r"axis dim = None"),
+    (nn.Flatten(0), r"axis start_dim = 0"),
+    (Centre(), r"Centre\) may mix samples.*per_sample_forward = True"),
+])
+def test_layers_that_may_mix_samples_are_refused_by_name(layer, match):
+    with pytest.raises(SampleMixingError, match=match):
+        Tape(nn.Sequential(nn.Linear(6, 8), layer, nn.Linear(8, 3)))
+
+
+def test_per_sample_layers_and_declared_models_pass():
+    for layer in (nn.ReLU(), nn.Softmax(dim=1), nn.LogSoftmax(-1), nn.Dropout(), nn.Identity(), nn.Tanh(),
+                  nn.LayerNorm(8, elementwise_affine=False), nn.GroupNorm(2, 8, affine=False)):
+        Tape(nn.Sequential(nn.Linear(6, 8), layer, nn.Linear(8, 3)))
+    assert len(Tape(Declared()).layers) == 2
+    for problem in PROBLEMS.values():
+        Tape(problem.build())

@@ -207,6 +207,8 @@ def test_every_poisson_optimizer_is_under_test():
 # -- a small model, its per-sample gradients by torch.func ------------------------------------
 
 class Tiny(nn.Module):
+    per_sample_forward = True  # its forward treats each sample on its own (per_sample.check_per_sample)
+
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(1, 2, 3)
