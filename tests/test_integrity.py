@@ -265,3 +265,105 @@ def test_per_sample_layers_and_declared_models_pass():
     assert len(Tape(Declared()).layers) == 2
     for problem in PROBLEMS.values():
         Tape(problem.build())
+
+
+# -- DP-Dice: the released sum's movement against the sensitivity its noise assumes ------------
+
+
+def dice_movements(name, c2=1.0, L=64, steps=12):
+    """||release(D) - release(D')|| per step, D' = D without one outlying example that takes
+    part in step 1 only; both evaluated along D's parameter trajectory (the same released
+    history), noise off. Returns the movements and the noise std per unit sigma."""
+    from dpbench.noise import GaussianNoise
+    from dpbench.optimizers import get_optimizer
+    from dpbench.optimizers.base import Context
+
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(L, 10, generator=g), torch.randint(0, 3, (L,), generator=g)
+    x[0] = 1000 * torch.randn(10, generator=g)  # the changed example: a huge raw gradient
+    spec = get_optimizer(name)
+    steps_, models, seen = [], [], []
+    for run in range(2):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 3))
+        y[0] = model(x[:1]).argmin()  # a wrong label: the loss, and the gradient, do not saturate at 0
+        ctx = Context(model=model, loss_fn=lambda m, xb, yb: (F.cross_entropy(m(xb), yb, reduction="none"), None),
+                      lr=0.5, expected_batch_size=L, noise_multiplier=0.0, clipping=Clipping(1.0),
+                      noise=GaussianNoise(0), steps=steps, hyperparameters=spec.hyperparameters({"c2": c2}))
+        step = spec.build(ctx)
+        releases = []
+        update = step.rule.update
+        step.rule.update = lambda p, gr, r=releases, u=update: (r.append(torch.cat([t.reshape(-1) for t in gr]) * L),
+                                                               u(p, gr))[1]
+        steps_.append(step), models.append(model), seen.append(releases)
+    for t in range(steps):
+        with torch.no_grad():  # D' is evaluated at D's parameters: the same history of releases
+            for a, b in zip(models[0].parameters(), models[1].parameters()):
+                b.copy_(a)
+        steps_[0](x, y) if t == 0 else steps_[0](x[1:], y[1:])
+        steps_[1](x[1:], y[1:])
+    ctx.noise_multiplier = 1.0
+    return [(a - b).norm().item() for a, b in zip(*seen)], steps_[1].noise_std
+
+
+def test_dpdice_release_moves_far_beyond_its_calibration_and_dpdice_strict_covers_it():
+    from dpbench.optimizers.dice_strict import release_sensitivity
+
+    moved, per_sigma = dice_movements("dpdice")
+    assert moved[0] <= 1 + 1e-5  # step 1: the residual is 0 on both sides, only the clipped example differs
+    assert per_sigma == pytest.approx(math.sqrt(3))  # the authors' calibration, sensitivity sqrt(1 + 2 C2 / C)
+    # ... but the residual carries the example into every later step, though it never takes part
+    # again: 64.2 at step 2, 94.4 at step 12 (and up to 99.9, for 37 steps, in a run of 100)
+    assert min(moved[1:]) > 60 and max(moved) > 90 > 50 * per_sigma
+    strict, per_sigma = dice_movements("dpdice-strict")
+    assert strict == moved  # the same algorithm
+    assert per_sigma == release_sensitivity(1.0, 64, 1.0, 1.0) == 129.0  # s (1 + 2 L C2 / C)
+    assert max(strict) <= per_sigma
+
+
+def test_dpdice_strict_accounts_t_gaussian_releases_without_amplification():
+    from dpbench import accounting
+    from dpbench.optimizers import get_optimizer
+
+    mech = get_optimizer("dpdice-strict").mechanism
+    plan = mech.plan(60_000, 256, 1)  # P2, one epoch: T = 234 Poisson steps at q = 256 / 60000
+    assert plan.steps == 234
+    sigma = mech.calibrate(plan, 10.0, 1e-5, "prv")
+    one = accounting.gaussian_noise_multiplier(10.0, 1e-5)  # 0.49989, one release of sensitivity 1
+    assert sigma == pytest.approx(math.sqrt(234) * one, rel=1e-9) == pytest.approx(7.647, abs=1e-3)
+    rep = mech.report(plan, sigma, 234, 1e-5, "prv")
+    assert rep["epsilon"] == pytest.approx(10.0, rel=1e-6) and rep["epsilon_rdp"] > rep["epsilon"]
+    assert mech.report(plan, sigma, 100, 1e-5, "prv")["epsilon"] < 10.0  # stopped early: fewer releases
+    # what that costs: noise std on the mean gradient sigma (1 + 2 L C2 / C) / L at C2 = C = 1
+    assert sigma * (1 + 2 * 256) / 256 == pytest.approx(15.32, abs=0.01)
+
+
+@pytest.mark.slow  # three runs through the command line, the aggregation and a figure: about 8 s
+def test_dpdice_runs_say_their_calibration_is_no_guarantee_in_output_table_and_figures(tiny_fmnist, tmp_path,
+                                                                                      capsys):
+    from dpbench import cli, figures
+    from dpbench.aggregate import aggregate
+
+    paths = []
+    for name in ("dpdice", "dpdice-strict", "dpsgd"):
+        paths.append(tmp_path / f"{name}.parquet")
+        assert cli.main(["train", "--problem", "P2", "--optimizer", name, "--lr", "0.1", "--batch-size", "60",
+                         "--epochs", "1", "--seed", "0", "--noise-multiplier", "1", "--accountant", "rdp",
+                         "--max-steps", "1", "--test-subset", "20", "--progress-every", "1e9", "--out", str(paths[-1])]) == 0
+        err = capsys.readouterr().err
+        assert ("privacy caveat: not a valid DP guarantee (for C2 > 0)" in err) == (name == "dpdice"), err
+    runs, _ = aggregate(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
+    assert dict(zip(runs.optimizer, runs.dp_guarantee)) == {"dpdice": False, "dpdice-strict": True, "dpsgd": True}
+    assert runs.set_index("optimizer").caveat["dpdice"].startswith("not a valid DP guarantee")
+    fig = figures.build("fig5_1", runs)
+    legend = {t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()}
+    assert {"DP-Dice (not a valid DP guarantee)", "DP-SGD", "dpdice-strict"} <= legend
+    assert figures.legend_labels(runs.assign(dp_guarantee=True))["dpdice"] == "DP-Dice"
+
+
+def test_every_void_calibration_is_worded_so_that_it_is_found():
+    from dpbench.mechanisms import PAPER_SENSITIVITY_CAVEAT
+    from dpbench.optimizers.dice import CAVEAT
+    from dpbench.results import NO_GUARANTEE
+
+    assert CAVEAT.startswith(NO_GUARANTEE) and PAPER_SENSITIVITY_CAVEAT.startswith(NO_GUARANTEE)

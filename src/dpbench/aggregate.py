@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpbench.results import read_run
+from dpbench.results import dp_guarantee, read_run
 
 RUN_KEYS = ["problem", "optimizer", "private", "lr", "batch_size", "epochs", "seed", "target_epsilon"]
 
@@ -29,6 +29,10 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
         "task": meta["problem"]["task"],
         "optimizer": cfg["optimizer"],
         "private": meta["optimizer"]["private"],
+        # the recorded (epsilon, delta) holds (False for non-private runs and for those whose
+        # privacy.caveat says "not a valid DP guarantee"); caveat: that text, or None
+        "dp_guarantee": dp_guarantee(meta),
+        "caveat": meta["privacy"].get("caveat"),
         "lr": cfg["lr"],
         "batch_size": cfg["batch_size"],
         "epochs": cfg["epochs"],

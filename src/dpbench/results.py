@@ -27,6 +27,15 @@ SCHEMA_VERSION = 1
 METRIC_COLUMNS = {"split": "string", "step": "int64", "epoch": "int64", "loss": "float64",
                   "accuracy": "float64", "batch_size": "int64"}
 PACKAGES = ("torch", "opacus", "numpy", "pandas", "pyarrow", "scipy")
+# A private run whose ``privacy.caveat`` starts with this does NOT have the (epsilon, delta) it
+# records (DP-Dice's published calibration, D2P2's paper_sensitivity mode).
+NO_GUARANTEE = "not a valid DP guarantee"
+
+
+def dp_guarantee(meta: dict[str, Any]) -> bool:
+    """Whether a run's recorded (epsilon, delta) holds: private, and no caveat voiding it."""
+    caveat = meta["privacy"].get("caveat") or ""
+    return bool(meta["optimizer"]["private"]) and not caveat.startswith(NO_GUARANTEE)
 
 
 def _git_commit() -> str | None:
