@@ -8,6 +8,7 @@ import json
 import math
 import os
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -367,3 +368,28 @@ def test_every_void_calibration_is_worded_so_that_it_is_found():
     from dpbench.results import NO_GUARANTEE
 
     assert CAVEAT.startswith(NO_GUARANTEE) and PAPER_SENSITIVITY_CAVEAT.startswith(NO_GUARANTEE)
+
+
+# -- what is not private is marked so -------------------------------------------------------------
+
+
+def test_columns_computed_from_private_data_without_noise_are_marked_private_false(tiny_fmnist, tmp_path):
+    from dpbench.aggregate import aggregate
+    from dpbench.results import not_private_columns, write_run
+    from dpbench.train import RunConfig, run
+
+    res = run(RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=1, seed=0,
+                        noise_multiplier=1.0, accountant="rdp", max_steps=2, validation_size=50, test_subset=20,
+                        progress_every_s=1e9))
+    path = write_run(tmp_path / "run.parquet", res.metrics, {**res.meta, "run_id": "r"})
+    marked = not_private_columns(path)
+    assert set(marked) == {"loss", "accuracy", "batch_size"}
+    assert "train" in marked["loss"] and "val" in marked["loss"] and "Poisson" in marked["batch_size"]
+    aggregate([path], tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
+    assert set(not_private_columns(tmp_path / "runs.parquet")) == {
+        "best_val_accuracy", "best_val_loss", "test_accuracy_at_best_val", "test_loss_at_best_val", "status"}
+    assert set(not_private_columns(tmp_path / "epochs.parquet")) == {
+        "train_loss", "train_accuracy", "val_loss", "val_accuracy"}
+    assert "test_accuracy" not in not_private_columns(tmp_path / "epochs.parquet")  # the released model on test data
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "**What is not private.**" in readme and "| **false** for `train` and `val` rows" in readme
