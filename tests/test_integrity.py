@@ -350,7 +350,8 @@ def test_dpdice_runs_say_their_calibration_is_no_guarantee_in_output_table_and_f
         paths.append(tmp_path / f"{name}.parquet")
         assert cli.main(["train", "--problem", "P2", "--optimizer", name, "--lr", "0.1", "--batch-size", "60",
                          "--epochs", "1", "--seed", "0", "--noise-multiplier", "1", "--accountant", "rdp",
-                         "--max-steps", "1", "--test-subset", "20", "--progress-every", "1e9", "--out", str(paths[-1])]) == 0
+                         "--max-steps", "1", "--test-subset", "20", "--progress-every", "1e9",
+                         "--out", str(paths[-1])]) == 0
         err = capsys.readouterr().err
         assert ("privacy caveat: not a valid DP guarantee (for C2 > 0)" in err) == (name == "dpdice"), err
     runs, _ = aggregate(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")

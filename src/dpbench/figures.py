@@ -311,7 +311,8 @@ def draw_comparison(best: pd.DataFrame, problems: list[str] | None = None,
                              bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.4, "alpha": 0.85})
         for _, ref in here[~here["private"] & here["optimizer"].isin(names)].iterrows():
             if np.isfinite(ref["value"]):
-                ax.axhline(ref["value"], ls="--", lw=1, color=colours[ref["optimizer"]], label=label(ref["optimizer"], labels))
+                ax.axhline(ref["value"], ls="--", lw=1, color=colours[ref["optimizer"]],
+                           label=label(ref["optimizer"], labels))
         metric = here["metric"].iloc[0]
         dataset = f" · {DATASETS.get(here['dataset'].iloc[0], here['dataset'].iloc[0])}" if "dataset" in here else ""
         letter = f"({chr(ord('a') + i)}) " if len(problems) > 1 else ""

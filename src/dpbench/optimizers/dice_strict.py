@@ -106,8 +106,9 @@ DPDICE_STRICT = OptimizerSpec(
     name="dpdice-strict",
     build=lambda ctx: StrictDiceStep(ctx, SGD(ctx.lr), float(ctx.hyperparameters["c2"])),
     private=True,
-    description="DP-Dice (error feedback, g_bar = mean clip(g_i) + clip(e, C2)) with noise std sigma s (1 + 2 L C2 / C) "
-                "on the sum, the release's true sensitivity, accounted as T Gaussian mechanisms without amplification",
+    description="DP-Dice (error feedback, g_bar = mean clip(g_i) + clip(e, C2)) with noise std "
+                "sigma s (1 + 2 L C2 / C) on the sum, the release's true sensitivity, accounted as T Gaussian "
+                "mechanisms without amplification",
     reference="Zhang et al. 2024 (DiceSGD); thesis Alg. 3; calibration: dpbench.optimizers.dice_strict",
     defaults={"c2": 1.0},
     mechanism=UnamplifiedGaussian(),
