@@ -19,8 +19,8 @@ not. The release's sensitivity is s (1 + 2 L C2 / C), not s sqrt(1 + 2 C2 / C): 
 example (taking part once) removed, the sum moved by 64 to 94 at each of the next 11 steps at
 L = 64, C2 = C = 1, where the noise is calibrated for 1.73 (tests/test_integrity.py), and since
 every later step depends on the example, subsampling amplification does not apply to the
-residual term either. ``dpdice-strict``
-(dice_strict.py) runs the same algorithm with noise calibrated to a bound that holds.
+residual term either. ``dpdice-strict`` (dice_strict.py) runs the same algorithm with noise
+calibrated to a bound that holds.
 
 Units: under normalised clipping every clipped vector is divided by C, so the residual lives
 in those units too (raw gradients enter as g / C and clip(e, C2) bounds e's norm by C2 / C);
