@@ -17,7 +17,9 @@ in the largest entry; the solvers deliver about 1e-15: 2.2e-15 measured for ever
 T = 960); and the sensitivity is recomputed from C and the participation pattern of the key
 (sensitivity.py, O(T^2 k)), must agree with the stored one to 1e-9 relative, and is the value
 the run uses. A file failing any check is refused with ``FactorizationError`` naming the
-file, the check and the fix (delete it; the workflow computes it again).
+file, the check and the fix (delete it; the workflow computes it again). Cost, one core:
+1.3 s at T = 1740 (k = 30), 1.6 s at T = 1875, almost all in the two T x T products; the
+sensitivity alone takes 54 ms and 12 ms.
 """
 
 from __future__ import annotations
