@@ -26,7 +26,7 @@ like a run with sigma = 0 while recording the sigma and epsilon of the private r
 * every row read is also checked against the factorization itself, independently of the
   sidecar: row t of C^-1 Z is N(0, r_t^2 I_d) with r_t = ||row t of C^-1||, so
   ||row||^2 / r_t^2 is chi-square with d degrees of freedom, and by Laurent & Massart (2000,
-  Lemma 1) P(X >= d + 2 sqrt(d x) + 2 x) <= e^-x and P(X <= d - 2 sqrt(d x)) <= e^-x. With
+  Ann. Statist. 28(5), Lemma 1) P(X >= d + 2 sqrt(d x) + 2 x) <= e^-x and P(X <= d - 2 sqrt(d x)) <= e^-x. With
   x = ROW_CHECK_X = 50 a correct row fails with probability below 2 e^-50 < 4e-22, i.e.
   below 1e-16 over a run of 100,000 rows (a false alarm is negligible), while for d = 225,034
   (P2) the band is ||row||^2 / (d r_t^2) in [0.970, 1.030]: a zeroed, halved or duplicated

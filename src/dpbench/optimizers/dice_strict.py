@@ -42,6 +42,11 @@ The residual term is tight: an example with a huge gradient can swing clip(e, c)
 ball (tests/test_integrity.py measures the movement of the release against Delta). With
 C2 = 0 this is DP-SGD accounted without amplification (valid, but looser than dpsgd's).
 
+References: Zhang, Bu, Wu & Hong 2024, "Differentially private SGD without clipping bias: an
+error-feedback approach" (ICLR 2024, arXiv:2311.14632); Balle & Wang 2018, "Improving the
+Gaussian mechanism for differential privacy" (ICML 2018, arXiv:1805.06530); Dong, Roth & Su
+2022, "Gaussian differential privacy" (JRSS-B, arXiv:1905.02383).
+
 Accounting is exact (``UnamplifiedGaussian``): sigma is the smallest noise multiplier for
 which one Gaussian release of sensitivity sqrt(T) is (epsilon, delta)-DP
 (``accounting.gaussian_noise_multiplier``); a run stopped after t steps reports the epsilon of
