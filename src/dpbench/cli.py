@@ -52,6 +52,8 @@ def cmd_train(args) -> int:
     print(f"wrote {args.out}: status={r['status']} best test accuracy={r['best_test_accuracy']:.4f} "
           f"best test loss={r['best_test_loss']:.4g} sigma={p['noise_multiplier']:.4g} "
           f"epsilon target={p['target_epsilon']} achieved={p['epsilon']:.4g}", file=sys.stderr)
+    if p.get("caveat"):  # e.g. "not a valid DP guarantee: ..." (dpdice, D2P2's paper mode)
+        print(f"privacy caveat: {p['caveat']}", file=sys.stderr)
     return 0
 
 
