@@ -239,8 +239,8 @@ def choose_bands(n_train: int, batch_size: int, steps: int, target_epsilon: floa
     jax_privacy's band search does; the run itself is then calibrated with its own
     accountant) and c_b is banded.optimize's. The proxy is evaluated on a geometric grid of
     ratio ~sqrt(2) (b = 1 and floor(N / L) included), then refined around the best point by
-    bisecting towards both neighbours until the bracket is 2 wide or a round of bisection
-    improves the proxy by less than 0.1%. The proxy jumps where ceil(T / b) changes, so this is a search, not a
+    bisecting towards both neighbours until the bracket is 2 wide or flat (both ends within
+    0.1% of the best). The proxy jumps where ceil(T / b) changes, so this is a search, not a
     proof of optimality; any b is private, the choice only affects utility. ``evaluate``
     replaces the proxy (tests). Returns (b, the evaluations)."""
     most = min(n_train // batch_size, steps)
@@ -265,16 +265,13 @@ def choose_bands(n_train: int, batch_size: int, steps: int, target_epsilon: floa
     best = min(grid, key=proxy)
     i = grid.index(best)
     lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    while hi - lo > 2:
-        before = proxy(best)
+    while hi - lo > 2 and max(proxy(lo), proxy(hi)) > (1 + 1e-3) * proxy(best):
         for b in {(lo + best) // 2, (best + hi + 1) // 2} - {lo, best, hi}:
             proxy(b)
         points = sorted(b for b in cache if lo <= b <= hi)
         best = min(points, key=proxy)
         j = points.index(best)
         lo, hi = points[max(j - 1, 0)], points[min(j + 1, len(points) - 1)]
-        if proxy(best) > (1 - 1e-3) * before:
-            break
     return best, [cache[b] for b in sorted(cache)]
 
 
