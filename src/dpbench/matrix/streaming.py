@@ -231,43 +231,70 @@ def _candidates(most: int) -> list[int]:
     return sorted(b for b in out if b <= most)
 
 
+def rdp_noise_multipliers(rates, rounds, target_epsilon: float, delta: float, rel_tol: float = 1e-3) -> np.ndarray:
+    """For each (p_i, k_i): the smallest sigma (to relative ``rel_tol``, from above) whose
+    k_i-fold Poisson-subsampled Gaussian at rate p_i is (target_epsilon, delta)-DP by the
+    integer-order RDP bound (accounting.rdp_subsampled_gaussian / rdp_to_epsilon), all
+    candidates bisected together in log sigma: one vectorised RDP evaluation per iteration."""
+    rates, rounds = np.asarray(rates, dtype=np.float64), np.asarray(rounds, dtype=np.float64)
+
+    def epsilons(sigmas):
+        rdp = accounting.rdp_subsampled_gaussian(rates, sigmas) * rounds[:, None]
+        return np.array([accounting.rdp_to_epsilon(row, delta) for row in rdp])
+
+    lo, hi = np.full(rates.size, 1e-2), np.full(rates.size, accounting.MAX_NOISE_MULTIPLIER)
+    if (epsilons(hi) > target_epsilon).any():
+        raise ValueError(f"epsilon = {target_epsilon} is not reachable with sigma <= {accounting.MAX_NOISE_MULTIPLIER}")
+    while (hi > (1 + rel_tol) * lo).any():
+        mid = np.sqrt(lo * hi)
+        ok = epsilons(mid) <= target_epsilon
+        hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid)
+    return hi
+
+
 def choose_bands(n_train: int, batch_size: int, steps: int, target_epsilon: float, delta: float,
                  evaluate=None) -> tuple[int, list[dict]]:
     """b minimising the RMSE proxy sigma_b sqrt(err_mean(c_b)) over b in {1, ..., min(floor(N / L), T)}.
 
-    sigma_b is calibrated for the amplified event with the fast RDP accountant (as
-    jax_privacy's band search does; the run itself is then calibrated with its own
-    accountant) and c_b is banded.optimize's. The proxy is evaluated on a geometric grid of
-    ratio ~sqrt(2) (b = 1 and floor(N / L) included), then refined around the best point by
-    bisecting towards both neighbours until the bracket is 2 wide or flat (both ends within
-    0.1% of the best). The proxy jumps where ceil(T / b) changes, so this is a search, not a
-    proof of optimality; any b is private, the choice only affects utility. ``evaluate``
-    replaces the proxy (tests). Returns (b, the evaluations)."""
+    sigma_b is calibrated for the amplified event with the integer-order RDP bound
+    (``rdp_noise_multipliers``; jax_privacy's band search also uses RDP; the run itself is
+    then calibrated with its own accountant) and c_b is banded.optimize's. The proxy is
+    evaluated on a geometric grid of ratio ~sqrt(2) (b = 1 and floor(N / L) included), then
+    refined around the best point by bisecting towards both neighbours until the bracket is
+    narrow (at most max(2, b / 32) wide) or flat (both ends within 0.1% of the best). The
+    proxy jumps where ceil(T / b) changes, so this is a search, not a proof of optimality;
+    any b is private, the choice only affects utility. ``evaluate`` replaces the proxy
+    (tests). Returns (b, the evaluations)."""
     most = min(n_train // batch_size, steps)
     if most < 1:
         raise ValueError(f"batch size {batch_size} exceeds the number of training examples {n_train}")
     cache: dict[int, dict] = {}
 
+    def evaluate_all(bands: list[int]) -> None:
+        new = [b for b in dict.fromkeys(bands) if b not in cache]
+        if not new:
+            return
+        if evaluate is not None:
+            cache.update({b: {"bands": b, "proxy": float(evaluate(b))} for b in new})
+            return
+        sigmas = rdp_noise_multipliers([cyclic_poisson.sample_rate(b, batch_size, n_train) for b in new],
+                                       [cyclic_poisson.rounds(steps, b) for b in new], target_epsilon, delta)
+        for b, sigma in zip(new, sigmas):
+            err = banded.optimize(steps, b, column_normalize=True).error_mean()
+            cache[b] = {"bands": b, "sigma_rdp": float(sigma), "error_mean": err,
+                        "proxy": float(sigma) * math.sqrt(err)}
+
     def proxy(b: int) -> float:
-        if b not in cache:
-            if evaluate is not None:
-                cache[b] = {"bands": b, "proxy": float(evaluate(b))}
-            else:
-                p = cyclic_poisson.sample_rate(b, batch_size, n_train)
-                k = cyclic_poisson.rounds(steps, b)
-                sigma = accounting.calibrate(
-                    lambda s: accounting.fast_rdp_epsilon([(s, p, k)], delta), target_epsilon)
-                err = banded.optimize(steps, b, column_normalize=True).error_mean()
-                cache[b] = {"bands": b, "sigma_rdp": sigma, "error_mean": err, "proxy": sigma * math.sqrt(err)}
+        evaluate_all([b])
         return cache[b]["proxy"]
 
     grid = _candidates(most)
+    evaluate_all(grid)
     best = min(grid, key=proxy)
     i = grid.index(best)
     lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    while hi - lo > 2 and max(proxy(lo), proxy(hi)) > (1 + 1e-3) * proxy(best):
-        for b in {(lo + best) // 2, (best + hi + 1) // 2} - {lo, best, hi}:
-            proxy(b)
+    while hi - lo > max(2, best // 32) and max(proxy(lo), proxy(hi)) > (1 + 1e-3) * proxy(best):
+        evaluate_all([b for b in ((lo + best) // 2, (best + hi + 1) // 2) if b not in (lo, best, hi)])
         points = sorted(b for b in cache if lo <= b <= hi)
         best = min(points, key=proxy)
         j = points.index(best)
