@@ -11,6 +11,10 @@ dpmatrix-blt) at the thesis's Setup 2 and Setup 3 sizes.
    <= 0.3x a DP-SGD step for BandMF b <= 64 and BLT.
 3. Peak RSS of each measurement (each runs in a fresh process) and bytes the process wrote to
    storage while streaming (/proc/self/io write_bytes; goal 0: no noise file).
+4. (--errors) The expected squared error of the released prefix sums per coordinate,
+   E||noise on prefix sums||^2 / d = sigma^2 T err_mean, of each mechanism with the sigma it
+   needs at epsilon in {1, 10}, delta = 1e-5, against DP-SGD with Poisson sampling (PRV):
+   the table of docs/matrix.md.
 
 Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/bench_streaming.py [--threads 2] [--skip-steps] [--skip-factorizations]
 Prints Markdown tables. One BLAS thread for numpy/scipy (as the factorize rules and
@@ -138,6 +142,32 @@ def dpsgd_job(args) -> dict:
     return {"problem": problem, "L": L, "ms": 1e3 * statistics.median(times), "rss_mb": _peak_rss_mb()}
 
 
+def errors_job(args) -> list[dict]:
+    """sigma and sigma^2 T err_mean of DP-SGD and of the three mechanisms at one setup cell."""
+    problem, n_train, L, epochs, threads = args
+    import torch
+
+    torch.set_num_threads(threads)
+    from dpbench import accounting
+    from dpbench.optimizers import get_optimizer
+
+    rows = []
+    for eps in (1.0, 10.0):
+        steps = max(1, round(epochs * n_train / L))
+        sigma = accounting.calibrate_noise_multiplier(eps, L / n_train, steps, 1e-5, "prv")
+        rows.append({"mechanism": "DP-SGD, Poisson q = L/N, PRV", "eps": eps, "T": steps, "size": "—",
+                     "sigma": sigma, "error": sigma ** 2 * steps * (steps + 1) / 2})
+        for optimizer in ("dpmatrix-band", "dpmatrix-band-amp", "dpmatrix-blt"):
+            mech = get_optimizer(optimizer).mechanism
+            plan = mech.plan(n_train, L, epochs, SimpleNamespace(hyperparameters={}, epsilon=eps, delta=1e-5))
+            fact = plan.extras["factorization"]
+            sigma = mech.calibrate(plan, eps, 1e-5, "prv")
+            rows.append({"mechanism": f"`{optimizer}`", "eps": eps, "T": plan.steps,
+                         "size": getattr(fact, "bands", None) or getattr(fact, "buffers", None), "sigma": sigma,
+                         "error": sigma ** 2 * plan.steps * fact.error_mean()})
+    return rows
+
+
 def run(job, args):
     with mp.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
         return pool.apply(job, (args,))
@@ -149,9 +179,23 @@ def main() -> None:
     parser.add_argument("--skip-factorizations", action="store_true")
     parser.add_argument("--skip-steps", action="store_true")
     parser.add_argument("--noise-steps", type=int, default=20)
+    parser.add_argument("--errors", action="store_true", help="only the expected-error table")
     args = parser.parse_args()
     print(f"{args.threads} torch threads, {os.cpu_count()} CPUs, {platform.machine()}, "
           f"load average before: {os.getloadavg()[0]:.2f}\n")
+
+    if args.errors:
+        print("| setup | problem | L | mechanism | T | b or m | eps | sigma | E||noise on prefix sums||^2 / d "
+              "| vs DP-SGD |")
+        print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for setup, cells in (("2", SETUP2), ("3", SETUP3)):
+            for problem, n, L, E in cells:
+                rows = run(errors_job, (problem, n, L, E, args.threads))
+                base = {r["eps"]: r["error"] for r in rows if r["mechanism"].startswith("DP-SGD")}
+                for r in rows:
+                    print(f"| {setup} | {problem} | {L} | {r['mechanism']} | {r['T']} | {r['size']} | {r['eps']:g} "
+                          f"| {r['sigma']:.4g} | {r['error']:.4g} | {r['error'] / base[r['eps']]:.3g} |", flush=True)
+        return
 
     if not args.skip_factorizations:
         print("| setup | problem | L | E | mechanism | target eps | T | b or m | err_mean | sens (amp: max col) "
@@ -174,7 +218,7 @@ def main() -> None:
               "| x i.i.d. noise | peak RSS (MB) | bytes written |")
         print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for problem, L in (("P2", 32), ("P2", 64), ("P1", 1024), ("P3", 1024)):
-            dp = run(dpsgd_job, (problem, L, 5 if L < 1000 else 2, args.threads))
+            dp = run(dpsgd_job, (problem, L, 10 if L < 1000 else 3, args.threads))
             iid = None
             for kind, size in (("iid", 0), ("band", 16), ("band", 64), ("blt", 2), ("blt", 4)):
                 r = run(step_job, (problem, kind, size, args.noise_steps, args.threads))

@@ -83,8 +83,8 @@ def test_resume_from_state_dict_gives_identical_rows_and_state_is_small(kind):
     else:
         f = blt.BLT.from_pair([0.9, 0.5], [0.7, 0.1], n)
 
-        def make():
-            return BLTNoise(f.theta, f.omega, n, seed=5)
+        def make():  # reversed views (negative strides) are accepted
+            return BLTNoise(f.theta[::-1][::-1], np.ascontiguousarray(f.omega[::-1])[::-1], n, seed=5)
         floats = 2 * DIM  # m d
     a = make()
     stream(a, 13)

@@ -97,8 +97,8 @@ class BandedNoise(_StreamingNoise):
     ``coef``), ``scale`` the column-normalisation factors d_t (ones without normalisation)."""
 
     def __init__(self, coef, scale, seed: int, device: torch.device | str = "cpu"):
-        coef = np.asarray(coef, dtype=np.float64)
-        scale = np.asarray(scale, dtype=np.float64)
+        coef = np.array(coef, dtype=np.float64)  # copies: torch needs positive strides
+        scale = np.array(scale, dtype=np.float64)
         if coef.ndim != 1 or coef.size < 1 or coef[0] == 0:
             raise ValueError("BandedNoise needs coefficients c with c_0 != 0")
         super().__init__(scale.size, seed, device)
@@ -139,8 +139,8 @@ class BLTNoise(_StreamingNoise):
     """x_t = (C^-1 z)_t for the BLT C = BLT(theta, omega), used for ``steps`` steps."""
 
     def __init__(self, theta, omega, steps: int, seed: int, device: torch.device | str = "cpu"):
-        self.theta = np.asarray(theta, dtype=np.float64)
-        self.omega = np.asarray(omega, dtype=np.float64)
+        self.theta = np.array(theta, dtype=np.float64)  # copies: torch needs positive strides
+        self.omega = np.array(omega, dtype=np.float64)
         if self.theta.shape != self.omega.shape or self.theta.ndim != 1:
             raise ValueError("theta and omega must be vectors of one length")
         super().__init__(steps, seed, device)
