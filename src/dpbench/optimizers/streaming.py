@@ -1,6 +1,6 @@
-"""Streaming correlated-noise mechanisms (issue: the field's current matrix mechanisms without
-noise files): plain SGD on the privatised gradients G + sigma s C^-1 Z, with the noise generated
-step by step from O(b d) or O(m d) state. The mechanisms (dpbench.matrix.streaming) do the
+"""Streaming correlated-noise mechanisms (BandMF, amplified BandMF, BLT; no noise files): plain
+SGD on the privatised gradients G + sigma s C^-1 Z, with the noise generated step by step from
+O(b d) or O(m d) state. The mechanisms (dpbench.matrix.streaming) do the
 rest; see docs/matrix.md.
 
 No convergence-aware (lambda) variants: Lambda_tau A is not Toeplitz, so neither the banded
