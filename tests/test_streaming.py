@@ -177,7 +177,8 @@ def test_cyclic_poisson_resume_and_lanes():
 #   acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
 #   acc.compose(SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), k)); acc.get_epsilon(1e-5)
 DP_ACCOUNTING = {(0.04, 1.0, 25): 1.748620423472895, (0.2, 2.0, 50): 3.4880217803278035,
-                 (0.05, 0.8, 100): 5.7412434240677035}
+                 (0.05, 0.8, 100): 5.7412434240677035,
+                 (0.0512, 4.785, 586): 0.9897444752575181}  # Setup 3, P3, L = 1024, b = 3, eps = 1
 
 
 @pytest.mark.parametrize("q,sigma,rounds", sorted(DP_ACCOUNTING))

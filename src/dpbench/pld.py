@@ -12,7 +12,8 @@ P = (1 - q) N(0, sigma^2) + q N(1, sigma^2) (the example present) with Q = N(0, 
 * add direction: L'(x) = -L(x), x ~ Q.
 
 L is monotone in x, so its distribution function is exact: P(L <= l) = F_P(x(l)) with
-x(l) = sigma^2 log((e^l - 1 + q) / q) + 1/2. The loss is discretised on a grid of spacing h,
+x(l) = sigma^2 log((e^l - 1 + q) / q) + 1/2. The loss is discretised on a grid of spacing h
+(default min(1e-4, 0.01 / T)),
 each interval's mass moved to its upper end (pessimistic: the discrete loss dominates the
 true one, and delta(eps) = E[(1 - e^(eps - L))_+] is increasing in L, so every delta computed
 is an upper bound), with the far upper tail (probability < 1e-16) put at +infinity. The T-fold
@@ -99,7 +100,13 @@ def _convolve(a, b, tail: float, pessimistic: bool):
     return _truncate(ka + kb, out, 1.0 - (1.0 - ia) * (1.0 - ib), tail, pessimistic)
 
 
-def composed(q: float, sigma: float, steps: int, direction: str, h: float = 1e-4, tail: float = 1e-12,
+def grid(steps: int) -> float:
+    """The default loss grid h = min(1e-4, 0.01 / T): each step's rounding moves the loss by at
+    most h, so the pessimistic and optimistic epsilons stay within about T h <= 0.01."""
+    return min(1e-4, 0.01 / steps)
+
+
+def composed(q: float, sigma: float, steps: int, direction: str, h: float | None = None, tail: float = 1e-12,
              pessimistic: bool = True):
     """(losses, pmf, mass at +inf) of the sum of ``steps`` i.i.d. discretised losses, by
     binary exponentiation of FFT convolutions; after each, tails of mass < ``tail`` are cut
@@ -110,6 +117,7 @@ def composed(q: float, sigma: float, steps: int, direction: str, h: float = 1e-4
         raise ValueError(f"need 0 < q <= 1, sigma > 0, steps >= 1; got q={q}, sigma={sigma}, steps={steps}")
     if q == 1:
         q = 1 - 1e-15  # the full-batch Gaussian: the formulas above at their limit
+    h = grid(steps) if h is None else h
     with np.errstate(divide="ignore"):
         base = _one_step(q, sigma, direction, h, 1e-16, pessimistic)
     result = None
@@ -146,13 +154,13 @@ def _profiles(q, sigma, steps, h, pessimistic):
     return [_Profile(*composed(q, sigma, steps, d, h, pessimistic=pessimistic)) for d in ("remove", "add")]
 
 
-def delta(epsilons, q: float, sigma: float, steps: int, h: float = 1e-4, pessimistic: bool = True) -> np.ndarray:
+def delta(epsilons, q: float, sigma: float, steps: int, h: float | None = None, pessimistic: bool = True) -> np.ndarray:
     """delta(eps) of ``steps`` compositions under add/remove adjacency: the larger direction."""
     profiles = _profiles(q, sigma, steps, h, pessimistic)
     return np.array([max(p(float(e)) for p in profiles) for e in np.atleast_1d(epsilons)])
 
 
-def epsilon(target_delta: float, q: float, sigma: float, steps: int, h: float = 1e-4,
+def epsilon(target_delta: float, q: float, sigma: float, steps: int, h: float | None = None,
             pessimistic: bool = True) -> float:
     """The smallest eps with delta(eps) <= target_delta (bisection to 1e-6)."""
     profiles = _profiles(q, sigma, steps, h, pessimistic)
