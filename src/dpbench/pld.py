@@ -13,11 +13,12 @@ P = (1 - q) N(0, sigma^2) + q N(1, sigma^2) (the example present) with Q = N(0, 
 
 L is monotone in x, so its distribution function is exact: P(L <= l) = F_P(x(l)) with
 x(l) = sigma^2 log((e^l - 1 + q) / q) + 1/2. The loss is discretised on a grid of spacing h
-(default min(1e-4, 0.01 / T)),
-each interval's mass moved to its upper end (pessimistic: the discrete loss dominates the
-true one, and delta(eps) = E[(1 - e^(eps - L))_+] is increasing in L, so every delta computed
-is an upper bound), with the far upper tail (probability < 1e-16) put at +infinity. The T-fold
-composition is one FFT power; delta(eps) = E[(1 - e^(eps - sum L))_+] + P(some L = +inf), and the
+(default min(1e-4, 0.01 / T)), each interval's mass moved to its upper end (pessimistic: the
+discrete loss dominates the true one, and delta(eps) = E[(1 - e^(eps - L))_+] is increasing in
+L, so every delta computed is an upper bound), with the far upper tail (probability < 1e-16)
+put at +infinity. The T-fold composition is binary exponentiation of FFT convolutions (tails
+below 1e-12 cut pessimistically after each); delta(eps) = E[(1 - e^(eps - sum L))_+] +
+P(some L = +inf), and the
 mechanism's profile is the larger of the two directions. ``pessimistic=False`` moves mass to
 the lower ends instead (and drops the infinite tail), a lower bound that brackets the truth.
 """
