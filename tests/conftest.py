@@ -53,6 +53,14 @@ def _seed():
     torch.manual_seed(0)
 
 
+def run_cell(cfg, **kwargs):
+    """``dpbench.train.run`` with the registry's spec of ``cfg.optimizer``, as the CLI calls it."""
+    from dpbench.optimizers import get_optimizer
+    from dpbench.train import run
+
+    return run(cfg, get_optimizer(cfg.optimizer), **kwargs)
+
+
 def run_cli(*args, cwd=REPO, check=True, timeout=600):
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.run([sys.executable, "-m", "dpbench", *map(str, args)], cwd=cwd, env=env,

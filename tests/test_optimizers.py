@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from conftest import run_cell
 from dpbench import accounting, mechanisms
 from dpbench.clipping import Clipping
 from dpbench.mechanisms import PoissonSubsampledGaussian, inverse_sqrt_schedule
@@ -38,7 +39,7 @@ from dpbench.noise import GaussianNoise
 from dpbench.optimizers import OPTIMIZERS, get_optimizer
 from dpbench.optimizers import projection as proj
 from dpbench.optimizers.base import Context
-from dpbench.train import RunConfig, run
+from dpbench.train import RunConfig
 
 DELTA = 1e-5
 
@@ -497,7 +498,7 @@ def test_run_meets_its_target_epsilon(name, tiny_fmnist, cached_accountant, monk
         # the accounting does not depend on it (the projection is tested above)
         monkeypatch.setattr("dpbench.optimizers.d2p2.project_back", lambda g, p, seed, e=None: g.clone())
     spec = get_optimizer(name)
-    res = run(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=2, seed=0,
+    res = run_cell(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=2, seed=0,
                         epsilon=2.0 if spec.private else None, max_steps=2, test_subset=50, progress_every_s=1e9))
     p, meta = res.meta["privacy"], res.meta
     assert meta["optimizer"]["hyperparameters"] == spec.defaults
@@ -522,14 +523,14 @@ def test_run_meets_its_target_epsilon(name, tiny_fmnist, cached_accountant, monk
 
 def test_paper_sensitivity_is_marked_invalid(tiny_fmnist, cached_accountant, monkeypatch):
     monkeypatch.setattr("dpbench.optimizers.d2p2.project_back", lambda g, p, seed, e=None: g.clone())
-    res = run(RunConfig(problem="P2", optimizer="d2p2sgd", lr=0.01, batch_size=60, epochs=2, seed=0, epsilon=2.0,
+    res = run_cell(RunConfig(problem="P2", optimizer="d2p2sgd", lr=0.01, batch_size=60, epochs=2, seed=0, epsilon=2.0,
                         max_steps=1, test_subset=50, hyperparameters={"paper_sensitivity": True},
                         progress_every_s=1e9))
     p = res.meta["privacy"]
     assert p["caveat"].startswith("not a valid DP guarantee")
     assert "delta_fail" not in p and p["projection_sensitivity_factor"] == 1.0
     with pytest.raises(ValueError, match="paper_sensitivity must be true or false"):
-        run(RunConfig(problem="P2", optimizer="dp2sgd", lr=0.01, batch_size=60, epochs=1, seed=0, epsilon=2.0,
+        run_cell(RunConfig(problem="P2", optimizer="dp2sgd", lr=0.01, batch_size=60, epochs=1, seed=0, epsilon=2.0,
                       max_steps=1, hyperparameters={"paper_sensitivity": "yes"}, progress_every_s=1e9))
 
 
