@@ -113,18 +113,18 @@ def ref_dpadambc(th, grad_fn, st, env):  # thesis Alg. 2, line 14
     return th - env.lr * m / torch.sqrt(torch.clamp(v - phi, min=env.h["zeta"]))
 
 
-def ref_dpadamw(th, grad_fn, st, env):  # seed 002 Alg. 1, line 10
+def ref_dpadamw(th, grad_fn, st, env):  # Chooi et al. 2025 (arXiv:2511.07843) Alg. 1, line 10
     m, v = _moments(_private_mean(th, grad_fn, env), st, env.h)
     return th - env.lr * (m / torch.sqrt(v + env.h["eps0"]) + env.h["weight_decay"] * th)
 
 
-def ref_dpadamw_bc(th, grad_fn, st, env):  # seed 002 Alg. 2, line 10
+def ref_dpadamw_bc(th, grad_fn, st, env):  # Chooi et al. 2025 Alg. 2, line 10
     m, v = _moments(_private_mean(th, grad_fn, env), st, env.h)
     phi = (env.sigma * sens(env) / env.L) ** 2
     return th - env.lr * (m / torch.sqrt(torch.clamp(v - phi, min=env.h["gamma"])) + env.h["weight_decay"] * th)
 
 
-def ref_dpdice(th, grad_fn, st, env):  # thesis Alg. 3 on the mean scale (REFERENCE.md)
+def ref_dpdice(th, grad_fn, st, env):  # thesis Alg. 3, the residual on the mean-gradient scale
     # Normalised clipping at C is Abadi clipping at 1 of the gradients divided by C, so the
     # algorithm runs on g / C with thresholds 1 and C2 / C; flat clipping runs it as written.
     u = 1 / env.C if env.normalize else 1.0
@@ -139,7 +139,7 @@ def ref_dpdice(th, grad_fn, st, env):  # thesis Alg. 3 on the mean scale (REFERE
     return th - env.lr * gbar  # line 16, noise off
 
 
-def ref_dpdisk(th, grad_fn, st, env):  # seed 004 Alg. 3 (thesis Alg. 4), noise off
+def ref_dpdisk(th, grad_fn, st, env):  # Zhang et al. 2025 (arXiv:2410.03883) Alg. 3 (thesis Alg. 4), noise off
     kappa, gamma = env.h["kappa"], env.h["gamma"]
     a = (1 - kappa) / (kappa * gamma)
     d = st.get("d", torch.zeros_like(th))
@@ -151,19 +151,19 @@ def ref_dpdisk(th, grad_fn, st, env):  # seed 004 Alg. 3 (thesis Alg. 4), noise 
     return new
 
 
-def _auto_clipped_mean(th, grad_fn, env):  # seed 001 Alg. 1, lines 4-5
+def _auto_clipped_mean(th, grad_fn, env):  # Jiang et al. 2025 (arXiv:2509.09485) Alg. 1, lines 4-5
     G = grad_fn(th)
     return (sens(env) * G / (G.norm(dim=1, keepdim=True) + env.h["auto_clip_gamma"])).sum(0) / env.L
 
 
-def ref_d2p2sgd(th, grad_fn, st, env):  # seed 001 Alg. 1 line 6 (noise off): P (P^T g)
+def ref_d2p2sgd(th, grad_fn, st, env):  # Jiang et al. 2025 Alg. 1 line 6 (noise off): P (P^T g)
     g = _auto_clipped_mean(th, grad_fn, env)
     p = round(env.h["projection_rate"] * th.numel())
     P = proj.projection_matrix(env.projection_seeds(), th.numel(), p, dtype=th.dtype)
     return th - env.lr * P @ (P.t() @ g)
 
 
-def ref_d2psgd(th, grad_fn, st, env):  # seed 001 Alg. 2 (noise off)
+def ref_d2psgd(th, grad_fn, st, env):  # Jiang et al. 2025 Alg. 2, D2P-SGD (noise off)
     return th - env.lr * _auto_clipped_mean(th, grad_fn, env)
 
 
