@@ -1,16 +1,10 @@
 """Layers point one way: no import cycle in the package, storage never imports the
-orchestrator, and the aggregation and figure commands run without torch (their conda
-environment has none)."""
+orchestrator. (That aggregation and figures need no torch: tests/test_envs.py.)"""
 
 import pkgutil
-import subprocess
-import sys
 
 import dpbench
-from conftest import REPO, run_cell
 from dpbench import fingerprint
-from dpbench.results import write_run
-from dpbench.train import RunConfig
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -55,33 +49,3 @@ def test_storage_and_the_training_loop_do_not_reach_up():
     # the training loop is handed its optimizer and code key: it imports neither the registry
     # nor the fingerprints
     assert not graph["dpbench.train"] & {"dpbench.optimizers", "dpbench.fingerprint", "dpbench.cli"}
-
-
-def test_aggregate_and_plot_run_without_torch(tmp_path, tiny_fmnist):
-    """`dpbench aggregate` and `dpbench plot` (their rules use envs/analysis.yaml, which has no
-    torch) never import it: with torch made unimportable, both commands run to the end on a
-    real run file."""
-    res = run_cell(RunConfig(problem="P2", optimizer="sgd", lr=0.1, batch_size=60, epochs=1, seed=0, max_steps=2,
-                             test_subset=50, progress_every_s=1e9))
-    write_run(tmp_path / "run.parquet", res.metrics, {**res.meta, "run_id": "run"})
-    code = f"""
-import sys
-
-
-class NoTorch:  # any `import torch` now raises ImportError, as in an environment without it
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "torch":
-            raise ImportError("torch is not installed here")
-
-
-sys.meta_path.insert(0, NoTorch())
-sys.path.insert(0, {str(REPO / "src")!r})
-from dpbench.cli import main
-assert main(["aggregate", "run.parquet", "--out-runs", "runs.parquet", "--out-epochs", "epochs.parquet"]) == 0
-assert main(["plot", "fig5_1", "--runs", "runs.parquet", "--out", "fig"]) == 0
-assert not [m for m in sys.modules if m.split(".")[0] == "torch"]
-print("ok")
-"""
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
-    assert (tmp_path / "fig.png").stat().st_size > 1000 and (tmp_path / "epochs.parquet").exists()

@@ -453,7 +453,7 @@ def test_workflow_reuses_factorization_and_noise_for_a_second_cell(tmp_path):
     """After the first cell's factorization and noise exist, a second cell (other learning
     rates and epsilons) schedules training jobs only."""
     def config(lrs, epsilons):
-        return {"results_dir": "out", "train": {"train_subset": 256, "device": "cpu"},
+        return {"results_dir": "out", "train": {"train_subset": 256},
                 "grid": [{"problems": ["P2"], "batch_sizes": [32], "epochs": [1], "epsilons": epsilons,
                           "optimizers": {"dpmatrix-se": {"lr": lrs}}}]}
 
@@ -484,7 +484,7 @@ def test_workflow_factorizes_writes_noise_and_trains_setup2_and_setup3_cells(tmp
     from dpbench.results import read_meta
 
     config = {"data_dir": str(fmnist_dir), "results_dir": "out",
-              "train": {"train_subset": 256, "test_subset": 200, "device": "cpu"},
+              "train": {"train_subset": 256, "test_subset": 200},
               "figures": {"fig5_2": {"problems": ["P3", "P2"]}},
               "grid": [{"problems": ["P2"], "batch_sizes": [32], "epochs": [1], "epsilons": [10],
                         "optimizers": {"dpmatrix-se": {"lr": [0.5]}}},
