@@ -1,3 +1,4 @@
+import functools
 import os
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ sys.path.insert(0, str(REPO / "src"))
 # read when cuBLAS first runs in this process, which may be before any test configures it
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-from dpbench import cuda, data  # noqa: E402
+from dpbench import accounting, cuda, data  # noqa: E402
 
 FMNIST_DIRS = [Path(os.environ["DPBENCH_DATA_DIR"]) / "fashion-mnist"] if os.environ.get("DPBENCH_DATA_DIR") else []
 FMNIST_DIRS += [REPO / "data" / "fashion-mnist", *data.SYSTEM_DIRS["fashion-mnist"]]
@@ -65,6 +66,34 @@ def device(request) -> torch.device:
             pytest.skip("no CUDA GPU (torch.cuda.is_available() is False)")
         cuda.configure()
     return torch.device(request.param)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _memoized_accountant():
+    """accounting.epsilon is a pure function of (history, delta, accountant), and evaluating it
+    is most of what many tests spend (a sigma calibration evaluates it about 20 times, and the
+    training tests calibrate the same plans again and again): within the test process each
+    value is computed once. The values are the accountant's own, so no assertion changes."""
+    original = accounting.epsilon
+
+    @functools.lru_cache(maxsize=None)
+    def cached(history, delta, accountant):
+        return original([tuple(h) for h in history], delta, accountant)
+
+    def epsilon(history, delta=accounting.DELTA, accountant="prv"):
+        return cached(tuple(tuple(h) for h in history), delta, accountant)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(accounting, "epsilon", epsilon)
+        yield
+
+
+def run_cell(cfg, **kwargs):
+    """``dpbench.train.run`` with the registry's spec of ``cfg.optimizer``, as the CLI calls it."""
+    from dpbench.optimizers import get_optimizer
+    from dpbench.train import run
+
+    return run(cfg, get_optimizer(cfg.optimizer), **kwargs)
 
 
 def run_cli(*args, cwd=REPO, check=True, timeout=600):

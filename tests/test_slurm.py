@@ -16,7 +16,7 @@ from dpbench.grid import expand, load_config
 
 PROFILES = REPO / "workflow" / "profiles"
 SCRIPTS = REPO / "scripts" / "slurm"
-TRAIN = {"threads": 4, "device": "auto"}
+TRAIN = {}
 
 
 def cell(problem="P2", optimizer="dpsgd", batch_size=256, epochs=2):
@@ -34,15 +34,14 @@ def test_resources_of_known_cells():
     # the assumed GPU costs: P2, L 256, E 2: 469 steps x (10 ms + 256 x 30 us) = 8.3 s, plus 2 test passes
     seconds = 469 * (0.010 + 256 * 30e-6) + 2 * 10_000 * 30e-6 / 3
     assumed = cluster.ASSUMED
-    assert cluster.compute_seconds(cell(), TRAIN, assumed) == pytest.approx(seconds)
-    assert cluster.resources(cell(), TRAIN, costs=assumed) == {"mem_mb": 5000, "runtime": 15, "gpu": 1,
-                                                               "cpus_per_gpu": 4}
+    assert cluster.compute_seconds(cell(), TRAIN, costs=assumed) == pytest.approx(seconds)
+    assert cluster.resources(cell(), TRAIN, costs=assumed) == {"mem_mb": 5000, "runtime": 15}
     # the longest Setup 1 run: P1, L 256, E 500 (97,656 steps): about 34 minutes of compute
     long = cluster.resources(cell("P1", "dpsgd", 256, 500), TRAIN, costs=assumed)
     assert long["runtime"] == 65 and long["mem_mb"] == 6000
-    # a CPU device asks for no GPU and uses the (slower) CPU costs
-    cpu = cluster.resources(cell("P1", "dpsgd", 256, 500), {"device": "cpu", "threads": 2})
-    assert cpu["gpu"] == 0 and cpu["cpus_per_gpu"] == 2 and cpu["runtime"] > 4 * long["runtime"]
+    # on the CPU (a profile without GPUs for training) the (slower) CPU costs apply
+    cpu = cluster.resources(cell("P1", "dpsgd", 256, 500), TRAIN, on_gpu=False)
+    assert cpu["runtime"] > 4 * long["runtime"] and cpu["mem_mb"] == long["mem_mb"]
 
 
 MEASURED = {"device": "Test GPU", "torch": "x",
@@ -68,7 +67,7 @@ def test_measured_gpu_costs(tmp_path):
     assert costs.step("P2", "dpdisk", 256) == cluster.ASSUMED.step("P2", "dpdisk", 256) == 0.010 + 256 * 30e-6
     assert costs.step("P3", "dpsgd", 256) == cluster.ASSUMED.step("P3", "dpsgd", 256)
     # P2, L 256, E 2: 469 steps of 4 ms and 2 test passes of 10,000 examples at 1 us
-    assert cluster.compute_seconds(cell(), TRAIN, costs) == pytest.approx(469 * 0.004 + 2 * 10_000 * 1e-6)
+    assert cluster.compute_seconds(cell(), TRAIN, costs=costs) == pytest.approx(469 * 0.004 + 2 * 10_000 * 1e-6)
     # the gain of K cells per GPU: the nearest measured L, the largest measured K <= K; other
     # problems the smallest gain measured
     assert costs.gain("P2", 256, 1) == 1.0 and costs.gain("P2", 256, 3) == 1.7 and costs.gain("P2", 300, 16) == 2.5
@@ -97,7 +96,7 @@ def test_cost_command_projects_gpu_hours(tmp_path):
     proc = run_cli("cost", "config/setup2.yaml", "--costs", tmp_path / "costs.json", "--cells-per-gpu", "4")
     costs = cluster.GpuCosts.from_file(tmp_path / "costs.json")
     cells = expand(load_config(REPO / "config" / "setup2.yaml"))
-    one, four = (cluster.gpu_hours(cells, {"device": "cuda"}, k, costs) for k in (1, 4))
+    one, four = (cluster.gpu_hours(cells, {}, k, costs) for k in (1, 4))
     assert f"| config/setup2.yaml | 60 | {one:,.1f} | {four:,.1f} |" in proc.stdout
     assert "measured on Test GPU" in proc.stdout and "P2 2.50x at L = 256, 1.20x at L = 2048" in proc.stdout
 
@@ -122,7 +121,7 @@ def test_retries_ask_for_more_and_estimates_grow_with_the_work():
 def test_only_short_runs_are_bundled():
     assert cluster.bundle(cell(), TRAIN) == "train_short"
     assert cluster.bundle(cell("P1", "dpsgd", 256, 500), TRAIN) is None
-    assert cluster.bundle(cell("P2", "dpsgd", 100, 1), {"max_steps": 3, "device": "cpu"}) == "train_short"
+    assert cluster.bundle(cell("P2", "dpsgd", 100, 1), {"max_steps": 3}, on_gpu=False) == "train_short"
 
 
 def test_factorization_resources():
@@ -152,15 +151,17 @@ def test_profiles():
 def test_a_bundle_shares_one_gpu_between_gpu_slots_runs():
     """What the slurm profile makes Snakemake 9 ask SLURM for a bundle of 16 short runs: the
     group's resources (Snakemake's own layering of a group job) with the profile's train
-    resources. 4 slots: 4 runs at a time on ONE GPU, 4 rounds of runtime, memory and CPUs of 4."""
+    resources and threads. 4 slots: 4 runs at a time on ONE GPU, 4 rounds of runtime, the
+    memory and CPUs of 4 runs."""
     from types import SimpleNamespace
 
     from snakemake.resources import GroupResources, Resources
     from snakemake_executor_plugin_slurm.utils import set_gres_string
 
     slurm = yaml.safe_load((PROFILES / "slurm" / "config.yaml").read_text())
-    per_run = {"mem_mb": 5000, "runtime": 15, "cpus_per_gpu": 4, "slurm_partition": "gpu",
-               **slurm["set-resources"]["train"]}
+    threads = slurm["set-threads"]["train"]
+    per_run = {"mem_mb": 5000, "runtime": 15, "_cores": threads, "cpus_per_gpu": threads,  # rule train's
+               "slurm_partition": "gpu", **slurm["set-resources"]["train"]}
     n = slurm["group-components"][cluster.SHORT_GROUP]
     jobs = [SimpleNamespace(resources=dict(per_run), pipe_group=None) for _ in range(n)]
     group = GroupResources.basic_layered([jobs], Resources.from_mapping(slurm["resources"]), run_local=False,
@@ -168,17 +169,20 @@ def test_a_bundle_shares_one_gpu_between_gpu_slots_runs():
     slots = slurm["resources"]["gpu_slots"]
     assert group["gres"] == "gpu:1" and group["gpu_slots"] == slots == 4
     assert group["runtime"] == 15 * n // slots and group["mem_mb"] == 5000 * slots
-    assert group["cpus_per_gpu"] == 4 * slots
+    assert group["cpus_per_gpu"] == group["_cores"] == threads * slots  # --cpus-per-gpu of the bundle's job
     assert set_gres_string(SimpleNamespace(resources=SimpleNamespace(get=group.get, gres=group["gres"]))).strip() \
         == "--gres=gpu:1"
 
 
-@pytest.mark.parametrize("profile", ["slurm", "slurm-local"])
-def test_profile_dry_run(profile):
+@pytest.mark.parametrize("profile,device,threads", [("slurm", "cuda", 4), ("slurm-local", "cpu", 1)])
+def test_profile_dry_run(profile, device, threads):
+    """The profile is the deployment: GPU training (--device cuda, 4 threads) on the cluster,
+    CPU training on the GPU-less test cluster."""
     pytest.importorskip("snakemake_executor_plugin_slurm", reason="snakemake-executor-plugin-slurm not installed")
-    proc = subprocess.run([snakemake_exe(), "-n", "--profile", PROFILES / profile], cwd=REPO,
+    proc = subprocess.run([snakemake_exe(), "-n", "-p", "--cores", "8", "--profile", PROFILES / profile], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.count(f"--device {device} --threads {threads} ") == 6  # config/config.yaml: 6 cells
 
 
 # --------------------------------------------------------------- a real SLURM cluster (optional)

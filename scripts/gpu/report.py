@@ -53,7 +53,7 @@ def smoke_config(src: str, dst: str) -> None:
     import yaml
 
     config = yaml.safe_load(Path(src).read_text())
-    config["train"] = {"device": "cpu", "threads": 1, "train_subset": 1024, "test_subset": 500}
+    config["train"] = {"train_subset": 1024, "test_subset": 500}
     for block in config["grid"]:
         block["batch_sizes"] = [256]
     Path(dst).write_text(yaml.safe_dump(config))

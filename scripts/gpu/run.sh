@@ -9,7 +9,7 @@
 #   part2  cost of deterministic kernels and TF32; `dpbench train` alone vs 4 at once (identical
 #          metrics, start-up time); the workflow (scripts/gpu/workflow.yaml: Setup 3 P1 cells on a
 #          generated CIFAR-10 tarball, P3 cells on the real Fashion-MNIST, DP-SGD and matrix
-#          mechanisms) with the default profile and CUDA; K processes for P2/P3 at L = 1024.
+#          mechanisms) with the gpu profile (CUDA); K processes for P2/P3 at L = 1024.
 #
 # On the GPU machine, from the repository root (the wheels of opacus, snakemake and the
 # dependencies the image lacks in .whl/, the Fashion-MNIST .gz files in .gpudata/fashion-mnist/):
@@ -173,8 +173,10 @@ else
     else
         cp scripts/gpu/workflow.yaml "$WF/config.yaml"
     fi
+    # the profile is the deployment: gpu (training with --device cuda, 4 threads) on the GPU machine
     step workflow "$([ "$SMOKE" = 1 ] && echo 400 || echo 220)" "$PY" -m snakemake --snakefile "$REPO/Snakefile" --directory "$WF" \
-        --configfile "$WF/config.yaml" --config data_dir="$DATA" --profile "$REPO/workflow/profiles/default" \
+        --configfile "$WF/config.yaml" --config data_dir="$DATA" \
+        --profile "$REPO/workflow/profiles/$([ "$SMOKE" = 1 ] && echo default || echo gpu)" \
         --cores "$([ "$SMOKE" = 1 ] && echo 2 || echo 8)" --scheduler greedy
     [ -f "$WF/results/aggregate/runs.parquet" ] && "$PY" scripts/gpu/report.py workflow "$WF/results" > "$WORK/workflow.md"
     unset DPBENCH_TEST_CIFAR10_MD5

@@ -5,14 +5,14 @@ The numbers are a deliberately conservative cost model, not a measurement of eac
 
 * steps T = round(E·N/L) (as ``dpbench train``), capped by ``max_steps``; N is capped by
   ``train_subset``, the test set by ``test_subset``;
-* time per step on a GPU comes from ``GpuCosts``: the measured seconds per step of the
-  problem and the optimizer's cost class (``cost_class``) at the measured batch sizes,
-  interpolated linearly in L (below the smallest measured L: that step's time; above the
-  largest: its time per example), read from ``gpu_costs.json`` next to this module (written by
-  ``benchmarks/bench_gpu.py costs`` on a GPU, see docs/gpu.md); without that file, or for a
-  problem or cost class it does not hold, the assumed ``STEP_OVERHEAD_S`` + L x
-  ``GPU_S_PER_EXAMPLE`` (2-4x what a DP step of these models was expected to take; P2,
-  L = 256: 17.7 ms). On CPUs (config device ``cpu``): ``STEP_OVERHEAD_S`` + L x
+* time per step on a GPU (the profile decides GPU or CPU, see workflow/rules/common.smk) comes
+  from ``GpuCosts``: the measured seconds per step of the problem and the optimizer's cost class
+  (``cost_class``) at the measured batch sizes, interpolated linearly in L (below the smallest
+  measured L: that step's time; above the largest: its time per example), read from
+  ``gpu_costs.json`` next to this module (written by ``benchmarks/bench_gpu.py costs`` on a GPU,
+  see docs/gpu.md); without that file, or for a problem or cost class it does not hold, the
+  assumed ``STEP_OVERHEAD_S`` + L x ``GPU_S_PER_EXAMPLE`` (2-4x what a DP step of these models
+  was expected to take; P2, L = 256: 17.7 ms). On the CPU: ``STEP_OVERHEAD_S`` + L x
   ``CPU_S_PER_EXAMPLE``, the measured 2-thread P2 step of the README (74.7 ms at L = 256, i.e.
   0.29 ms per example) with P1 and P3 scaled by their FLOPs; plus one test pass per epoch;
 * matrix mechanisms (optimizers named ``dpmatrix*``) read one d-vector of precomputed
@@ -24,11 +24,11 @@ The numbers are a deliberately conservative cost model, not a measurement of eac
   tensors), rounded up to 1000 MB;
 * a retry (Snakemake's ``attempt``, 1-based) multiplies both by the attempt number.
 
-``resources(cell, train, attempt)`` is meant for ``rule train``'s resource callables,
-``bundle(cell, train)`` for its ``group:`` (short runs share one SLURM job, see
+``resources(cell, train, attempt, on_gpu)`` is meant for ``rule train``'s resource callables,
+``bundle(cell, train, on_gpu)`` for its ``group:`` (short runs share one SLURM job, see
 workflow/profiles/slurm), ``factorization_resources(steps)`` for the matrix rules, and
-``gpu_hours(cells, train, cells_per_gpu)`` (``dpbench cost``) projects what a grid costs, one
-cell per GPU or several (the measured throughput gain of K processes sharing a GPU).
+``gpu_hours(cells, train, cells_per_gpu)`` (``dpbench cost``) projects what a grid costs on
+GPUs, one cell per GPU or several (the measured throughput gain of K processes sharing a GPU).
 """
 
 from __future__ import annotations
@@ -177,24 +177,22 @@ def planned_steps(problem: str, batch_size: int, epochs: int, train: Mapping | N
     return min(steps, train["max_steps"]) if train.get("max_steps") else steps
 
 
-def compute_seconds(cell: Any, train: Mapping | None = None, costs: GpuCosts | None = None) -> float:
-    """Estimated seconds of training and evaluation of a cell (no start-up, no safety factor);
-    on a GPU from ``costs`` (default: the measured ones if committed, see ``GpuCosts``)."""
+def compute_seconds(cell: Any, train: Mapping | None = None, on_gpu: bool = True,
+                    costs: GpuCosts | None = None) -> float:
+    """Estimated seconds of training and evaluation of a cell on a GPU or on the CPU (no
+    start-up, no safety factor); on a GPU from ``costs`` (default: the measured ones if
+    committed, see ``GpuCosts``)."""
     train, costs = train or {}, costs or COSTS
     problem, batch_size, epochs = _get(cell, "problem"), int(_get(cell, "batch_size")), int(_get(cell, "epochs"))
     steps = planned_steps(problem, batch_size, epochs, train)
     n_train = train_size(problem, train)
     evals = min(epochs, math.ceil(steps * batch_size / n_train))  # one test pass per epoch reached
     n_test = min(N_TEST[problem], train.get("test_subset") or N_TEST[problem])
-    if _on_cpu(train):
+    if not on_gpu:
         per_example = CPU_S_PER_EXAMPLE[problem]
         return steps * (STEP_OVERHEAD_S + batch_size * per_example) + evals * n_test * per_example * EVAL_FRACTION
     step = costs.step(problem, _get(cell, "optimizer"), batch_size)
     return steps * step + evals * n_test * costs.eval_per_example(problem)
-
-
-def _on_cpu(train: Mapping) -> bool:
-    return str(train.get("device", "auto")).startswith("cpu")
 
 
 def memory_mb(cell: Any, train: Mapping | None = None) -> float:
@@ -207,23 +205,22 @@ def memory_mb(cell: Any, train: Mapping | None = None) -> float:
     return BASE_MB + data / 1e6
 
 
-def resources(cell: Any, train: Mapping | None = None, attempt: int = 1,
+def resources(cell: Any, train: Mapping | None = None, attempt: int = 1, on_gpu: bool = True,
               costs: GpuCosts | None = None) -> dict[str, int]:
     """Cluster resources of one training cell (a ``dpbench.grid.Cell`` or a mapping with
-    problem, optimizer, batch_size, epochs) under the config's ``train`` section:
-    ``mem_mb``, ``runtime`` (minutes), ``gpu`` (0 when the config's device is cpu, else 1) and
-    ``cpus_per_gpu`` (the config's threads)."""
+    problem, optimizer, batch_size, epochs) under the config's ``train`` section, on a GPU or
+    on the CPU: ``mem_mb`` and ``runtime`` (minutes). The GPU request itself and the CPUs are
+    the profile's (``set-resources: train: gpu``, ``set-threads: train``)."""
     train = train or {}
-    runtime = _round_up((SAFETY * compute_seconds(cell, train, costs) / 60 + STARTUP_MIN) * attempt, 5)
+    runtime = _round_up((SAFETY * compute_seconds(cell, train, on_gpu, costs) / 60 + STARTUP_MIN) * attempt, 5)
     mem_mb = _round_up(SAFETY * memory_mb(cell, train) * attempt, 1000)
-    return {"mem_mb": mem_mb, "runtime": runtime, "gpu": 0 if _on_cpu(train) else 1,
-            "cpus_per_gpu": int(train.get("threads") or 1)}
+    return {"mem_mb": mem_mb, "runtime": runtime}
 
 
-def bundle(cell: Any, train: Mapping | None = None, costs: GpuCosts | None = None) -> str | None:
+def bundle(cell: Any, train: Mapping | None = None, on_gpu: bool = True, costs: GpuCosts | None = None) -> str | None:
     """``SHORT_GROUP`` for a cell whose estimated compute is under ``SHORT_RUN_MIN`` minutes
     (Snakemake then packs ``group-components`` of them into one SLURM job), else None."""
-    return SHORT_GROUP if compute_seconds(cell, train, costs) < 60 * SHORT_RUN_MIN else None
+    return SHORT_GROUP if compute_seconds(cell, train, on_gpu, costs) < 60 * SHORT_RUN_MIN else None
 
 
 def gpu_hours(cells: Iterable[Any], train: Mapping | None = None, cells_per_gpu: int = 1,
@@ -233,7 +230,7 @@ def gpu_hours(cells: Iterable[Any], train: Mapping | None = None, cells_per_gpu:
     costs = costs or COSTS
     total = 0.0
     for cell in cells:
-        seconds = compute_seconds(cell, train, costs) + costs.startup_seconds
+        seconds = compute_seconds(cell, train, True, costs) + costs.startup_seconds
         total += seconds / costs.gain(_get(cell, "problem"), int(_get(cell, "batch_size")), cells_per_gpu)
     return total / 3600
 

@@ -48,7 +48,10 @@ class Mechanism(Protocol):
 
     def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict: ...
 
-    def sampler(self, plan: Plan, n_train: int, seed: int, device) -> Sampler: ...
+    def sampler(self, plan: Plan, n_train: int, seed: int, device, lanes: int = 1) -> Sampler:
+        """Batches as indices into ``lanes`` blocks of ``n_train`` examples (lane-major), each
+        lane drawn as an independent sampler would draw it (see ``Context.lanes``)."""
+        ...
 
     def noise(self, plan: Plan, seed: int, device) -> NoiseSource: ...
 
@@ -152,8 +155,10 @@ class PoissonSubsampledGaussian:
             out["delta_accounted"] = acc_delta
         return out
 
-    def sampler(self, plan: Plan, n_train: int, seed: int, device) -> PoissonSampler:
-        return PoissonSampler(n_train, plan.sample_rate, seed, device)
+    def sampler(self, plan: Plan, n_train: int, seed: int, device, lanes: int = 1) -> PoissonSampler:
+        # each example is drawn independently: one sampler over all lanes' examples is already
+        # `lanes` independent Poisson samplers
+        return PoissonSampler(lanes * n_train, plan.sample_rate, seed, device)
 
     def noise(self, plan: Plan, seed: int, device) -> GaussianNoise:
         return GaussianNoise(seed, device)

@@ -35,10 +35,20 @@ class Context:
     noise: NoiseSource
     steps: int  # planned number of steps T
     hyperparameters: dict[str, Any] = field(default_factory=dict)  # defaults filled in
+    # Independent replicas of the mechanism held side by side (the empirical audit runs its
+    # trials this way; training uses 1): every parameter's first axis indexes the lane, and
+    # a stage that computes something over the whole parameter vector (a norm, a projection)
+    # computes it per lane. Element-wise stages need not care.
+    lanes: int = 1
 
     @property
     def params(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
+
+    def per_lane(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The tensors (shaped like the parameters) as one (lanes, n) matrix: row r is lane r's
+        part of the flattened parameter vector."""
+        return torch.cat([t.reshape(self.lanes, -1) for t in tensors], dim=1)
 
 
 @dataclass
