@@ -120,3 +120,29 @@ def test_refuses_layer_used_twice():
         out = lin(lin(torch.randn(4, 3))).sum(1)
     with pytest.raises(UnsupportedLayerError, match="more than once"):
         tape.per_sample_gradients(out)
+
+
+@pytest.mark.parametrize("stride, padding", [((1, 1), (0, 0)), ((2, 2), (1, 1)), ((1, 2), (2, 0))])
+def test_unfold_equals_torch_unfold_exactly(stride, padding):
+    """per_sample.unfold (strided views, a few kernels on a GPU) moves the same values as
+    F.unfold (one im2col kernel per sample on a GPU)."""
+    from dpbench.per_sample import unfold
+
+    x = torch.randn(3, 4, 9, 8, dtype=torch.float64)
+    ours = unfold(x, (3, 2), (1, 1), padding, stride)
+    assert torch.equal(ours, torch.nn.functional.unfold(x, (3, 2), (1, 1), padding, stride))
+
+
+@pytest.mark.parametrize("layer", [torch.nn.Conv2d(3, 5, 3, 2, 1), torch.nn.ConvTranspose2d(4, 3, 3, 2, 1, 1)])
+def test_per_sample_weight_gradients_by_gemm_equal_the_grouped_convolution(layer):
+    """The GPU path (one batched GEMM of the unfolded factors) and the CPU path (a grouped
+    weight-gradient convolution) give the same per-sample gradients."""
+    from dpbench.per_sample import LayerGrads
+
+    layer = layer.double()
+    x = torch.randn(6, layer.in_channels, 7, 7, dtype=torch.float64)
+    gy = torch.randn_like(layer(x))
+    grouped = LayerGrads(layer, x, gy).materialised
+    A, G = LayerGrads(layer, x, gy).factors
+    gemm = torch.bmm(G.transpose(1, 2), A).view(6, *layer.weight.shape)
+    torch.testing.assert_close(gemm, grouped, rtol=1e-12, atol=1e-12)
