@@ -55,6 +55,7 @@ the std of e_k on the released sum.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -121,14 +122,32 @@ def hartley(x: torch.Tensor) -> torch.Tensor:
     re, im = f.real, f.imag
     m = f.shape[-1]  # outputs 0 .. n//2 from f directly; n - j for j = 1 .. n - m from f_j
     out = torch.empty_like(x)
-    out[..., :m] = re - im
-    out[..., m:] = (re[..., 1:n - m + 1] + im[..., 1:n - m + 1]).flip(-1)
+    torch.sub(re, im, out=out[..., :m])
+    out[..., m:] = torch.add(re[..., 1:n - m + 1], im[..., 1:n - m + 1]).flip(-1)
     return out
+
+
+@contextlib.contextmanager
+def _one_cpu_thread(device: torch.device):
+    """The srht's work is a dozen memory-bound O(d) passes and two 1-D FFTs, which a second CPU
+    thread barely speeds up; on a shared machine each parallel pass can instead wait a scheduler
+    quantum for the other thread (measured: 110-290 ms median per step with 2 threads under load,
+    42-47 ms with one). So it runs on one thread."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 class SRHT:
     """P^T = sqrt(d'/p) S H D for each of ``len(seeds)`` lanes (one seed per lane); vectors are
-    (lanes, d) on the projection's side and (lanes, p) on the released side."""
+    (lanes, d) on the projection's side and (lanes, p) on the released side. ``signs`` (D, +-1,
+    (lanes, d')) and ``index`` (S, the p selected coordinates, (lanes, p)) are the draws."""
 
     kind = "srht"
 
@@ -136,32 +155,48 @@ class SRHT:
                  dtype=torch.float32):
         n = fast_size(dimension)
         signs, index = [], []
-        for seed in seeds:
-            gen = torch.Generator().manual_seed(int(seed))  # CPU: the same projection on every device
-            signs.append(torch.randint(0, 2, (n,), generator=gen, dtype=torch.int8))
-            index.append(torch.randperm(n, generator=gen)[:projection_dim])
+        with _one_cpu_thread(torch.device("cpu")):
+            for seed in seeds:
+                gen = torch.Generator().manual_seed(int(seed))  # CPU: the same projection on every device
+                signs.append(torch.randint(0, 2, (n,), generator=gen, dtype=torch.int8))
+                index.append(torch.randperm(n, generator=gen)[:projection_dim])
+            signs = torch.stack(signs).to(dtype).mul_(2).sub_(1)
         self.dimension, self.padded_dimension, self.projection_dim = dimension, n, projection_dim
-        self.signs = (torch.stack(signs).to(device=device, dtype=dtype) * 2 - 1)  # D, (lanes, d')
-        self.index = torch.stack(index).to(device)  # S, (lanes, p)
+        self.signs = signs.to(device)
+        self.index = torch.stack(index).to(device)
         self.scale = math.sqrt(n / projection_dim)
+
+    def _mix(self, v: torch.Tensor) -> torch.Tensor:
+        """S H D (v padded with zeros): (lanes, d) -> (lanes, p)."""
+        d = self.dimension
+        x = v.new_empty(v.shape[0], self.padded_dimension)
+        x[:, d:] = 0
+        torch.mul(v, self.signs[:, :d], out=x[:, :d])
+        return hartley(x).gather(1, self.index)
+
+    def _unmix(self, w: torch.Tensor) -> torch.Tensor:
+        """(S H D)^T w, its first d coordinates: (lanes, p) -> (lanes, d)."""
+        x = w.new_zeros(w.shape[0], self.padded_dimension).scatter_(1, self.index, w)
+        d = self.dimension
+        return hartley(x)[:, :d].mul_(self.signs[:, :d])
 
     def t(self, v: torch.Tensor) -> torch.Tensor:
         """P^T v: (lanes, d) -> (lanes, p)."""
-        d = self.dimension
-        x = v.new_zeros(v.shape[0], self.padded_dimension)
-        x[:, :d] = v * self.signs[:, :d]
-        return hartley(x).gather(1, self.index).mul_(self.scale)
+        with _one_cpu_thread(v.device):
+            return self._mix(v).mul_(self.scale)
 
     def apply(self, w: torch.Tensor) -> torch.Tensor:
         """P w: (lanes, p) -> (lanes, d)."""
-        x = w.new_zeros(w.shape[0], self.padded_dimension).scatter_(1, self.index, w)
-        d = self.dimension
-        return hartley(x)[:, :d].mul_(self.signs[:, :d]).mul_(self.scale)
+        with _one_cpu_thread(w.device):
+            return self._unmix(w * self.scale)
 
     def back(self, g: torch.Tensor, e: torch.Tensor | None = None) -> torch.Tensor:
-        """P (P^T g + e), lane by lane."""
-        w = self.t(g)
-        return self.apply(w if e is None else w.add_(e))
+        """P (P^T g + e) = (S H D)^T (c^2 S H D g + c e), c = sqrt(d'/p), lane by lane."""
+        with _one_cpu_thread(g.device):
+            w = self._mix(g).mul_(self.scale ** 2)
+            if e is not None:
+                w.add_(e, alpha=self.scale)
+            return self._unmix(w)
 
     def matrix(self, lane: int = 0) -> torch.Tensor:
         """Lane's P, (d, p), from the fast path applied to every basis vector (small d only)."""
