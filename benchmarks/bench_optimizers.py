@@ -5,14 +5,17 @@ Each optimizer runs in a fresh subprocess (so peak RSS is its own): real Fashion
 default hyperparameters, a few warm-up steps, then ``--steps`` timed steps. ``--repeat R`` runs
 the whole list R times, round robin, so that a busy shared machine slows every optimizer alike;
 the table gives the median over the rounds and the range of each optimizer's ratio to dpsgd
-within a round.
+within a round. ``--interleave`` instead builds every optimizer in one process and times their
+steps alternately on each batch (the order rotating from batch to batch), so that both sides of
+each ratio see the same load: the median of these paired ratios is the robust number on a busy
+shared machine (no memory columns in this mode).
 
 The projected optimizers (d2p2sgd, dp2sgd) use ``--projection`` (default srht, the default
 hyperparameter). With ``--projection gaussian`` they draw a d x p Gaussian matrix every step
 (d = 225,034, p = 157,524: 3.5e10 draws), minutes per step on a CPU, so they are timed over
 ``--projection-steps`` steps without warm-up (their cost per step is the same every step).
 
-Usage:  python benchmarks/bench_optimizers.py [--batch-size 256] [--threads 2] [--steps 50] [--repeat 1]
+Usage:  python benchmarks/bench_optimizers.py [--batch-size 256] [--threads 2] [--steps 50] [--repeat 1 | --interleave]
                                               [--projection srht|gaussian] [--projection-steps 2]
                                               [--optimizers a,b,...]
 Prints a Markdown table: the median ms per step (robust to a busy shared machine; the mean too)
@@ -50,8 +53,8 @@ def reset_peak() -> None:
         f.write("5")
 
 
-def worker(name: str, batch_size: int, steps: int, warmup: int, threads: int, data_dir: str | None,
-           projection: str) -> dict:
+def build(name: str, batch_size: int, threads: int, data_dir: str | None, projection: str):
+    """Optimizer ``name``'s step on P2 (model initialised from seed 0), and the training data."""
     import torch
 
     from dpbench import data
@@ -59,7 +62,6 @@ def worker(name: str, batch_size: int, steps: int, warmup: int, threads: int, da
     from dpbench.optimizers import get_optimizer
     from dpbench.optimizers.base import Context
     from dpbench.problems import get_problem
-    from dpbench.sampling import PoissonSampler
 
     torch.set_num_threads(threads)
     problem, spec = get_problem("P2"), get_optimizer(name)
@@ -75,10 +77,17 @@ def worker(name: str, batch_size: int, steps: int, warmup: int, threads: int, da
                   clipping=Clipping(1.0) if spec.private else NoClipping(),
                   noise=spec.mechanism.noise(plan, 1, "cpu"), steps=plan.steps,
                   hyperparameters=spec.hyperparameters(hp))
-    step = spec.build(ctx)
+    return spec.build(ctx), x, y
+
+
+def worker(name: str, batch_size: int, steps: int, warmup: int, threads: int, data_dir: str | None,
+           projection: str) -> dict:
+    from dpbench.sampling import PoissonSampler
+
+    step, x, y = build(name, batch_size, threads, data_dir, projection)
+    n = len(y)
     sampler = PoissonSampler(n, batch_size / n, seed=0)  # the same batches for every optimizer
     batches = [sampler.sample() for _ in range(warmup + steps)]
-    del ds
     gc.collect()
     reset_peak()
     base = status_mib("VmRSS")
@@ -93,6 +102,32 @@ def worker(name: str, batch_size: int, steps: int, warmup: int, threads: int, da
             "steps": steps, "peak_mib": status_mib("VmHWM"), "base_mib": base}
 
 
+def interleaved(names: list[str], batch_size: int, steps: int, warmup: int, threads: int,
+                data_dir: str | None, projection: str) -> list[dict]:
+    """Every optimizer in this process, their steps alternating on each batch."""
+    from dpbench.sampling import PoissonSampler
+
+    built = {name: build(name, batch_size, threads, data_dir, projection) for name in names}
+    x, y = built[names[0]][1], built[names[0]][2]
+    sampler = PoissonSampler(len(y), batch_size / len(y), seed=0)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for b in range(warmup + steps):
+        idx = sampler.sample()
+        order = names[b % len(names):] + names[:b % len(names)]
+        for name in order:
+            t = time.perf_counter()
+            built[name][0](x[idx], y[idx])
+            if b >= warmup:
+                times[name].append(time.perf_counter() - t)
+    rows = []
+    for name in names:
+        ratios = sorted(a / r for a, r in zip(times[name], times[names[0]]))
+        q = statistics.quantiles(ratios, n=4)
+        rows.append({"name": name, "ms": 1e3 * statistics.median(times[name]), "ratio": statistics.median(ratios),
+                     "q1": q[0], "q3": q[2], "steps": steps})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-size", type=int, default=256)
@@ -100,6 +135,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50, help="timed steps per optimizer")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1, help="rounds over all optimizers (round robin)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="one process, steps alternating per batch; paired ratios to dpsgd")
     parser.add_argument("--projection", choices=("srht", "gaussian"), default="srht",
                         help="d2p2sgd and dp2sgd's projection")
     parser.add_argument("--projection-steps", type=int, default=2,
@@ -119,6 +156,20 @@ def main() -> None:
 
     names = args.optimizers.split(",") if args.optimizers else list(OPTIMIZERS)
     names = ["dpsgd"] + [n for n in names if n != "dpsgd"]
+    if args.interleave:
+        import torch
+
+        rows = interleaved(names, args.batch_size, args.steps, args.warmup, args.threads, args.data_dir,
+                           args.projection)
+        print(f"P2 (d = 225,034), L = {args.batch_size}, {args.threads} CPU threads, torch {torch.__version__}, "
+              f"{platform.processor() or platform.machine()}; all optimizers in one process, steps alternating "
+              f"on each of {args.steps} batches (after {args.warmup} warm-up), sigma = 1, default hyperparameters, "
+              f"projection {args.projection}\n")
+        print("| optimizer | ms / step (median) | x dpsgd (median of paired ratios) | paired ratio, 25-75% |")
+        print("| --- | ---: | ---: | ---: |")
+        for r in rows:
+            print(f"| {r['name']} | {r['ms']:.1f} | {r['ratio']:.2f} | {r['q1']:.2f}-{r['q3']:.2f} |")
+        return
     rounds: list[dict[str, dict]] = []
     for r in range(args.repeat):
         rounds.append({})
