@@ -30,7 +30,9 @@ post-processing. Both projections below have E[P P^T] = I, so the update is unbi
   P2, s_P = 1.290 instead of 1.197 (8% more noise) at the same speed (one 225,792-point real
   FFT and an 18-stage butterfly over 262,144 points both take about 8 ms on one core here).
   D and S are drawn on the CPU from a generator seeded with the step's seed (so the projection
-  is the same on every device) and moved to the gradient's device.
+  is the same on every device; torch's CPU generator keeps the seed's low 32 bits, so a long run
+  may repeat a projection: harmless, P_k being public and its bound deterministic) and moved to
+  the gradient's device.
 * ``gaussian`` (the paper's): P = A / sqrt(p), A in R^{d x p} i.i.d. N(0, 1). ||A||_op <=
   sqrt(d) + sqrt(p) + t except with probability 2 exp(-t^2/2) (Vershynin 2012, "Introduction to
   the non-asymptotic analysis of random matrices", arXiv:1011.3027, Cor. 5.35), so s_P =
@@ -131,8 +133,8 @@ def hartley(x: torch.Tensor) -> torch.Tensor:
 def _one_cpu_thread(device: torch.device):
     """The srht's work is a dozen memory-bound O(d) passes and two 1-D FFTs, which a second CPU
     thread barely speeds up; on a shared machine each parallel pass can instead wait a scheduler
-    quantum for the other thread (measured: 110-290 ms median per step with 2 threads under load,
-    42-47 ms with one). So it runs on one thread."""
+    quantum for the other thread (measured for P2's draw + back-projection on this project's
+    loaded 2-core machine: 110-290 ms median with 2 threads, 42-47 ms with one). So it runs on one."""
     if device.type != "cpu":
         yield
         return
