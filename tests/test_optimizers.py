@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from conftest import run_cell
 from dpbench import accounting, mechanisms
 from dpbench.clipping import Clipping
 from dpbench.mechanisms import PoissonSubsampledGaussian, inverse_sqrt_schedule
@@ -40,7 +41,7 @@ from dpbench.noise import GaussianNoise
 from dpbench.optimizers import OPTIMIZERS, get_optimizer
 from dpbench.optimizers import projection as proj
 from dpbench.optimizers.base import Context
-from dpbench.train import RunConfig, run
+from dpbench.train import RunConfig
 
 DELTA = 1e-5
 
@@ -114,18 +115,18 @@ def ref_dpadambc(th, grad_fn, st, env):  # thesis Alg. 2, line 14
     return th - env.lr * m / torch.sqrt(torch.clamp(v - phi, min=env.h["zeta"]))
 
 
-def ref_dpadamw(th, grad_fn, st, env):  # seed 002 Alg. 1, line 10
+def ref_dpadamw(th, grad_fn, st, env):  # Chooi et al. 2025 (arXiv:2511.07843) Alg. 1, line 10
     m, v = _moments(_private_mean(th, grad_fn, env), st, env.h)
     return th - env.lr * (m / torch.sqrt(v + env.h["eps0"]) + env.h["weight_decay"] * th)
 
 
-def ref_dpadamw_bc(th, grad_fn, st, env):  # seed 002 Alg. 2, line 10
+def ref_dpadamw_bc(th, grad_fn, st, env):  # Chooi et al. 2025 Alg. 2, line 10
     m, v = _moments(_private_mean(th, grad_fn, env), st, env.h)
     phi = (env.sigma * sens(env) / env.L) ** 2
     return th - env.lr * (m / torch.sqrt(torch.clamp(v - phi, min=env.h["gamma"])) + env.h["weight_decay"] * th)
 
 
-def ref_dpdice(th, grad_fn, st, env):  # thesis Alg. 3 on the mean scale (REFERENCE.md)
+def ref_dpdice(th, grad_fn, st, env):  # thesis Alg. 3, the residual on the mean-gradient scale
     # Normalised clipping at C is Abadi clipping at 1 of the gradients divided by C, so the
     # algorithm runs on g / C with thresholds 1 and C2 / C; flat clipping runs it as written.
     u = 1 / env.C if env.normalize else 1.0
@@ -140,7 +141,7 @@ def ref_dpdice(th, grad_fn, st, env):  # thesis Alg. 3 on the mean scale (REFERE
     return th - env.lr * gbar  # line 16, noise off
 
 
-def ref_dpdisk(th, grad_fn, st, env):  # seed 004 Alg. 3 (thesis Alg. 4), noise off
+def ref_dpdisk(th, grad_fn, st, env):  # Zhang et al. 2025 (arXiv:2410.03883) Alg. 3 (thesis Alg. 4), noise off
     kappa, gamma = env.h["kappa"], env.h["gamma"]
     a = (1 - kappa) / (kappa * gamma)
     d = st.get("d", torch.zeros_like(th))
@@ -152,19 +153,19 @@ def ref_dpdisk(th, grad_fn, st, env):  # seed 004 Alg. 3 (thesis Alg. 4), noise 
     return new
 
 
-def _auto_clipped_mean(th, grad_fn, env):  # Jiang et al. 2025 (D2P2-SGD), Alg. 1, lines 4-5
+def _auto_clipped_mean(th, grad_fn, env):  # Jiang et al. 2025 (arXiv:2509.09485) Alg. 1, lines 4-5
     G = grad_fn(th)
     return (sens(env) * G / (G.norm(dim=1, keepdim=True) + env.h["auto_clip_gamma"])).sum(0) / env.L
 
 
-def ref_d2p2sgd(th, grad_fn, st, env):  # Jiang et al. 2025, Alg. 1 line 6 (noise off): P (P^T g)
+def ref_d2p2sgd(th, grad_fn, st, env):  # Jiang et al. 2025 Alg. 1 line 6 (noise off): P (P^T g)
     g = _auto_clipped_mean(th, grad_fn, env)
     p = round(env.h["projection_rate"] * th.numel())
     P = proj.matrix(env.h["projection"], env.projection_seeds(), th.numel(), p, dtype=th.dtype)
     return th - env.lr * P @ (P.t() @ g)
 
 
-def ref_d2psgd(th, grad_fn, st, env):  # Jiang et al. 2025, D2P-SGD (noise off)
+def ref_d2psgd(th, grad_fn, st, env):  # Jiang et al. 2025 Alg. 2, D2P-SGD (noise off)
     return th - env.lr * _auto_clipped_mean(th, grad_fn, env)
 
 
@@ -187,6 +188,7 @@ OPTIMIZERS_UNDER_TEST = [
     Row("dpadamw-bc", ref_dpadamw_bc, 0.01, lambda C: {"weight_decay": 0.5}),
     Row("dpdice", ref_dpdice, 0.5, lambda C: {"c2": 0.05 * C}),
     Row("dpdice", ref_dpdice, 0.5, lambda C: {"c2": 50 * C}, id="dpdice-unclipped-residual"),
+    Row("dpdice-strict", ref_dpdice, 0.5, lambda C: {"c2": 0.05 * C}),  # the same algorithm, other noise
     Row("dpdisk", ref_dpdisk, 0.5),
     Row("dpdisk", ref_dpdisk, 0.5, lambda C: {"kappa": 0.6, "gamma": 0.4 / 0.6}, id="dpdisk-one-pass"),
     Row("dpdisk", ref_dpdisk, 0.3, lambda C: {"kappa": 0.5, "gamma": -1.0}, id="dpdisk-storm"),
@@ -210,6 +212,8 @@ def test_every_poisson_optimizer_is_under_test():
 # -- a small model, its per-sample gradients by torch.func ------------------------------------
 
 class Tiny(nn.Module):
+    per_sample_forward = True  # its forward treats each sample on its own (per_sample.check_per_sample)
+
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(1, 2, 3)
@@ -403,6 +407,8 @@ def expected_noise_std(name, k, sigma, s, L, h, ctx, plan):
     base = sigma * s / L
     if name == "dpdice":
         return base * math.sqrt(1 + 2 * h["c2"] / ctx.clipping.clip_norm)
+    if name == "dpdice-strict":  # the release's true sensitivity s (1 + 2 L C2 / C)
+        return base * (1 + 2 * L * h["c2"] / ctx.clipping.clip_norm)
     if name in ("d2p2sgd", "d2psgd", "dp2sgd"):
         if name != "d2psgd":
             d = sum(p.numel() for p in ctx.model.parameters())
@@ -466,7 +472,7 @@ def cached_accountant(monkeypatch):
 @pytest.mark.parametrize("name", list(ROWS))
 def test_run_meets_its_target_epsilon(name, tiny_fmnist, cached_accountant):
     spec = get_optimizer(name)
-    res = run(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=2, seed=0,
+    res = run_cell(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=2, seed=0,
                         epsilon=2.0 if spec.private else None, max_steps=2, test_subset=50, progress_every_s=1e9))
     p, meta = res.meta["privacy"], res.meta
     assert meta["optimizer"]["hyperparameters"] == spec.defaults
@@ -487,8 +493,12 @@ def test_run_meets_its_target_epsilon(name, tiny_fmnist, cached_accountant):
         assert p["noise_std_mean_gradient"] == pytest.approx(
             p["noise_multiplier"] * math.sqrt(225_792 / 157_524) / 60, rel=1e-12)
     if name == "dpdice":
-        assert "may underestimate" in p["caveat"]
+        assert p["caveat"].startswith("not a valid DP guarantee")
         assert p["noise_std_mean_gradient"] == pytest.approx(p["noise_multiplier"] * math.sqrt(3) / 60)
+    if name == "dpdice-strict":  # sqrt(T) Gaussian compositions, no amplification, sensitivity 1 + 2 L C2 / C
+        assert p["noise_multiplier"] == pytest.approx(accounting.gaussian_noise_multiplier(2.0, DELTA, math.sqrt(20)))
+        assert p["epsilon_planned"] == pytest.approx(2.0, rel=1e-6) and p["caveat"] is None
+        assert p["noise_std_mean_gradient"] == pytest.approx(p["noise_multiplier"] * (1 + 2 * 60) / 60)
 
 
 def test_gaussian_projection_run_records_its_bound(tiny_fmnist, cached_accountant, monkeypatch):
@@ -497,7 +507,7 @@ def test_gaussian_projection_run_records_its_bound(tiny_fmnist, cached_accountan
     # the P2 model's d x p Gaussian matrix takes a minute per step on a CPU; the accounting does
     # not depend on it (the projection is tested in test_projection.py)
     monkeypatch.setattr(proj.GaussianProjection, "back", lambda self, g, e=None: g.clone())
-    res = run(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=2, seed=0, epsilon=2.0,
+    res = run_cell(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=2, seed=0, epsilon=2.0,
                         max_steps=1, test_subset=50, hyperparameters={"projection": "gaussian"},
                         progress_every_s=1e9))
     p = res.meta["privacy"]
@@ -508,19 +518,19 @@ def test_gaussian_projection_run_records_its_bound(tiny_fmnist, cached_accountan
     assert p["projection_sensitivity_factor"] == pytest.approx(
         1 + math.sqrt(225_034 / 157_524) + p["projection_tail_t"] / math.sqrt(157_524))
     with pytest.raises(ValueError, match="projection must be one of srht, gaussian, got 'dense'"):
-        run(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=1, seed=0, epsilon=2.0,
+        run_cell(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=1, seed=0, epsilon=2.0,
                       max_steps=1, hyperparameters={"projection": "dense"}, progress_every_s=1e9))
 
 
 def test_paper_sensitivity_is_marked_invalid(tiny_fmnist, cached_accountant):
-    res = run(RunConfig(problem="P2", optimizer="d2p2sgd", lr=0.01, batch_size=60, epochs=2, seed=0, epsilon=2.0,
+    res = run_cell(RunConfig(problem="P2", optimizer="d2p2sgd", lr=0.01, batch_size=60, epochs=2, seed=0, epsilon=2.0,
                         max_steps=1, test_subset=50, hyperparameters={"paper_sensitivity": True},
                         progress_every_s=1e9))
     p = res.meta["privacy"]
     assert p["caveat"].startswith("not a valid DP guarantee")
     assert "delta_fail" not in p and p["projection_sensitivity_factor"] == 1.0
     with pytest.raises(ValueError, match="paper_sensitivity must be true or false"):
-        run(RunConfig(problem="P2", optimizer="dp2sgd", lr=0.01, batch_size=60, epochs=1, seed=0, epsilon=2.0,
+        run_cell(RunConfig(problem="P2", optimizer="dp2sgd", lr=0.01, batch_size=60, epochs=1, seed=0, epsilon=2.0,
                       max_steps=1, hyperparameters={"paper_sensitivity": "yes"}, progress_every_s=1e9))
 
 

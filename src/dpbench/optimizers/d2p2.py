@@ -145,7 +145,7 @@ PROJECTION_DEFAULTS = {"auto_clip_gamma": 0.01, "projection_rate": 0.7, **projec
 # sigma_k varies by at most 0.3% within an accounted segment: the bucketed epsilon is within
 # about 0.6% of the exact per-step composition (an upper bound), at a few seconds of calibration
 BUCKET_REL = 0.003
-REFERENCE = "Jiang et al. 2025, arXiv:2509.09485"
+REFERENCE = "Jiang et al. 2025 (arXiv:2509.09485)"
 
 D2P2SGD = OptimizerSpec(
     name="d2p2sgd",
@@ -153,7 +153,7 @@ D2P2SGD = OptimizerSpec(
     private=True,
     description="D2P2-SGD: automatic clipping, random projection P_k drawn every step (srht: sqrt(d'/p) S H D, "
                 "or the paper's Gaussian A_k/sqrt(p)), noise sigma/sqrt(k) * s_P / L in the projected space",
-    reference=REFERENCE + ", Alg. 1 (D2P2-SGD)",
+    reference=REFERENCE + " Alg. 1",
     defaults=PROJECTION_DEFAULTS,
     mechanism=projection.RandomProjectionGaussian(inverse_sqrt_schedule, "inverse-sqrt", BUCKET_REL,
                                                   accountant="rdp"),
@@ -164,7 +164,7 @@ D2PSGD = OptimizerSpec(
     build=lambda ctx: _build(ctx, decay=True, projected=False),
     private=True,
     description="D2P-SGD: automatic clipping and decaying noise sigma/sqrt(k) / L, no projection",
-    reference=REFERENCE + ", D2P-SGD (D2P2-SGD without projection)",
+    reference=REFERENCE + " Alg. 2 (D2P-SGD: no projection)",
     defaults={"auto_clip_gamma": 0.01},
     mechanism=PoissonSubsampledGaussian(inverse_sqrt_schedule, "inverse-sqrt", BUCKET_REL, accountant="rdp"),
 )
@@ -175,7 +175,7 @@ DP2SGD = OptimizerSpec(
     private=True,
     description="DP2-SGD: automatic clipping, random projection (srht or Gaussian), static noise sigma s_P / L "
                 "in the projected space",
-    reference=REFERENCE + ", DP2-SGD (D2P2-SGD with static noise)",
+    reference=REFERENCE + " Alg. 3 (DP2-SGD: static noise)",
     defaults=PROJECTION_DEFAULTS,
     mechanism=projection.RandomProjectionGaussian(),
 )
