@@ -305,7 +305,8 @@ class GaussianProjection:
 
     def matrix(self, lane: int = 0) -> torch.Tensor:
         """Lane's P, (d, p), block by block (small d only)."""
-        return torch.cat([block.t().clone() for _, block in self._blocks(self.seeds[lane])], dim=1) * self.scale
+        a = torch.cat([block.t().clone() for _, block in self._blocks(self.seeds[lane])], dim=1)
+        return a / math.sqrt(self.projection_dim)
 
 
 # -- one entry point for both ----------------------------------------------------------------------
