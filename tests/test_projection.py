@@ -169,21 +169,24 @@ def test_gaussian_blocks_equal_the_dense_product(monkeypatch):
 
 
 def test_gaussian_projection_draws_what_it_always_drew():
-    """The Gaussian projection and the step seeds are the pre-srht code's, value for value (these
-    numbers come from that code), so a run with projection: gaussian reproduces older runs."""
+    """The Gaussian projection and the step seeds are the pre-srht code's (these numbers come from
+    that code, on this machine), so a run with projection: gaussian reproduces older runs. The
+    tolerance only allows for another CPU's vectorised normal sampler and matrix-vector kernel:
+    another draw would differ in the first digit."""
     P = proj.matrix("gaussian", 123, 5, 3, dtype=torch.float32)
     expected = torch.tensor([[0.12292565405368805, 0.7244285941123962, 0.21824510395526886],
                              [-0.19519270956516266, -0.3353853225708008, 0.2999499440193176],
                              [-0.30230167508125305, -0.09867753833532333, 1.1827728748321533],
                              [0.7134779095649719, 0.20523639023303986, -0.854372501373291],
                              [0.038402434438467026, 0.32956039905548096, 0.05255712941288948]])
-    assert torch.equal(P, expected)
+    torch.testing.assert_close(P, expected, rtol=1e-5, atol=1e-6)
     gen = torch.Generator().manual_seed(7)
     assert proj.step_seeds(gen) == [1407639518939636932] and proj.step_seeds(gen) == [551904368352831990]
     gen = torch.Generator().manual_seed(1)
     g, e = torch.randn(1, 40, generator=gen), torch.randn(1, 28, generator=gen)
     out = proj.draw("gaussian", [99], 40, 28).back(g, e)[0].double()
-    assert out.sum().item() == -2.892925590276718 and out.norm().item() == 13.979074702745844
+    assert out.sum().item() == pytest.approx(-2.892925590276718, rel=1e-5)
+    assert out.norm().item() == pytest.approx(13.979074702745844, rel=1e-6)
 
 
 # -- both ----------------------------------------------------------------------------------------
