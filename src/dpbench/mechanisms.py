@@ -18,6 +18,27 @@ from dpbench.sampling import PoissonSampler
 
 
 @dataclass(frozen=True)
+class AuditSpec:
+    """How the empirical audit (dpbench.audit) attacks a mechanism: which test statistic is
+    the most powerful for its release, under which neighbour relation its claim holds, and the
+    canary. A mechanism carries one; an optimizer whose step changes the release (DP-Dice)
+    overrides it in its spec. Statistics: ``lr`` (likelihood ratio of the Poisson-subsampled
+    Gaussian, per step), ``sum`` (sum of the releases), ``projected-lr`` (``lr`` on the
+    release projected on P_k^T e_c), ``matrix`` (the releases whitened by C)."""
+
+    statistic: str
+    neighbours: str = "add/remove"  # or "zero-out"
+    others_zero: bool = False  # the other examples' gradients are 0 (projections mix coordinates)
+    canary_factor: float = 10.0  # M / C: the canary's gradient norm
+
+    def __post_init__(self):
+        if self.statistic not in ("lr", "sum", "projected-lr", "matrix"):
+            raise ValueError(f"unknown audit statistic {self.statistic!r}")
+        if self.neighbours not in ("add/remove", "zero-out"):
+            raise ValueError(f"unknown neighbour relation {self.neighbours!r}")
+
+
+@dataclass(frozen=True)
 class Plan:
     """The privacy setting of one run, fixed before training starts."""
 
@@ -90,6 +111,7 @@ class PoissonSubsampledGaussian:
     which accountant was used."""
 
     name = "poisson-subsampled-gaussian"
+    audit = AuditSpec("lr")
 
     def __init__(self, schedule: Callable[[int], float] | None = None, schedule_name: str = "constant",
                  bucket_rel: float = 0.01, accountant: str | None = None):
@@ -219,6 +241,7 @@ class RandomProjectionGaussian(PoissonSubsampledGaussian):
     as in the paper; such runs are accounted at delta and marked "not a valid DP guarantee"."""
 
     name = "poisson-subsampled-gaussian-random-projection"
+    audit = AuditSpec("projected-lr", others_zero=True)
 
     def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> Plan:
         base = super().plan(n_train, batch_size, epochs, run_config)

@@ -31,7 +31,7 @@ from dpbench.matrix import cache, factorization
 from dpbench.matrix.noise_file import NoiseFile, read_meta
 from dpbench.matrix.participation import FixedBatchSampler
 from dpbench.matrix.sensitivity import prefix_sensitivity
-from dpbench.mechanisms import Plan
+from dpbench.mechanisms import AuditSpec, Plan
 
 
 def _log(message: str) -> None:
@@ -75,6 +75,8 @@ class CorrelatedNoise:
 class MatrixMechanism:
     """Mechanism (dpbench.mechanisms) for the single-epoch (``single_epoch=True``) and the
     multi-epoch matrix mechanisms, optionally convergence-aware (Lambda_tau objective)."""
+
+    audit = AuditSpec("matrix", neighbours="zero-out")
 
     def __init__(self, single_epoch: bool, convergence_aware: bool):
         self.single_epoch, self.convergence_aware = single_epoch, convergence_aware
@@ -169,7 +171,6 @@ class MatrixMechanism:
                 if meta.get(name) != value:
                     raise ValueError(f"noise file {path} has {name} = {meta.get(name)!r}, this run needs {value!r} "
                                      f"(factorization {fact.key}, d = {dim}, noise seed {seed})")
-            plan.extras["noise_file"] = str(path)
-            return path
+            return path  # the run record reads it from the noise source (CorrelatedNoise.path)
 
         return CorrelatedNoise(resolve, device)

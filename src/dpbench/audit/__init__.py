@@ -1,0 +1,1 @@
+"""Empirical privacy audits: measured lower bounds on epsilon and a test of each claim."""
