@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+import numpy as np
 import torch
 
 from dpbench import accounting
@@ -75,6 +76,12 @@ class Mechanism(Protocol):
         ...
 
     def noise(self, plan: Plan, seed: int, device) -> NoiseSource: ...
+
+    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+        """delta*(eps) for an array of eps: the claim the empirical audit tests (dpbench.audit)."""
+        ...
+
+    # and an ``audit`` attribute: an AuditSpec saying how the audit attacks the mechanism
 
 
 def geometric_buckets(steps: int, factor: Callable[[int], float], rel: float = 0.01) -> list[tuple[float, int]]:
@@ -155,6 +162,21 @@ class PoissonSubsampledGaussian:
         delta = self._delta(plan, delta)
         return accounting.calibrate(
             lambda s: self._epsilon(self.history(plan, s, plan.steps), delta, accountant), target_epsilon)
+
+    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+        """The claim at every epsilon at once, delta*(eps) (an upper bound, from the accountant
+        the run uses), which the empirical audit tests: the PRV profile of the history, or
+        the RDP one where this mechanism or the run accounts with RDP; plus delta_fail."""
+        from dpbench.audit import profiles
+
+        history = self.history(plan, noise_multiplier, plan.steps)
+        fail = self.delta_fail(plan)
+        if self.accountant == "rdp":
+            return profiles.rdp_profile(history, delta_fail=fail)
+        if accountant == "rdp":
+            return profiles.rdp_profile(history, orders=accounting.RDP_ORDERS, delta_fail=fail)
+        prv = profiles.prv_profile(history)
+        return (lambda eps: np.minimum(prv(eps) + fail, 1.0)) if fail else prv
 
     def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
         acc_delta = self._delta(plan, delta)

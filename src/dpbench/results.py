@@ -86,9 +86,13 @@ def write_run(path: str | Path, metrics: pd.DataFrame, meta: dict[str, Any]) -> 
     return _atomic_write(table, path)
 
 
-def write_table(df: pd.DataFrame, path: str | Path) -> Path:
-    """Any table, atomically, as Parquet."""
-    return _atomic_write(pa.Table.from_pandas(df, preserve_index=False), Path(path))
+def write_table(df: pd.DataFrame, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
+    """Any table, atomically, as Parquet; ``meta`` (JSON) under the ``dpbench`` key."""
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    if meta is not None:
+        payload = json.dumps({"schema_version": SCHEMA_VERSION, **_jsonable(meta)}, sort_keys=True)
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: payload.encode()})
+    return _atomic_write(table, Path(path))
 
 
 def _atomic_write(table: pa.Table, path: Path) -> Path:

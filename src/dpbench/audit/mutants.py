@@ -143,7 +143,7 @@ def half_sample_rate(name: str = "dpsgd") -> OptimizerSpec:
         base,
         calibrate=lambda plan, eps, delta, acc: base.calibrate(believed(plan), eps, delta, acc),
         report=lambda plan, sigma, steps, delta, acc: base.report(believed(plan), sigma, steps, delta, acc),
-        privacy_profile=lambda plan, sigma, delta: base.privacy_profile(believed(plan), sigma, delta),
+        privacy_profile=lambda plan, sigma, delta, acc: base.privacy_profile(believed(plan), sigma, delta, acc),
     )
     return dataclasses.replace(spec, name=f"{name}~half-sample-rate", mechanism=mech)
 

@@ -93,6 +93,7 @@ class Trials:
     audit: AuditSpec
     canary_norm: float
     pattern: np.ndarray | None = None  # zero-out families: each canary's steps (T, R), 0/1
+    signal: np.ndarray | None = None  # claimed per-step canary signal a_t where it is not s (projections)
     participation_check: dict[str, Any] | None = None
     postprocessing: bool | None = None  # the update rule read nothing but the releases
     seconds: float = 0.0

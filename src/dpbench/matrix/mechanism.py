@@ -119,6 +119,12 @@ class MatrixMechanism:
         return accounting.gaussian_noise_multiplier(target_epsilon, delta,
                                                     sensitivity=plan.extras["factorization"].sensitivity)
 
+    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+        """The claim at every epsilon: one Gaussian release with mu = sens(C) / sigma (exact)."""
+        from dpbench.audit import profiles
+
+        return profiles.gaussian_profile(plan.extras["factorization"].sensitivity / noise_multiplier)
+
     def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
         fact = plan.extras["factorization"]
         k, b = fact.epochs, fact.batches
