@@ -1,0 +1,1 @@
+"""Empirical privacy audit: test statistics, simultaneous confidence bounds and claimed privacy profiles."""
