@@ -453,17 +453,12 @@ def _mechanism(kind: str):
 
 @pytest.mark.parametrize("kind, accountant, sigma", [("dpsgd", "prv", 1.2), ("dpsgd", "rdp", 1.2),
                                                      ("d2p2", "prv", 3.0), ("matrix", "prv", 2.0)])
-def test_mechanism_profile_matches_the_mechanisms_report(tmp_path, kind, accountant, sigma):
+def test_mechanism_privacy_profile_matches_the_mechanisms_report(tmp_path, kind, accountant, sigma):
     # the profile at the epsilon the run records is the run's delta, for each accountant
     from types import SimpleNamespace
 
     mechanism = _mechanism(kind)
     plan = mechanism.plan(200, 10, 1, SimpleNamespace(delta=DELTA, hyperparameters={}, cache_dir=str(tmp_path)))
     recorded = mechanism.report(plan, sigma, plan.steps, DELTA, accountant)["epsilon"]
-    prof = profiles.mechanism_profile(mechanism, plan, sigma, plan.steps, DELTA, accountant)
+    prof = mechanism.privacy_profile(plan, sigma, DELTA, accountant)
     assert prof([recorded])[0] == pytest.approx(DELTA, rel=1e-6)
-
-
-def test_mechanism_profile_refuses_unknown_mechanisms():
-    with pytest.raises(TypeError, match="no privacy profile"):
-        profiles.mechanism_profile(object(), None, 1.0, 1)

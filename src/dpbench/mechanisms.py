@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-import numpy as np
 import torch
 
 from dpbench import accounting
@@ -175,8 +174,9 @@ class PoissonSubsampledGaussian:
             return profiles.rdp_profile(history, delta_fail=fail)
         if accountant == "rdp":
             return profiles.rdp_profile(history, orders=accounting.RDP_ORDERS, delta_fail=fail)
-        prv = profiles.prv_profile(history)
-        return (lambda eps: np.minimum(prv(eps) + fail, 1.0)) if fail else prv
+        if accountant != "prv":
+            raise ValueError(f"unknown accountant {accountant!r}; choose one of {accounting.ACCOUNTANTS}")
+        return profiles.prv_profile(history, delta_fail=fail, accountant_delta=delta - fail)
 
     def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
         acc_delta = self._delta(plan, delta)

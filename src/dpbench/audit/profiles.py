@@ -41,9 +41,9 @@ of the claim, built from the accountant the runs use (``dpbench.accounting``):
   (Mironov et al. 2019). Integer orders use ``accounting.rdp_subsampled_gaussian``
   (the ``fast_rdp_epsilon`` path); other orders Opacus's ``compute_rdp``.
 
-A profile is a function from an array of epsilons to an array of deltas in [0, 1].
-``mechanism_profile`` picks the claim of a run from its mechanism (``dpbench.mechanisms``,
-``dpbench.matrix.mechanism``), the accountant it was calibrated with and its sigma.
+A profile is a function from an array of epsilons to an array of deltas in [0, 1]. Each
+mechanism says which of these is its claim (``privacy_profile`` in ``dpbench.mechanisms`` and
+``dpbench.matrix.mechanism``), from the accountant it was calibrated with and its sigma.
 """
 
 from __future__ import annotations
@@ -242,30 +242,3 @@ def rdp_profile(history: accounting.History, *, orders=accounting.RDP_INTEGER_OR
 
 
 # -- the claim of a run ----------------------------------------------------------------------
-
-
-def mechanism_profile(mechanism, plan, noise_multiplier: float, steps: int, delta: float = accounting.DELTA,
-                      accountant: str = "prv") -> Profile:
-    """The profile a run claims, from the accountant its mechanism uses (``calibrate`` and
-    ``report`` in ``dpbench.mechanisms``): a Poisson-subsampled Gaussian history through PRV
-    (``accountant="prv"``), Opacus's RDP orders (``"rdp"``) or, when the mechanism fixes it,
-    the integer-order fast RDP, each with the mechanism's delta_fail; a matrix mechanism is one
-    Gaussian release with mu = sens(C) / sigma, sens(C) of the steps taken."""
-    from dpbench.matrix.mechanism import MatrixMechanism
-    from dpbench.mechanisms import PoissonSubsampledGaussian
-
-    if isinstance(mechanism, MatrixMechanism):
-        sens = mechanism.report(plan, noise_multiplier, steps, delta, accountant)["strategy_sensitivity_steps_taken"]
-        return gaussian_profile(sens / noise_multiplier)
-    if isinstance(mechanism, PoissonSubsampledGaussian):
-        history = mechanism.history(plan, noise_multiplier, steps)
-        fail = mechanism.delta_fail(plan)
-        if mechanism.accountant == "rdp":
-            return rdp_profile(history, delta_fail=fail)
-        if accountant == "rdp":
-            return rdp_profile(history, orders=accounting.RDP_ORDERS, delta_fail=fail)
-        if accountant == "prv":
-            return prv_profile(history, delta_fail=fail, accountant_delta=delta - fail)
-        raise ValueError(f"unknown accountant {accountant!r}; choose one of {accounting.ACCOUNTANTS}")
-    raise TypeError(f"no privacy profile for mechanism {getattr(mechanism, 'name', type(mechanism).__name__)!r}: "
-                    "add its claim to dpbench.audit.profiles.mechanism_profile")

@@ -152,9 +152,10 @@ def audit_spec(spec: OptimizerSpec) -> AuditSpec:
     if not spec.private:
         raise ValueError(f"optimizer {spec.name!r} is not private: there is no privacy claim to audit")
     audit = spec.audit or getattr(spec.mechanism, "audit", None)
-    if audit is None:
+    if audit is None or not hasattr(spec.mechanism, "privacy_profile"):
         raise ValueError(f"optimizer {spec.name!r}: its mechanism {type(spec.mechanism).__name__} does not say how "
-                         "to audit it (give its OptimizerSpec or mechanism an `audit` AuditSpec)")
+                         "to audit it (its mechanism needs a `privacy_profile` method and an `audit` AuditSpec, "
+                         "or its OptimizerSpec an `audit`)")
     return audit
 
 
