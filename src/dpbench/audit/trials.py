@@ -180,14 +180,19 @@ def problem_size(spec: OptimizerSpec, problem: AuditProblem) -> tuple[int, int]:
     return problem.examples, problem.steps * problem.batch_size // problem.examples
 
 
-def make_claim(spec: OptimizerSpec, epsilon: float, hyper: dict, problem: AuditProblem, delta: float,
-               accountant: str, clip_norm: float, cache_dir: str) -> Claim:
-    """Plan the audited run and calibrate sigma exactly as a training cell does."""
+def make_claim(spec: OptimizerSpec, epsilon: float | None, hyper: dict, problem: AuditProblem, delta: float,
+               accountant: str, clip_norm: float, cache_dir: str, noise_multiplier: float | None = None) -> Claim:
+    """Plan the audited run and calibrate sigma exactly as a training cell does (or take the
+    given sigma; the claim is then the epsilon the mechanism's accountant reports for it)."""
     n, epochs = problem_size(spec, problem)
     plan = spec.mechanism.plan(n, problem.batch_size, epochs, _run_config(spec, hyper, delta, cache_dir))
     if plan.steps != problem.steps:
         raise ValueError(f"{spec.name}: the mechanism plans {plan.steps} steps, the audit problem {problem.steps}")
-    sigma = spec.mechanism.calibrate(plan, epsilon, delta, accountant)
+    if noise_multiplier is None:
+        sigma = spec.mechanism.calibrate(plan, epsilon, delta, accountant)
+    else:
+        sigma = float(noise_multiplier)
+        epsilon = spec.mechanism.report(plan, sigma, plan.steps, delta, accountant)["epsilon"]
     return Claim(epsilon, delta, sigma, plan, Clipping(clip_norm).sensitivity, accountant)
 
 
@@ -277,9 +282,11 @@ def _remove_noise_file(step) -> None:
 
 def run_trials(spec: OptimizerSpec, epsilon: float, trials: int, seed: int = 0, hyper: dict | None = None,
                problem: AuditProblem = AuditProblem(), delta: float = 1e-5, accountant: str = "prv",
-               clip_norm: float = 1.0, lanes: int = 128, cache_dir: str | None = None, log=None) -> Trials:
+               clip_norm: float = 1.0, lanes: int = 128, cache_dir: str | None = None, log=None,
+               noise_multiplier: float | None = None) -> Trials:
     """R trials of ``spec`` at the claim (epsilon, delta): R/2 with the canary, R/2 without, in
-    chunks of ``lanes`` lanes, each chunk with fresh seeds."""
+    chunks of ``lanes`` lanes, each chunk with fresh seeds. With ``noise_multiplier``, sigma is
+    given instead of calibrated (epsilon is then ignored)."""
     if trials < 2 or trials % 2:
         raise ValueError(f"trials must be an even number >= 2, got {trials}")
     t0 = time.perf_counter()
@@ -288,7 +295,7 @@ def run_trials(spec: OptimizerSpec, epsilon: float, trials: int, seed: int = 0, 
     # factorizations are cached like a training cell's; noise files are fresh per chunk
     # and deleted after it
     claim = make_claim(spec, epsilon, hyper, problem, delta, accountant, clip_norm,
-                       str(cache_dir or default_cache_dir()))
+                       str(cache_dir or default_cache_dir()), noise_multiplier)
     canary_norm = audit.canary_factor * clip_norm
     # the in/out bits from their own stream: exactly R/2 in
     inout_seq, *chunk_seqs = np.random.SeedSequence(seed).spawn(1 + math.ceil(trials / lanes))
