@@ -55,7 +55,7 @@ def scores(trials: Trials) -> dict[str, np.ndarray]:
     s = claim.clip_sensitivity
     strategy = None
     if family in ("lr", "projected-lr"):
-        signal = trials.signal if trials.signal is not None else s
+        signal = trials.signal.T if trials.signal is not None else s  # (R, T) where projected
         primary = statistics.s_lr(y, signal, trials.noise_std, claim.plan.sample_rate)
     elif family == "sum":
         primary = statistics.s_sum(y)
@@ -156,7 +156,9 @@ def one_run(spec: OptimizerSpec, epsilon: float, canaries: int, beta: float, see
                     audit_.canary_factor * claim.clip_sensitivity)
     y = out["y"][:, 0, :]  # (T, m)
     tr = Trials(y, canary_in, out["noise_std"], claim, audit_, audit_.canary_factor * claim.clip_sensitivity,
-                out["participation"][:, 0, :].astype(float) if audit_.neighbours == "zero-out" else None)
+                out["participation"][:, 0, :].astype(float) if audit_.neighbours == "zero-out" else None,
+                claim.clip_sensitivity * out["projected_norms"][:, 0, :]
+                if audit_.statistic == "projected-lr" else None)
     primary = scores(tr)[primary_name(tr)]
     k = max(1, canaries // 10)
     order = np.argsort(primary)

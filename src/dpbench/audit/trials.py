@@ -263,14 +263,38 @@ def run_chunk(spec: OptimizerSpec, audit: AuditSpec, claim: Claim, hyper: dict, 
     step.rule = recorder
     noise_std = np.empty(T)
     participation = np.zeros((T, lanes, m), dtype=bool)
+    projected = np.ones((T, lanes, m))  # ||P_t^T e_j|| (1 without a projection)
     std_at = getattr(step, "noise_std_at", None)
     for t in range(T):
         idx = sampler.sample()
         participation[t] = torch.isin(slots, idx).numpy()
         step(x[idx], lane_of[idx])
         noise_std[t] = std_at(t + 1) if std_at else step.noise_std
-    return {"y": recorder.y.numpy() * L, "participation": participation, "noise_std": noise_std,
+        if audit.statistic == "projected-lr":
+            projected[t] = _projected_canary_norms(step, m)
+    y = recorder.y.numpy() * L
+    if audit.statistic == "projected-lr":
+        # the recorder sees P_t r_t; its canary coordinate is <r_t, P_t^T e_j>: divided by
+        # ||P_t^T e_j|| it is the release projected on u = P_t^T e_j / ||P_t^T e_j||, whose
+        # noise has the claimed std and whose canary signal is s ||P_t^T e_j||
+        y = y / projected
+    return {"y": y, "participation": participation, "noise_std": noise_std, "projected_norms": projected,
             "recorder": recorder, "step": step, "sampler": sampler}
+
+
+def _projected_canary_norms(step, canaries: int) -> np.ndarray:
+    """(lanes, m): ||P^T e_j|| for this step's projection of each lane (public randomness:
+    the step's seeds), canary j on coordinate j."""
+    from dpbench.optimizers import projection
+
+    if step.kind is None:  # no projection (D2P-SGD)
+        return np.ones((len(step.last_seeds) or 1, canaries))
+    proj = projection.draw(step.kind, step.last_seeds, step.dimension, step.projection_dim, "cpu", torch.float64)
+    if canaries == 1:
+        basis = torch.zeros(len(step.last_seeds), step.dimension, dtype=torch.float64)
+        basis[:, 0] = 1.0
+        return proj.t(basis).norm(dim=1, keepdim=True).numpy()
+    return np.stack([proj.matrix(lane)[:canaries].norm(dim=1).numpy() for lane in range(len(step.last_seeds))])
 
 
 def _remove_noise_file(step) -> None:
@@ -301,7 +325,7 @@ def run_trials(spec: OptimizerSpec, epsilon: float, trials: int, seed: int = 0, 
     inout_seq, *chunk_seqs = np.random.SeedSequence(seed).spawn(1 + math.ceil(trials / lanes))
     canary_in = np.zeros(trials, dtype=bool)
     canary_in[np.random.default_rng(inout_seq).permutation(trials)[: trials // 2]] = True
-    ys, patterns = [], []
+    ys, patterns, norms = [], [], []
     for k, start in enumerate(range(0, trials, lanes)):
         chunk_seed = int(chunk_seqs[k].generate_state(1, np.uint64)[0] >> np.uint64(1))
         out = run_chunk(spec, audit, claim, hyper, problem, canary_in[start:start + lanes], chunk_seed,
@@ -309,13 +333,16 @@ def run_trials(spec: OptimizerSpec, epsilon: float, trials: int, seed: int = 0, 
         _remove_noise_file(out["step"])
         ys.append(out["y"][:, :, 0])
         patterns.append(out["participation"][:, :, 0])
+        norms.append(out["projected_norms"][:, :, 0])
         if log:
             log(f"{spec.name}: trials {min(start + lanes, trials)}/{trials} ({time.perf_counter() - t0:.1f}s)")
     # zero-out families: each trial's realised participation of its canary slot (T, R); the
     # loader's order is public for them (their claim holds for every pattern it can produce)
     pattern = np.concatenate(patterns, axis=1).astype(float) if audit.neighbours == "zero-out" else None
+    # projected families: the claimed canary signal at each step, s ||P_t^T e_c|| (T, R)
+    signal = claim.clip_sensitivity * np.concatenate(norms, axis=1) if audit.statistic == "projected-lr" else None
     return Trials(np.concatenate(ys, axis=1), canary_in, out["noise_std"], claim, audit, canary_norm, pattern,
-                  seconds=time.perf_counter() - t0)
+                  signal, seconds=time.perf_counter() - t0)
 
 
 # -- deterministic checks ---------------------------------------------------------------------
