@@ -185,6 +185,7 @@ OPTIMIZERS_UNDER_TEST = [
     Row("dpadamw-bc", ref_dpadamw_bc, 0.01, lambda C: {"weight_decay": 0.5}),
     Row("dpdice", ref_dpdice, 0.5, lambda C: {"c2": 0.05 * C}),
     Row("dpdice", ref_dpdice, 0.5, lambda C: {"c2": 50 * C}, id="dpdice-unclipped-residual"),
+    Row("dpdice-strict", ref_dpdice, 0.5, lambda C: {"c2": 0.05 * C}),  # the same algorithm, other noise
     Row("dpdisk", ref_dpdisk, 0.5),
     Row("dpdisk", ref_dpdisk, 0.5, lambda C: {"kappa": 0.6, "gamma": 0.4 / 0.6}, id="dpdisk-one-pass"),
     Row("dpdisk", ref_dpdisk, 0.3, lambda C: {"kappa": 0.5, "gamma": -1.0}, id="dpdisk-storm"),
@@ -207,6 +208,8 @@ def test_every_poisson_optimizer_is_under_test():
 # -- a small model, its per-sample gradients by torch.func ------------------------------------
 
 class Tiny(nn.Module):
+    per_sample_forward = True  # its forward treats each sample on its own (per_sample.check_per_sample)
+
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(1, 2, 3)
@@ -400,6 +403,8 @@ def expected_noise_std(name, k, sigma, s, L, h, ctx, plan):
     base = sigma * s / L
     if name == "dpdice":
         return base * math.sqrt(1 + 2 * h["c2"] / ctx.clipping.clip_norm)
+    if name == "dpdice-strict":  # the release's true sensitivity s (1 + 2 L C2 / C)
+        return base * (1 + 2 * L * h["c2"] / ctx.clipping.clip_norm)
     if name in ("d2p2sgd", "d2psgd", "dp2sgd"):
         if name != "d2psgd":
             d = sum(p.numel() for p in ctx.model.parameters())
@@ -516,8 +521,12 @@ def test_run_meets_its_target_epsilon(name, tiny_fmnist, cached_accountant, monk
         assert p["projection_sensitivity_factor"] == pytest.approx(
             1 + math.sqrt(225_034 / 157_524) + p["projection_tail_t"] / math.sqrt(157_524))
     if name == "dpdice":
-        assert "may underestimate" in p["caveat"]
+        assert p["caveat"].startswith("not a valid DP guarantee")
         assert p["noise_std_mean_gradient"] == pytest.approx(p["noise_multiplier"] * math.sqrt(3) / 60)
+    if name == "dpdice-strict":  # sqrt(T) Gaussian compositions, no amplification, sensitivity 1 + 2 L C2 / C
+        assert p["noise_multiplier"] == pytest.approx(accounting.gaussian_noise_multiplier(2.0, DELTA, math.sqrt(20)))
+        assert p["epsilon_planned"] == pytest.approx(2.0, rel=1e-6) and p["caveat"] is None
+        assert p["noise_std_mean_gradient"] == pytest.approx(p["noise_multiplier"] * (1 + 2 * 60) / 60)
 
 
 def test_paper_sensitivity_is_marked_invalid(tiny_fmnist, cached_accountant, monkeypatch):

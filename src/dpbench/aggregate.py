@@ -15,9 +15,23 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpbench.results import read_run
+from dpbench.results import dp_guarantee, read_run
 
 RUN_KEYS = ["problem", "optimizer", "private", "lr", "batch_size", "epochs", "seed", "target_epsilon"]
+# Columns computed from private data without noise (results.NOT_PRIVATE): marked private: false.
+_VAL = "not differentially private: computed on the validation split, held-out training examples"
+RUNS_NOT_PRIVATE = {
+    "best_val_accuracy": _VAL, "best_val_loss": _VAL,
+    "test_accuracy_at_best_val": "not differentially private: the epoch is chosen on the validation split "
+                                 "(training examples) without noise",
+    "test_loss_at_best_val": "not differentially private: the epoch is chosen on the validation split",
+    "status": "not differentially private when diverged: decided from the private training losses",
+}
+EPOCHS_NOT_PRIVATE = {
+    "val_loss": _VAL, "val_accuracy": _VAL,
+    "train_loss": "not differentially private: mean loss on the private training batches, without noise",
+    "train_accuracy": "not differentially private: mean accuracy on the private training batches, without noise",
+}
 
 
 def run_row(run_id: str, path: Path, meta: dict) -> dict:
@@ -29,6 +43,10 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
         "task": meta["problem"]["task"],
         "optimizer": cfg["optimizer"],
         "private": meta["optimizer"]["private"],
+        # the recorded (epsilon, delta) holds (False for non-private runs and for those whose
+        # privacy.caveat says "not a valid DP guarantee"); caveat: that text, or None
+        "dp_guarantee": dp_guarantee(meta),
+        "caveat": meta["privacy"].get("caveat"),
         "lr": cfg["lr"],
         "batch_size": cfg["batch_size"],
         "epochs": cfg["epochs"],
@@ -89,8 +107,8 @@ def aggregate(paths: list[str | Path], out_runs: str | Path, out_epochs: str | P
     per_epoch = pd.concat(epochs, ignore_index=True).merge(runs[["run_id"] + RUN_KEYS], on="run_id")
     per_epoch = per_epoch[["run_id"] + RUN_KEYS + [c for c in per_epoch.columns if c not in RUN_KEYS + ["run_id"]]]
     runs["best_epoch"] = [_best_epoch(per_epoch[per_epoch.run_id == r], t) for r, t in zip(runs.run_id, runs.task)]
-    write_table(runs, out_runs)
-    write_table(per_epoch, out_epochs)
+    write_table(runs, out_runs, RUNS_NOT_PRIVATE)
+    write_table(per_epoch, out_epochs, EPOCHS_NOT_PRIVATE)
     return runs, per_epoch
 
 

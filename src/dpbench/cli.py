@@ -52,6 +52,8 @@ def cmd_train(args) -> int:
     print(f"wrote {args.out}: status={r['status']} best test accuracy={r['best_test_accuracy']:.4f} "
           f"best test loss={r['best_test_loss']:.4g} sigma={p['noise_multiplier']:.4g} "
           f"epsilon target={p['target_epsilon']} achieved={p['epsilon']:.4g}", file=sys.stderr)
+    if p.get("caveat"):  # e.g. "not a valid DP guarantee: ..." (dpdice, D2P2's paper mode)
+        print(f"privacy caveat: {p['caveat']}", file=sys.stderr)
     return 0
 
 
@@ -123,7 +125,7 @@ def cmd_audit(args) -> int:
     rows, record = audit(spec, args.epsilon, args.trials, args.mode, args.beta, args.seed, dict(args.hp or []),
                          args.delta, cache_dir=args.cache_dir,
                          log=lambda m: print(f"[audit] {m}", file=sys.stderr, flush=True))
-    write_table(rows, args.out, {"audit": record})
+    write_table(rows, args.out, meta={"audit": record})
     verdict = ("VIOLATION: the claim is refuted" if record["violation"] else "no violation found")
     print(f"wrote {args.out}: {spec.name} claimed eps = {record['epsilon_claimed']:g} (delta = {record['delta']:g}); "
           f"eps_lower = {record['epsilon_lower']:.3f}, eps_gdp = {record['epsilon_gdp']:.3f}; {verdict} "

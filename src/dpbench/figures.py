@@ -19,6 +19,11 @@ the best *selection metric*; the number shown is that run's *test* metric.
 
 Runs whose selection metric is not finite (diverged: infinite loss, NaN accuracy) never win;
 a group whose runs all diverged is ``diverged`` (black boxes in heatmaps, no bar in bar plots).
+
+Privacy marks. An optimizer with a private run whose recorded (epsilon, delta) does not hold
+(the runs table's ``dp_guarantee`` is False: DP-Dice's published calibration, D2P2's paper
+mode) is named "<name> (not a valid DP guarantee)" in every legend and panel title
+(``legend_labels``), so such a number is never read as a DP result.
 """
 
 from __future__ import annotations
@@ -62,8 +67,23 @@ THESIS_FILTERS = {
 
 # ---------------------------------------------------------------------------- selection
 
-def label(optimizer: str) -> str:
-    return LABELS.get(optimizer, optimizer)
+NO_GUARANTEE_MARK = " (not a valid DP guarantee)"
+
+
+def label(optimizer: str, labels: dict[str, str] | None = None) -> str:
+    """The optimizer's name in figures: from ``labels`` (``legend_labels``) if given there."""
+    return (labels or {}).get(optimizer) or LABELS.get(optimizer, optimizer)
+
+
+def legend_labels(runs: pd.DataFrame) -> dict[str, str]:
+    """Each optimizer's name, marked NO_GUARANTEE_MARK if any of its private runs has no valid
+    DP guarantee (``dp_guarantee`` False; tables without the column mark nothing)."""
+    out = {o: label(o) for o in runs["optimizer"].unique()} if "optimizer" in runs else {}
+    if "dp_guarantee" in runs and len(runs):
+        void = runs["private"].astype(bool) & ~runs["dp_guarantee"].astype(bool)
+        for o in runs.loc[void, "optimizer"].unique():
+            out[o] = label(o) + NO_GUARANTEE_MARK
+    return out
 
 
 def ordered(names: Iterable[str], optimizers: Iterable[str] | None = None) -> list[str]:
@@ -265,7 +285,7 @@ def _fmt_tick(v) -> str:
 
 
 def draw_comparison(best: pd.DataFrame, problems: list[str] | None = None,
-                    optimizers: list[str] | None = None) -> Figure:
+                    optimizers: list[str] | None = None, labels: dict[str, str] | None = None) -> Figure:
     """Bars: best metric per optimizer (hue) and target ε (x), one panel per problem (in the
     order given, panels lettered (a), (b), ... when several); non-private optimizers as dashed
     horizontal lines. Groups whose runs all diverged have no bar."""
@@ -282,16 +302,17 @@ def draw_comparison(best: pd.DataFrame, problems: list[str] | None = None,
         if len(private):
             eps = sorted(private["epsilon"].unique())
             private["ε"] = private["epsilon"].map(_fmt_tick)
-            private["optimizer "] = private["optimizer"].map(label)
-            hue = [label(o) for o in names if o in set(private["optimizer"])]
+            private["optimizer "] = private["optimizer"].map(lambda o: label(o, labels))
+            hue = [label(o, labels) for o in names if o in set(private["optimizer"])]
             sns.barplot(data=private, x="ε", y="value", hue="optimizer ", order=[_fmt_tick(e) for e in eps],
-                        hue_order=hue, palette={label(o): colours[o] for o in names}, ax=ax)
+                        hue_order=hue, palette={label(o, labels): colours[o] for o in names}, ax=ax)
             for container in ax.containers:
                 ax.bar_label(container, fmt="%.3f", fontsize=6, padding=1,
                              bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.4, "alpha": 0.85})
         for _, ref in here[~here["private"] & here["optimizer"].isin(names)].iterrows():
             if np.isfinite(ref["value"]):
-                ax.axhline(ref["value"], ls="--", lw=1, color=colours[ref["optimizer"]], label=label(ref["optimizer"]))
+                ax.axhline(ref["value"], ls="--", lw=1, color=colours[ref["optimizer"]],
+                           label=label(ref["optimizer"], labels))
         metric = here["metric"].iloc[0]
         dataset = f" · {DATASETS.get(here['dataset'].iloc[0], here['dataset'].iloc[0])}" if "dataset" in here else ""
         letter = f"({chr(ord('a') + i)}) " if len(problems) > 1 else ""
@@ -304,7 +325,8 @@ def draw_comparison(best: pd.DataFrame, problems: list[str] | None = None,
     return fig
 
 
-def draw_seed_sensitivity(data: pd.DataFrame, optimizers: list[str] | None = None, min_seeds: int = 2) -> Figure:
+def draw_seed_sensitivity(data: pd.DataFrame, optimizers: list[str] | None = None, min_seeds: int = 2,
+                          labels: dict[str, str] | None = None) -> Figure:
     """Mean ± std over seeds vs learning rate (log x); rows = problems, columns = optimizers."""
     if data.empty:
         return _empty(f"no configuration with at least {min_seeds} seeds")
@@ -327,7 +349,7 @@ def draw_seed_sensitivity(data: pd.DataFrame, optimizers: list[str] | None = Non
                 ax.set_xscale("log")
                 ax.set_xticks(d["lr"], [_fmt_tick(v) for v in d["lr"]])
                 ax.minorticks_off()
-            ax.set_title(f"{problem} · {label(opt)}")
+            ax.set_title(f"{problem} · {label(opt, labels)}")
             ax.set_xlabel(AXIS_LABELS["lr"])
             if j == 0:
                 metric = data.loc[data["problem"] == problem, "metric"].iloc[0]
@@ -337,7 +359,8 @@ def draw_seed_sensitivity(data: pd.DataFrame, optimizers: list[str] | None = Non
 
 
 def draw_heatmaps(blocks: list[tuple[str, pd.DataFrame]], x: str = "lr", epsilons: Iterable[float] = (1, 10),
-                  optimizers: list[str] | None = None, fmt: str = ".2f") -> Figure:
+                  optimizers: list[str] | None = None, fmt: str = ".2f",
+                  labels: dict[str, str] | None = None) -> Figure:
     """Heatmap blocks, one per (y, heatmap_data) pair, stacked and lettered: rows = ε,
     columns = optimizers; x and y values of each optimizer's own grid, ascending; missing cells
     blank; the best cell of each panel boxed red, cells whose runs all diverged boxed black."""
@@ -362,7 +385,7 @@ def draw_heatmaps(blocks: list[tuple[str, pd.DataFrame]], x: str = "lr", epsilon
                 grid = data[data["optimizer"] == opt]
                 _heatmap_panel(axes[i][j], grid[grid["epsilon"] == e], x, y, sorted(grid[x].unique()),
                                sorted(grid[y].unique()), norm, cmap, fmt, lower)
-                axes[i][j].set_title(f"{label(opt)} · ε = {e:g}")
+                axes[i][j].set_title(f"{label(opt, labels)} · ε = {e:g}")
                 if i < len(eps) - 1:
                     axes[i][j].set_xlabel("")
                 if j > 0:
@@ -411,7 +434,8 @@ def _box(i: int, j: int, colour: str, gid: str) -> Rectangle:
     return Rectangle((j + 0.04, i + 0.04), 0.92, 0.92, fill=False, edgecolor=colour, lw=2.2, zorder=3, gid=gid)
 
 
-def draw_best_settings(data: pd.DataFrame, optimizers: list[str] | None = None) -> Figure:
+def draw_best_settings(data: pd.DataFrame, optimizers: list[str] | None = None,
+                       labels: dict[str, str] | None = None) -> Figure:
     """Top row: the best run's epochs per batch size; bottom row: its learning rate (log y);
     one column per ε, one line per optimizer (slightly dodged so that equal values stay visible)."""
     if data.empty:
@@ -426,7 +450,7 @@ def draw_best_settings(data: pd.DataFrame, optimizers: list[str] | None = None) 
             d = data[(data["epsilon"] == e) & (data["optimizer"] == opt)].sort_values("batch_size")
             pos = np.array([sizes.index(b) for b in d["batch_size"]]) + 0.08 * (k - (len(names) - 1) / 2)
             for row, column in enumerate(("epochs", "lr")):
-                axes[row][j].plot(pos, d[column], marker="o", ms=4, color=colours[opt], label=label(opt))
+                axes[row][j].plot(pos, d[column], marker="o", ms=4, color=colours[opt], label=label(opt, labels))
         axes[0][j].set_title(f"ε = {e:g}")
         axes[1][j].set_yscale("log")
         axes[1][j].set_xticks(range(len(sizes)), [_fmt_tick(b) for b in sizes])
@@ -449,7 +473,7 @@ def comparison_figure(runs: pd.DataFrame, problems: list[str] | None = None, opt
                       select_by: str = "test", filters: dict | None = None) -> Figure:
     """Figs. 5.1 (one panel per problem) and 5.2 (problems P1, P3, P2: (a)-(c))."""
     runs = select_runs(runs, filters, optimizers, problems)
-    return draw_comparison(best_per_setting(runs, select_by), problems, optimizers)
+    return draw_comparison(best_per_setting(runs, select_by), problems, optimizers, legend_labels(runs))
 
 
 def seed_sensitivity_figure(runs: pd.DataFrame, problems: list[str] | None = None,
@@ -457,7 +481,8 @@ def seed_sensitivity_figure(runs: pd.DataFrame, problems: list[str] | None = Non
                             min_seeds: int = 2, filters: dict | None = None) -> Figure:
     """Fig. 5.3."""
     runs = select_runs(runs, filters, optimizers, problems)
-    return draw_seed_sensitivity(seed_sensitivity_data(runs, select_by, min_seeds), optimizers, min_seeds)
+    return draw_seed_sensitivity(seed_sensitivity_data(runs, select_by, min_seeds), optimizers, min_seeds,
+                                 legend_labels(runs))
 
 
 def heatmap_figure(runs: pd.DataFrame, problem: str, ys: Iterable[str] = ("batch_size",), x: str = "lr",
@@ -466,7 +491,7 @@ def heatmap_figure(runs: pd.DataFrame, problem: str, ys: Iterable[str] = ("batch
     """Figs. 5.4 and B.1 (ys = batch_size, epochs), 5.6, 5.7, 5.8 (ys = batch_size)."""
     runs = select_runs(runs, filters, optimizers)
     blocks = [(y, heatmap_data(runs, problem, y, x, epsilons, select_by)) for y in ys]
-    return draw_heatmaps(blocks, x, epsilons, optimizers, fmt)
+    return draw_heatmaps(blocks, x, epsilons, optimizers, fmt, legend_labels(runs))
 
 
 def best_settings_figure(runs: pd.DataFrame, problem: str, epsilons: Iterable[float] | None = None,
@@ -474,7 +499,8 @@ def best_settings_figure(runs: pd.DataFrame, problem: str, epsilons: Iterable[fl
                          filters: dict | None = None) -> Figure:
     """Figs. 5.5 and B.2."""
     runs = select_runs(runs, filters, optimizers)
-    return draw_best_settings(best_settings_data(runs, problem, epsilons, select_by), optimizers)
+    return draw_best_settings(best_settings_data(runs, problem, epsilons, select_by), optimizers,
+                              legend_labels(runs))
 
 
 def draw_audit(audits: pd.DataFrame, optimizers: list[str] | None = None) -> Figure:

@@ -136,8 +136,76 @@ class LayerGrads:
         return out
 
 
+class SampleMixingError(UnsupportedLayerError):
+    """The model has a layer whose forward may make one sample's output depend on others."""
+
+
+# Parameter-free layers whose forward treats every sample on its own (axis 0 is the batch).
+# Per-sample gradients and the clipping bound assume exactly that: per-sample loss i may
+# depend on example i only. A layer that mixes samples (batch normalisation in training mode,
+# with or without affine parameters or running statistics) lets one example move every other
+# example's gradient, so the clipped sum's sensitivity is no longer the clipping norm (with one
+# BatchNorm1d(affine=False) between two Linear layers, removing one example from a batch of 32
+# moved the normalised-clipped sum by 5.5 instead of at most 1; tests/test_integrity.py).
+PER_SAMPLE_LAYERS = (
+    nn.Identity, nn.Flatten, nn.Unflatten,
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Sigmoid, nn.Tanh,
+    nn.Hardtanh, nn.Hardsigmoid, nn.Hardswish, nn.Hardshrink, nn.Softshrink, nn.Tanhshrink, nn.Softplus,
+    nn.Softsign, nn.LogSigmoid, nn.Threshold, nn.Softmax, nn.LogSoftmax, nn.Softmin, nn.Softmax2d, nn.GLU,
+    nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
+    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.LPPool1d, nn.LPPool2d,
+    nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
+    nn.Upsample, nn.PixelShuffle, nn.PixelUnshuffle, nn.ZeroPad2d, nn.ConstantPad1d, nn.ConstantPad2d,
+    nn.ConstantPad3d, nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReplicationPad1d, nn.ReplicationPad2d,
+    nn.ReplicationPad3d,
+    # normalisations over each sample's own features (never over the batch), without parameters
+    nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
+)
+# Modules that only hold others (their forward, if any, calls them in turn).
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+# Layers above that work along a configurable axis: the attribute naming it, and its default.
+_AXIS = {nn.Softmax: "dim", nn.LogSoftmax: "dim", nn.Softmin: "dim", nn.GLU: "dim", nn.Flatten: "start_dim",
+         nn.Unflatten: "dim"}
+
+
+def _mixing_reason(module: nn.Module) -> str | None:
+    """Why ``module``'s own forward may mix samples, or None if it is known not to."""
+    if any(True for _ in module.buffers(recurse=False)):
+        names = ", ".join(n for n, _ in module.named_buffers(recurse=False))
+        return (f"it has buffers ({names}): statistics such as running means are computed from the whole "
+                "batch (and released with the model without noise)")
+    if isinstance(module, SUPPORTED_LAYERS + CONTAINERS):
+        return None
+    if isinstance(module, PER_SAMPLE_LAYERS):
+        attribute = _AXIS.get(type(module))
+        axis = getattr(module, attribute, None) if attribute else 1
+        if axis is None or not (axis >= 1 or axis == -1):
+            return f"it works along axis {attribute} = {axis!r}, which may be the batch axis 0 (give an axis >= 1)"
+        return None
+    if getattr(type(module), "per_sample_forward", False) is True:
+        return None
+    return ("it is not a layer known to treat each sample on its own; if its forward (the code "
+            "around its submodules) never combines different samples, declare that with the class "
+            "attribute `per_sample_forward = True`")
+
+
+def check_per_sample(model: nn.Module) -> None:
+    """Refuses a model any of whose modules may mix samples (see PER_SAMPLE_LAYERS): allowed are
+    the trainable layers of SUPPORTED_LAYERS, the parameter-free per-sample layers, containers,
+    and model classes that declare ``per_sample_forward = True`` (the dpbench problems do);
+    nothing with buffers (running statistics)."""
+    for name, module in model.named_modules():
+        reason = _mixing_reason(module)
+        if reason is not None:
+            raise SampleMixingError(
+                f"layer {name or '<model>'!r} ({type(module).__name__}) may mix samples, which breaks the per-sample "
+                f"clipping bound (the sensitivity of the clipped sum): {reason}")
+
+
 def trainable_layers(model: nn.Module) -> list[nn.Module]:
-    """The layers that own trainable parameters; refuses models with unsupported ones."""
+    """The layers that own trainable parameters; refuses models with unsupported ones and
+    models with a layer that may mix samples (``check_per_sample``)."""
     layers = []
     for name, module in model.named_modules():
         if not any(p.requires_grad for p in module.parameters(recurse=False)):
@@ -150,6 +218,7 @@ def trainable_layers(model: nn.Module) -> list[nn.Module]:
         if any(not p.requires_grad for p in module.parameters(recurse=False)):
             raise UnsupportedLayerError(f"layer {name!r} has partly frozen parameters")
         layers.append(module)
+    check_per_sample(model)
     return layers
 
 

@@ -26,6 +26,8 @@ CHANNEL_STATS = {
 class CNN3c3d(nn.Module):
     """P1: three conv layers (each conv -> maxpool 2 -> ReLU), three dense layers."""
 
+    per_sample_forward = True  # forward treats each sample on its own (per_sample.check_per_sample)
+
     def __init__(self, num_classes: int = 10):
         super().__init__()
         self.conv1 = nn.Conv2d(3, 32, 3)
@@ -48,6 +50,8 @@ class CNN3c3d(nn.Module):
 class CNN2c2d(nn.Module):
     """P2: two conv layers (each conv -> maxpool 2 -> ReLU), two dense layers."""
 
+    per_sample_forward = True  # forward treats each sample on its own (per_sample.check_per_sample)
+
     def __init__(self, num_classes: int = 10):
         super().__init__()
         self.conv1 = nn.Conv2d(1, 32, 3)
@@ -64,6 +68,8 @@ class CNN2c2d(nn.Module):
 
 class ConvVAE(nn.Module):
     """P3: convolutional VAE with a 32-dimensional latent space, pixels in [0, 1]."""
+
+    per_sample_forward = True  # forward treats each sample on its own (per_sample.check_per_sample)
 
     def __init__(self, latent_dim: int = 32):
         super().__init__()

@@ -4,6 +4,13 @@ Rows are the metrics in long form (``split`` = "train" rows per step, "test" row
 epoch); the run's metadata (every setting, the privacy promised and delivered, timing,
 provenance) is JSON in the file's key-value metadata under ``dpbench``. Files are written
 atomically: a crash never leaves a partial file under the final name.
+
+What is private. A DP run releases its sequence of models; anything computed from those and
+from public data (the test set) is post-processing and covered by the run's (epsilon, delta).
+The training rows' loss, accuracy and realised batch size, and the validation rows (held-out
+*training* examples), are computed from private data without noise: they are diagnostics,
+NOT differentially private. Their columns carry Parquet field metadata ``private: false``
+with a note saying which rows (``NOT_PRIVATE``), here and in the aggregated tables.
 """
 
 from __future__ import annotations
@@ -27,6 +34,23 @@ SCHEMA_VERSION = 1
 METRIC_COLUMNS = {"split": "string", "step": "int64", "epoch": "int64", "loss": "float64",
                   "accuracy": "float64", "batch_size": "int64"}
 PACKAGES = ("torch", "opacus", "numpy", "pandas", "pyarrow", "scipy")
+# Columns of a run file holding values computed from private data without noise (not covered
+# by the run's epsilon): Parquet field metadata {"private": "false", "note": ...}.
+NOT_PRIVATE = {
+    "loss": "not differentially private where split is train (the private batch, before the update) or val "
+            "(held-out training examples); test rows are computed from the released model and the test set",
+    "accuracy": "not differentially private where split is train or val (as loss)",
+    "batch_size": "not differentially private where split is train: the realised (Poisson) batch sizes",
+}
+# A private run whose ``privacy.caveat`` starts with this does NOT have the (epsilon, delta) it
+# records (DP-Dice's published calibration, D2P2's paper_sensitivity mode).
+NO_GUARANTEE = "not a valid DP guarantee"
+
+
+def dp_guarantee(meta: dict[str, Any]) -> bool:
+    """Whether a run's recorded (epsilon, delta) holds: private, and no caveat voiding it."""
+    caveat = meta["privacy"].get("caveat") or ""
+    return bool(meta["optimizer"]["private"]) and not caveat.startswith(NO_GUARANTEE)
 
 
 def _git_commit() -> str | None:
@@ -82,17 +106,33 @@ def write_run(path: str | Path, metrics: pd.DataFrame, meta: dict[str, Any]) -> 
         raise ValueError(f"metrics lack columns {sorted(missing)}")
     table = pa.Table.from_pandas(metrics[list(METRIC_COLUMNS)].astype(METRIC_COLUMNS), preserve_index=False)
     payload = json.dumps({"schema_version": SCHEMA_VERSION, **_jsonable(meta)}, sort_keys=True)
+    table = _mark_not_private(table, NOT_PRIVATE)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: payload.encode()})
     return _atomic_write(table, path)
 
 
-def write_table(df: pd.DataFrame, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
-    """Any table, atomically, as Parquet; ``meta`` (JSON) under the ``dpbench`` key."""
-    table = pa.Table.from_pandas(df, preserve_index=False)
+def write_table(df: pd.DataFrame, path: str | Path, not_private: dict[str, str] | None = None,
+                meta: dict[str, Any] | None = None) -> Path:
+    """Any table, atomically, as Parquet; columns named in ``not_private`` get the field
+    metadata ``private: false`` and the note given; ``meta`` (JSON) goes under the
+    ``dpbench`` key."""
+    table = _mark_not_private(pa.Table.from_pandas(df, preserve_index=False), not_private or {})
     if meta is not None:
         payload = json.dumps({"schema_version": SCHEMA_VERSION, **_jsonable(meta)}, sort_keys=True)
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: payload.encode()})
     return _atomic_write(table, Path(path))
+
+
+def _mark_not_private(table: pa.Table, notes: dict[str, str]) -> pa.Table:
+    fields = [f.with_metadata({**(f.metadata or {}), b"private": b"false", b"note": notes[f.name].encode()})
+              if f.name in notes else f for f in table.schema]
+    return table.cast(pa.schema(fields, metadata=table.schema.metadata))
+
+
+def not_private_columns(path: str | Path) -> dict[str, str]:
+    """The columns of a Parquet file marked ``private: false``, with their notes."""
+    return {f.name: f.metadata[b"note"].decode() for f in pq.read_schema(path)
+            if f.metadata and f.metadata.get(b"private") == b"false"}
 
 
 def _atomic_write(table: pa.Table, path: Path) -> Path:

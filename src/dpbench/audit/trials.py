@@ -103,6 +103,8 @@ class Trials:
 class LinearAudit(nn.Module):
     """loss_i = <theta_{lane(i)}, x_i>: one parameter row per lane, no bias."""
 
+    per_sample_forward = True  # example i's output depends on x_i only
+
     def __init__(self, dimension: int, lanes: int, dtype=torch.float64):
         super().__init__()
         self.linear = nn.Linear(dimension, lanes, bias=False, dtype=dtype)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,7 +29,7 @@ import torch
 
 from dpbench import accounting
 from dpbench.matrix import cache, factorization
-from dpbench.matrix.noise_file import NoiseFile, read_meta
+from dpbench.matrix.noise_file import NoiseFile, read_meta, row_variances
 from dpbench.matrix.participation import FixedBatchSampler
 from dpbench.matrix.sensitivity import prefix_sensitivity
 from dpbench.mechanisms import AuditSpec, Plan
@@ -40,9 +41,10 @@ def _log(message: str) -> None:
 
 class CorrelatedNoise:
     """NoiseSource: step t gets row t of C^-1 Z, split into the shapes of the parameters.
-    The file is opened at the first step, when d (the parameter count) is known."""
+    The file is opened at the first step, when d (the parameter count) is known: ``resolve(d)``
+    returns it open (and, from ``MatrixMechanism.noise``, verified)."""
 
-    def __init__(self, resolve: Callable[[int], Path], device: torch.device | str = "cpu"):
+    def __init__(self, resolve: Callable[[int], NoiseFile], device: torch.device | str = "cpu"):
         self.resolve = resolve
         self.device = torch.device(device)
         self.file: NoiseFile | None = None
@@ -52,8 +54,8 @@ class CorrelatedNoise:
 
     def sample(self, like: list[torch.Tensor]) -> list[torch.Tensor]:
         if self.file is None:
-            self.path = self.resolve(sum(t.numel() for t in like))
-            self.file = NoiseFile(self.path)
+            self.file = self.resolve(sum(t.numel() for t in like))
+            self.path = self.file.path
             self._row = torch.empty(self.file.dim, dtype=torch.float32)
         self.file.row(self.step, out=self._row.numpy())
         self.step += 1
@@ -165,7 +167,10 @@ class MatrixMechanism:
     def noise(self, plan: Plan, seed: int, device) -> CorrelatedNoise:
         fact = plan.extras["factorization"]
 
-        def resolve(dim: int) -> Path:
+        def resolve(dim: int) -> NoiseFile:
+            """The run's noise file, open, after checking it is the one for (C, d, seed) and that
+            every row matches its checksum and its chi-square range (noise_file.py): a damaged
+            file stops the run before the first noisy update."""
             given = plan.extras.get("noise_file")
             path = Path(given) if given else cache.ensure_noise(plan.extras["cache_dir"], fact, dim, seed, _log)
             try:
@@ -177,6 +182,11 @@ class MatrixMechanism:
                 if meta.get(name) != value:
                     raise ValueError(f"noise file {path} has {name} = {meta.get(name)!r}, this run needs {value!r} "
                                      f"(factorization {fact.key}, d = {dim}, noise seed {seed})")
-            return path  # the run record reads it from the noise source (CorrelatedNoise.path)
+            t0 = time.perf_counter()
+            file = NoiseFile(path, row_variances(fact.noising))
+            file.verify(meta)
+            _log(f"verified {path} ({file.steps} rows x {file.dim}: checksums and norms) in "
+                 f"{time.perf_counter() - t0:.1f} s")
+            return file  # the run record reads its path from the noise source (CorrelatedNoise.path)
 
         return CorrelatedNoise(resolve, device)

@@ -1,7 +1,7 @@
 """The optimizer registry. To add an optimizer, write a module with an ``OptimizerSpec`` and
 add it to the list below (see README, "Adding an optimizer")."""
 
-from dpbench.optimizers import adam, d2p2, dice, disk, dpmatrix, sgd
+from dpbench.optimizers import adam, d2p2, dice, dice_strict, disk, dpmatrix, sgd
 from dpbench.optimizers.registry import OptimizerSpec
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
@@ -15,6 +15,7 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
         adam.DPADAMW,
         adam.DPADAMW_BC,
         dice.DPDICE,
+        dice_strict.DPDICE_STRICT,
         disk.DPDISK,
         d2p2.D2P2SGD,
         d2p2.D2PSGD,

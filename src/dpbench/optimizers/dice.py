@@ -8,8 +8,19 @@ Per step, on the mean-gradient scale (REFERENCE.md; the authors' code mixed scal
     e     <- e + g - g_bar
 
 Only the clipped sum changes (``clip_and_sum`` adds L clip(e, C2) and updates e) and the noise
-std on the sum is sigma s sqrt(1 + 2 C2 / C), as in the authors' reference code: the papers
-give no sensitivity for the residual term, so this is recorded as a caveat in every run.
+std on the sum is sigma s sqrt(1 + 2 C2 / C), as in the authors' reference code.
+
+That calibration is not a valid (epsilon, delta) guarantee for C2 > 0, and every run says so
+(``CAVEAT``, recorded as ``privacy.caveat``, printed by ``dpbench train``, marked in the
+figures' legends). The released sum is sum_i clip(g_i) + L clip(e, C2) + noise, and e carries
+every earlier *raw* gradient: one changed example with a large gradient moves e arbitrarily,
+so L clip(e, C2) can move by up to 2 L C2 / C (in units of s) at every later step, sampled or
+not. The release's sensitivity is s (1 + 2 L C2 / C), not s sqrt(1 + 2 C2 / C): with one
+example (taking part once) removed, the sum moved by 64 to 94 at each of the next 11 steps at
+L = 64, C2 = C = 1, where the noise is calibrated for 1.73 (tests/test_integrity.py), and since
+every later step depends on the example, subsampling amplification does not apply to the
+residual term either. ``dpdice-strict`` (dice_strict.py) runs the same algorithm with noise
+calibrated to a bound that holds.
 
 Units: under normalised clipping every clipped vector is divided by C, so the residual lives
 in those units too (raw gradients enter as g / C and clip(e, C2) bounds e's norm by C2 / C);
@@ -27,9 +38,11 @@ from dpbench.mechanisms import AuditSpec
 from dpbench.optimizers.registry import OptimizerSpec
 
 CAVEAT = (
-    "DP-Dice: the papers give no sensitivity for the clipped residual clip(e, C2) added to the "
-    "clipped sum; the noise std sigma*C*sqrt(1 + 2*C2/C) on the sum follows the authors' reference "
-    "code and may underestimate the noise needed, so the recorded epsilon rests on that assumption")
+    "not a valid DP guarantee (for C2 > 0): DP-Dice's noise std sigma*s*sqrt(1 + 2*C2/C) on the clipped "
+    "sum follows the authors' reference code, but the residual e accumulates every earlier raw gradient, "
+    "so one changed example moves L*clip(e, C2) by up to 2*L*C2/C (times s) at every later step, sampled or "
+    "not: the released sum's sensitivity is s*(1 + 2*L*C2/C) and subsampling does not amplify it; the "
+    "recorded epsilon does not hold for this run (dpdice-strict calibrates to the true bound)")
 
 
 class DiceStep(DPStep):
@@ -84,7 +97,8 @@ DPDICE = OptimizerSpec(
     build=lambda ctx: DiceStep(ctx, SGD(ctx.lr), float(ctx.hyperparameters["c2"])),
     private=True,
     description="DP-Dice: DP-SGD with error feedback, g_bar = mean clip(g_i) + clip(e, C2), "
-                "e <- e + g - g_bar, noise std sigma s sqrt(1 + 2 C2 / C) on the sum",
+                "e <- e + g - g_bar, noise std sigma s sqrt(1 + 2 C2 / C) on the sum (the authors' "
+                "calibration: not a valid DP guarantee for C2 > 0)",
     reference="Zhang et al. 2024 (DiceSGD); thesis Alg. 3",
     defaults={"c2": 1.0},
     caveat=CAVEAT,
