@@ -1,7 +1,7 @@
 """The optimizer registry. To add an optimizer, write a module with an ``OptimizerSpec`` and
 add it to the list below (see README, "Adding an optimizer")."""
 
-from dpbench.optimizers import adam, d2p2, dice, dice_strict, disk, dpmatrix, sgd
+from dpbench.optimizers import adam, d2p2, dice, dice_strict, disk, dpmatrix, sgd, streaming
 from dpbench.optimizers.registry import OptimizerSpec
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
@@ -24,6 +24,9 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
         dpmatrix.DPMATRIX_SE_LAMBDA,
         dpmatrix.DPMATRIX_ME,
         dpmatrix.DPMATRIX_ME_LAMBDA,
+        streaming.DPMATRIX_BAND,
+        streaming.DPMATRIX_BAND_AMP,
+        streaming.DPMATRIX_BLT,
     ]
 }
 

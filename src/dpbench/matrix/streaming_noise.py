@@ -1,0 +1,158 @@
+"""Correlated noise generated on the fly: row t of C^-1 Z without a T x d noise file.
+
+Both sources implement the ``NoiseSource`` protocol (dpbench.mechanisms): ``sample(like)``
+returns step t's noise shaped like the parameters, in units of the noise multiplier (the
+step multiplies it by sigma times the clipping sensitivity), exactly as the file-backed
+``matrix.mechanism.CorrelatedNoise`` returns row t of C^-1 Z.
+
+* ``BandedNoise`` (BandMF, Alg. 9 of Choquette-Choo et al. 2023, arXiv 2306.08153): forward
+  substitution for C x = z keeping the last b - 1 solutions,
+  x_t = (z_t - sum_{r=1}^{b-1} c_r x_{t-r}) / c_0, and w_t = d_t x_t with d_t the column
+  normalisation factor (C_used = C D^-1, so C_used^-1 = D C^-1). State: (b - 1) x d floats
+  in a ring buffer, one (b - 1)-term GEMV per step.
+* ``BLTNoise`` (buffered linear Toeplitz, Dvijotham et al. 2024, arXiv 2404.16706; McMahan
+  et al. 2024, arXiv 2408.08868, Alg. 3): with S = 0 (m x d), x = z - sum_i omega_i S_i and
+  S_i <- theta_i S_i + x. State: m x d floats, O(m d) per step.
+
+Z is drawn exactly as ``noise.GaussianNoise`` draws i.i.d. noise (one ``randn`` per parameter
+tensor, in order, from the source's own seeded generator), written into one flat vector that
+the recurrences act on. Every recurrence is coordinate-wise, so each coordinate of the
+flattened concatenation of all parameters is its own stream C^-1 z[:, coordinate]: a model
+whose parameters stack independent replicas along their first axis gets independent noise
+for each replica, and with C = I (b = 1, c_0 = 1) the noise is bit-identical to DP-SGD's.
+
+The state is as sensitive as the noise itself (with it and the releases one can subtract
+the noise): ``state_dict`` carries it so that a resumed run continues exactly, which makes
+every checkpoint holding it a private file. Never log it, never put it in results.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class _StreamingNoise:
+    """Shared plumbing: the generator, the step counter, the flat z buffer and the split."""
+
+    def __init__(self, steps: int, seed: int, device: torch.device | str = "cpu"):
+        self.steps = int(steps)
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        self.step = 0
+        self.state: torch.Tensor | None = None  # the recurrence's memory, allocated at the first step
+
+    def _draw(self, like: list[torch.Tensor]) -> torch.Tensor:
+        dim = sum(t.numel() for t in like)
+        dtype = like[0].dtype
+        z = torch.empty(dim, dtype=dtype, device=self.device)
+        i = 0
+        for t in like:  # as GaussianNoise: one randn per tensor, in order
+            torch.randn(t.shape, generator=self.generator, dtype=dtype, device=self.device,
+                        out=z[i:i + t.numel()].view(t.shape))
+            i += t.numel()
+        if self.state is None:
+            self.state = self._allocate(dim, dtype)
+            self._constants(dtype)
+        elif self.state.shape[-1] != dim or self.state.dtype != dtype:
+            raise ValueError(f"the noise state is for d = {self.state.shape[-1]} ({self.state.dtype}); "
+                             f"this step asks for d = {dim} ({dtype})")
+        return z
+
+    def sample(self, like: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.step >= self.steps:
+            raise RuntimeError(f"the factorization is for {self.steps} steps; step {self.step + 1} was asked for")
+        w = self._next(self._draw(like))
+        self.step += 1
+        out, i = [], 0
+        for t in like:
+            out.append(w[i:i + t.numel()].view(t.shape).to(t.device))
+            i += t.numel()
+        return out
+
+    def state_dict(self) -> dict:
+        """Step, generator and recurrence state: a checkpoint holding this is a private file."""
+        return {"step": self.step, "generator": self.generator.get_state(),
+                "state": None if self.state is None else self.state.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.generator.set_state(state["generator"])
+        saved = state["state"]
+        if saved is None:
+            self.state = None
+        else:
+            self.state = saved.to(self.device).clone()
+            self._constants(self.state.dtype)
+
+    @property
+    def state_floats(self) -> int:
+        """Floats held between steps (the recurrence's memory)."""
+        return 0 if self.state is None else self.state.numel()
+
+
+class BandedNoise(_StreamingNoise):
+    """w_t = scale_t x_t with C x = z for a b-banded lower-triangular Toeplitz C (coefficients
+    ``coef``), ``scale`` the column-normalisation factors d_t (ones without normalisation)."""
+
+    def __init__(self, coef, scale, seed: int, device: torch.device | str = "cpu"):
+        coef = np.array(coef, dtype=np.float64)  # copies: torch needs positive strides
+        scale = np.array(scale, dtype=np.float64)
+        if coef.ndim != 1 or coef.size < 1 or coef[0] == 0:
+            raise ValueError("BandedNoise needs coefficients c with c_0 != 0")
+        super().__init__(scale.size, seed, device)
+        self.coef, self.scale = coef, scale
+        self.bands = coef.size
+        # weights[p] is the coefficient vector over ring slots when x_t goes to slot p = t mod (b - 1):
+        # slot (p - r) mod (b - 1) holds x_{t-r}, weighted by c_r
+        slots = max(self.bands - 1, 1)
+        weights = np.zeros((slots, slots))
+        for p in range(slots):
+            for r in range(1, self.bands):
+                weights[p, (p - r) % slots] = coef[r]
+        self._weights_np = weights
+
+    def _allocate(self, dim: int, dtype) -> torch.Tensor:
+        return torch.zeros((self.bands - 1, dim), dtype=dtype, device=self.device)
+
+    def _constants(self, dtype) -> None:
+        self._weights = torch.as_tensor(self._weights_np, dtype=dtype, device=self.device)
+        self._scale = torch.as_tensor(self.scale, dtype=dtype, device=self.device)
+
+    def _next(self, z: torch.Tensor) -> torch.Tensor:
+        t = self.step
+        if self.bands > 1:
+            slot = t % (self.bands - 1)
+            z.sub_(self._weights[slot] @ self.state)  # sum_r c_r x_{t-r}: one small GEMV
+            if self.coef[0] != 1.0:
+                z.div_(float(self.coef[0]))
+            self.state[slot].copy_(z)  # x_t replaces x_{t-b+1}, no longer needed
+        elif self.coef[0] != 1.0:
+            z.div_(float(self.coef[0]))
+        if self.scale[t] != 1.0:
+            z.mul_(self._scale[t])
+        return z
+
+
+class BLTNoise(_StreamingNoise):
+    """x_t = (C^-1 z)_t for the BLT C = BLT(theta, omega), used for ``steps`` steps."""
+
+    def __init__(self, theta, omega, steps: int, seed: int, device: torch.device | str = "cpu"):
+        self.theta = np.array(theta, dtype=np.float64)  # copies: torch needs positive strides
+        self.omega = np.array(omega, dtype=np.float64)
+        if self.theta.shape != self.omega.shape or self.theta.ndim != 1:
+            raise ValueError("theta and omega must be vectors of one length")
+        super().__init__(steps, seed, device)
+
+    def _allocate(self, dim: int, dtype) -> torch.Tensor:
+        return torch.zeros((self.theta.size, dim), dtype=dtype, device=self.device)
+
+    def _constants(self, dtype) -> None:
+        self._theta = torch.as_tensor(self.theta, dtype=dtype, device=self.device)[:, None]
+        self._omega = torch.as_tensor(self.omega, dtype=dtype, device=self.device)
+
+    def _next(self, z: torch.Tensor) -> torch.Tensor:
+        z.sub_(self._omega @ self.state)  # x = z - sum_i omega_i S_i
+        self.state.mul_(self._theta).add_(z)  # S_i <- theta_i S_i + x
+        return z

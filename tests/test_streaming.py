@@ -1,0 +1,381 @@
+"""Streaming correlated noise (dpbench.matrix.streaming_noise, cyclic_poisson, streaming): the
+streamed noise against numpy.linalg.solve(C, Z) row by row, exact resume, the state's size; the
+cyclic Poisson sampler's statistics; the amplified accounting against an independent PLD and
+pinned dp_accounting numbers; the three mechanisms' calibration and reports; b = 1 amplified
+BandMF equal to DP-SGD step for step."""
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dpbench import accounting, pld
+from dpbench.matrix import banded, blt, cyclic_poisson, streaming
+from dpbench.matrix import sensitivity as dense_sensitivity
+from dpbench.matrix.streaming_noise import BandedNoise, BLTNoise
+from dpbench.mechanisms import Plan
+from dpbench.noise import GaussianNoise
+from dpbench.optimizers import get_optimizer
+from dpbench.sampling import PoissonSampler
+
+# parameters of a model stacking two replicas along the first axis, plus a bias
+SHAPES = [(2, 3), (4,)]
+DIM = 10
+
+
+def stream(source, steps, dtype=torch.float64):
+    like = [torch.zeros(s, dtype=dtype) for s in SHAPES]
+    return np.array([torch.cat([w.reshape(-1) for w in source.sample(like)]).double().numpy() for _ in range(steps)])
+
+
+def gaussian_rows(seed, steps):
+    """Z exactly as the sources draw it (i.i.d. noise of noise.GaussianNoise, same seed)."""
+    return stream(GaussianNoise(seed), steps)
+
+
+# -- streamed noise = solve(C, Z) ------------------------------------------------------------
+
+@pytest.mark.parametrize("n,bands,column_normalize", [(2000, 16, True), (2000, 16, False), (300, 300, True),
+                                                      (50, 1, True)])
+def test_banded_noise_equals_solve_row_by_row(n, bands, column_normalize):
+    fact = banded.optimize(n, bands, column_normalize=column_normalize)
+    got = stream(BandedNoise(fact.coef, fact.scale(), seed=7), n)
+    want = np.linalg.solve(fact.matrix(), gaussian_rows(7, n))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    # each coordinate is its own stream C_used^-1 z[:, coordinate], so the two replicas stacked
+    # in the (2, 3) parameter get the transforms of independent columns of Z
+    assert not np.allclose(got[:, 0:3], got[:, 3:6])
+
+
+def test_band_one_is_iid_gaussian_noise_bit_for_bit():
+    source = BandedNoise([1.0], np.ones(20), seed=3)
+    np.testing.assert_array_equal(stream(source, 20), gaussian_rows(3, 20))
+    assert source.state_floats == 0
+
+
+def test_blt_noise_equals_solve_row_by_row():
+    n = 2000
+    f = blt.BLT.from_pair([0.999, 0.95, 0.6], [0.99, 0.8, 0.2], n)
+    assert f.in_class()
+    got = stream(BLTNoise(f.theta, f.omega, n, seed=11), n)
+    np.testing.assert_allclose(got, np.linalg.solve(f.matrix(), gaussian_rows(11, n)), rtol=1e-9, atol=1e-9)
+
+
+def test_float32_streams_stay_close_to_float64():
+    n = 2000
+    fact = banded.optimize(n, 64)
+    hi = stream(BandedNoise(fact.coef, fact.scale(), seed=1), n)
+    lo = stream(BandedNoise(fact.coef, fact.scale(), seed=1), n, dtype=torch.float32)
+    assert np.abs(lo - hi).max() < 1e-4 * np.abs(hi).max()
+
+
+@pytest.mark.parametrize("kind", ["band", "blt"])
+def test_resume_from_state_dict_gives_identical_rows_and_state_is_small(kind):
+    n = 40
+    if kind == "band":
+        fact = banded.optimize(n, 6)
+
+        def make():
+            return BandedNoise(fact.coef, fact.scale(), seed=5)
+        floats = 5 * DIM  # (b - 1) d
+    else:
+        f = blt.BLT.from_pair([0.9, 0.5], [0.7, 0.1], n)
+
+        def make():  # reversed views (negative strides) are accepted
+            return BLTNoise(f.theta[::-1][::-1], np.ascontiguousarray(f.omega[::-1])[::-1], n, seed=5)
+        floats = 2 * DIM  # m d
+    a = make()
+    stream(a, 13)
+    saved = copy.deepcopy(a.state_dict())
+    assert a.state_floats == floats and saved["state"].numel() == floats
+    rest = stream(a, n - 13)
+    b = make()
+    b.load_state_dict(saved)
+    np.testing.assert_array_equal(stream(b, n - 13), rest)
+    with pytest.raises(RuntimeError, match=f"for {n} steps"):
+        stream(b, 1)
+
+
+# -- cyclic Poisson sampling -------------------------------------------------------------------
+
+def test_cyclic_poisson_groups_rate_and_batch_sizes():
+    n_examples, bands, L = 24_000, 6, 200
+    p = cyclic_poisson.sample_rate(bands, L, n_examples)
+    assert p == pytest.approx(bands * L / n_examples)
+    s = cyclic_poisson.CyclicPoissonSampler(n_examples, bands, p, seed=1)
+    groups = s.groups.numpy()
+    counts = np.bincount(groups, minlength=bands)
+    sd = math.sqrt(n_examples * (1 / bands) * (1 - 1 / bands))
+    assert np.abs(counts - n_examples / bands).max() < 5 * sd
+    # groups do not depend on the index (the first and second halves look alike)
+    half = np.bincount(groups[: n_examples // 2], minlength=bands)
+    assert np.abs(2 * half - counts).max() < 5 * sd
+    steps = 600
+    sizes, hits = [], np.zeros(n_examples)
+    for t in range(steps):
+        idx = s.sample().numpy()
+        assert (groups[idx] == t % bands).all()  # only group t mod b
+        assert len(np.unique(idx)) == len(idx)
+        sizes.append(len(idx))
+        hits[idx] += 1
+    sizes = np.array(sizes)
+    assert abs(sizes.mean() - L) < 5 * math.sqrt(L / steps)  # expected batch size L
+    # per group: Binomial(|group|, p) sizes
+    for g in range(bands):
+        sz = sizes[g::bands]
+        assert abs(sz.mean() - counts[g] * p) < 5 * math.sqrt(counts[g] * p * (1 - p) / sz.size)
+        assert sz.var() == pytest.approx(counts[g] * p * (1 - p), rel=0.5)
+    # each example is sampled at rate p when its group's turn comes
+    visits = steps // bands
+    assert hits.mean() / visits == pytest.approx(p, rel=0.02)
+
+
+def test_cyclic_poisson_refuses_rate_above_one():
+    with pytest.raises(ValueError, match="b <= N / L"):
+        cyclic_poisson.sample_rate(11, 100, 1000)
+    assert cyclic_poisson.sample_rate(10, 100, 1000) == 1.0
+
+
+def test_one_band_is_poisson_sampling_with_the_same_batches():
+    a = cyclic_poisson.CyclicPoissonSampler(500, 1, 0.05, seed=9)
+    b = PoissonSampler(500, 0.05, seed=9)
+    for _ in range(30):
+        assert torch.equal(a.sample(), b.sample())
+
+
+def test_cyclic_poisson_resume_and_lanes():
+    s = cyclic_poisson.CyclicPoissonSampler(1000, 4, 0.2, seed=2)
+    for _ in range(5):
+        s.sample()
+    saved = copy.deepcopy(s.state_dict())
+    rest = [s.sample() for _ in range(7)]
+    t = cyclic_poisson.CyclicPoissonSampler(1000, 4, 0.2, seed=99)  # other seed: state decides
+    t.load_state_dict(saved)
+    assert all(torch.equal(x, y) for x, y in zip(rest, [t.sample() for _ in range(7)]))
+    # lanes: one sampler over lanes * N examples, lane-major; each lane gets its own groups and batch ~ L
+    mech = get_optimizer("dpmatrix-band-amp").mechanism
+    n_train, L, lanes = 2000, 50, 3
+
+    class Cfg:
+        hyperparameters = {"bands": 4}
+    plan = mech.plan(n_train, L, 2, Cfg())
+    sampler = mech.sampler(plan, n_train, seed=4, device="cpu", lanes=lanes)
+    per_lane = np.zeros(lanes)
+    for _ in range(200):
+        idx = sampler.sample().numpy()
+        per_lane += np.bincount(idx // n_train, minlength=lanes)
+    np.testing.assert_allclose(per_lane / 200, L, rtol=0.1)
+    g = sampler.groups.numpy().reshape(lanes, n_train)
+    assert not (g[0] == g[1]).all()
+
+
+# -- amplified accounting ----------------------------------------------------------------------
+
+# dp_accounting 0.6.0 in a throwaway venv (never a dependency):
+#   acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+#   acc.compose(SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), k)); acc.get_epsilon(1e-5)
+DP_ACCOUNTING = {(0.04, 1.0, 25): 1.748620423472895, (0.2, 2.0, 50): 3.4880217803278035,
+                 (0.05, 0.8, 100): 5.7412434240677035,
+                 (0.0512, 4.785, 586): 0.9897444752575181}  # Setup 3, P3, L = 1024, b = 3, eps = 1
+
+
+@pytest.mark.parametrize("q,sigma,rounds", sorted(DP_ACCOUNTING))
+def test_amplified_event_prv_against_an_independent_pld(q, sigma, rounds):
+    """The harness's PRV epsilon of the amplified event lies between our optimistic and
+    pessimistic PLD bounds (up to PRV's own eps_error), and so does dp_accounting's."""
+    upper = pld.epsilon(1e-5, q, sigma, rounds)
+    lower = pld.epsilon(1e-5, q, sigma, rounds, pessimistic=False)
+    prv = accounting.epsilon([(sigma, q, rounds)], 1e-5, "prv")
+    assert lower <= DP_ACCOUNTING[(q, sigma, rounds)] <= upper
+    assert upper - lower < 0.012
+    assert lower - 0.01 <= prv <= upper + 0.02
+    assert pld.delta([upper], q, sigma, rounds)[0] <= 1e-5
+
+
+def test_pld_of_one_full_batch_release_is_the_gaussian_mechanism():
+    assert pld.epsilon(1e-5, 1.0, 5.0, 1) == pytest.approx(accounting.gaussian_epsilon(1 / 5.0), abs=2e-4)
+
+
+def amp_plan(n_train, L, epochs, bands, epsilon=None):
+    class Cfg:
+        hyperparameters = {"bands": bands}
+    Cfg.epsilon = epsilon
+    Cfg.delta = 1e-5
+    mech = get_optimizer("dpmatrix-band-amp").mechanism
+    return mech, mech.plan(n_train, L, epochs, Cfg())
+
+
+def test_amplified_calibration_uses_rounds_and_rate_b_times_L_over_N(monkeypatch):
+    mech, plan = amp_plan(1000, 10, 1, 4)
+    assert plan.steps == 100 and plan.extras["rounds"] == 25 and plan.sample_rate == pytest.approx(0.04)
+    assert plan.extras["max_column_norm"] == pytest.approx(1.0)
+    # the accounted event: ceil(T / b) = 25 steps at p = b L / N = 0.04 (not 100 steps, not L / N = 0.01)
+    assert mech.history(plan, 1.3, 100) == [(1.3, 0.04, 25)]
+    assert mech.history(plan, 1.3, 37) == [(1.3, 0.04, 10)]  # stopped early: ceil(37 / 4) rounds
+    calls = []
+    monkeypatch.setattr(accounting, "calibrate_noise_multiplier", lambda *a: calls.append(a) or 1.25)
+    assert mech.calibrate(plan, 2.0, 1e-5, "prv") == 1.25
+    assert calls == [(2.0, 0.04, 25, 1e-5, "prv")]
+    monkeypatch.undo()
+    sigma = 1.0
+    rep = mech.report(plan, sigma, 100, 1e-5, "prv")
+    assert rep["epsilon"] == accounting.epsilon([(sigma, 0.04, 25)], 1e-5, "prv")
+    assert (rep["noise_multiplier"], rep["sample_rate"], rep["planned_steps"], rep["bands"], rep["rounds"]) == (
+        sigma, 0.04, 100, 4, 25)
+    assert rep["epsilon_rdp"] >= rep["epsilon"]
+    profile = mech.privacy_profile(plan, sigma, [rep["epsilon"] + 0.02])
+    assert profile[0] <= 1e-5
+
+
+def test_amplified_band_one_is_accounted_as_dpsgd():
+    mech, plan = amp_plan(600, 60, 2, 1)
+    dpsgd = get_optimizer("dpsgd").mechanism
+    dplan = dpsgd.plan(600, 60, 2, None)
+    assert (plan.steps, plan.sample_rate) == (dplan.steps, dplan.sample_rate)
+    for steps in (20, 7):  # the same accountant input, so the same sigma and epsilon
+        assert mech.history(plan, 1.7, steps) == dpsgd.history(dplan, 1.7, steps)
+
+
+def test_auto_bands_need_a_target_epsilon_and_search_includes_one():
+    with pytest.raises(ValueError, match="bands = 'auto' .* --epsilon"):
+        amp_plan(600, 60, 1, "auto")
+    # a synthetic proxy with its minimum at b = 1, and one at an interior point
+    b, evaluated = streaming.choose_bands(60_000, 32, 1875, 1.0, 1e-5, evaluate=lambda b: b)
+    assert b == 1 and evaluated[0]["bands"] == 1
+    b, evaluated = streaming.choose_bands(60_000, 32, 1875, 1.0, 1e-5, evaluate=lambda b: (b - 77) ** 2 + 1)
+    assert b == 77 and len(evaluated) < 40
+    assert max(e["bands"] for e in evaluated) == 1875  # floor(N / L) is a candidate
+
+
+@pytest.mark.slow
+def test_auto_bands_on_a_small_problem_beat_or_tie_dpsgd():
+    mech, plan = amp_plan(1000, 20, 1, "auto", epsilon=1.0)
+    search = plan.extras["band_search"]
+    proxies = {e["bands"]: e["proxy"] for e in search}
+    assert plan.extras["bands"] == min(proxies, key=proxies.get) and proxies[plan.extras["bands"]] <= proxies[1]
+    assert proxies[1] == pytest.approx(search[0]["sigma_rdp"] * math.sqrt((50 + 1) / 2))  # DP-SGD's err_mean
+
+
+# -- the unamplified mechanisms ----------------------------------------------------------------
+
+class Cfg:
+    def __init__(self, **hyper):
+        self.hyperparameters = hyper
+
+
+def test_band_mechanism_plan_calibration_and_report():
+    mech = get_optimizer("dpmatrix-band").mechanism
+    plan = mech.plan(600, 60, 3, Cfg())
+    fact = plan.extras["factorization"]
+    assert plan.steps == 30 and plan.sample_rate is None and fact.bands == 10  # auto: min(64, b' = 10, T)
+    assert plan.extras["sensitivity"] == pytest.approx(math.sqrt(3))  # column-normalised: sqrt(k)
+    assert plan.extras["sensitivity"] == pytest.approx(
+        dense_sensitivity.sensitivity(fact.matrix(), 3, 10))
+    sigma = mech.calibrate(plan, 1.0, 1e-5, "prv")
+    assert sigma == accounting.gaussian_noise_multiplier(1.0, 1e-5, sensitivity=math.sqrt(3))
+    rep = mech.report(plan, sigma, 30, 1e-5, "prv")
+    assert rep["epsilon"] == pytest.approx(1.0, rel=1e-6) and rep["epsilon_rdp"] >= rep["epsilon"]
+    assert rep["matrix"]["bands"] == 10 and len(rep["matrix"]["coefficients"]) == 10
+    early = mech.report(plan, sigma, 12, 1e-5, "prv")  # stopped after 12 steps: C_used[:12, :12]
+    assert early["strategy_sensitivity_steps_taken"] == pytest.approx(
+        dense_sensitivity.prefix_sensitivity(fact.matrix(), 3, 10, 12))
+    assert 1 < early["strategy_sensitivity_steps_taken"] < math.sqrt(2) and early["epsilon"] < rep["epsilon"]
+    assert mech.privacy_profile(plan, sigma, [1.0])[0] == pytest.approx(1e-5, rel=1e-6)
+    with pytest.raises(ValueError, match="bands = 11 exceeds the steps per epoch b' = N // L = 10"):
+        mech.plan(600, 60, 3, Cfg(bands=11))
+    assert mech.plan(600, 60, 3, Cfg(bands=3)).extras["factorization"].bands == 3
+    with pytest.raises(ValueError, match="'bands' must be a positive integer or 'auto'"):
+        mech.plan(600, 60, 3, Cfg(bands=0))
+
+
+def test_blt_mechanism_plan_calibration_and_report():
+    mech = get_optimizer("dpmatrix-blt").mechanism
+    plan = mech.plan(600, 60, 2, Cfg(buffers=2))
+    fact = plan.extras["factorization"]
+    assert plan.steps == 20 and fact.buffers == 2 and fact.in_class()
+    assert plan.extras["sensitivity"] == pytest.approx(dense_sensitivity.sensitivity(fact.matrix(), 2, 10), rel=1e-12)
+    sigma = mech.calibrate(plan, 2.0, 1e-5, "prv")
+    rep = mech.report(plan, sigma, 20, 1e-5, "prv")
+    assert rep["epsilon"] == pytest.approx(2.0, rel=1e-6) and rep["matrix"]["buffers"] == 2
+    assert rep["strategy_sensitivity"] == plan.extras["sensitivity"]
+    noise = mech.noise(plan, 3, "cpu")
+    got = stream(noise, 20)
+    np.testing.assert_allclose(got, np.linalg.solve(fact.matrix(), gaussian_rows(3, 20)), atol=1e-10)
+
+
+def test_factorize_is_a_pure_function_of_its_arguments():
+    a = streaming.factorize("band", 200, 50, 4, 16)
+    b = streaming.factorize("band", 200, 50, 4, 16)
+    np.testing.assert_array_equal(a.coef, b.coef)
+    with pytest.raises(ValueError, match="unknown streaming factorization kind"):
+        streaming.factorize("dense", 10, 10, 1, 1)
+    with pytest.raises(ValueError, match="1 <= b <= min"):
+        streaming.factorize("band", 200, 10, 4, 16)
+
+
+# -- whole runs --------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_band_one_amplified_run_equals_dpsgd_step_for_step(tiny_fmnist, tmp_path):
+    from dpbench.train import RunConfig, run
+
+    # sigma given: the calibration's equality is test_amplified_band_one_is_accounted_as_dpsgd's
+    cfg = dict(problem="P2", lr=0.2, batch_size=60, epochs=2, seed=3, noise_multiplier=1.3, progress_every_s=1e9,
+               cache_dir=str(tmp_path))
+    a = run(RunConfig(optimizer="dpsgd", **cfg))
+    b = run(RunConfig(optimizer="dpmatrix-band-amp", hyperparameters={"bands": 1}, **cfg))
+    ma, mb = a.metrics, b.metrics
+    np.testing.assert_array_equal(ma.loss.to_numpy(), mb.loss.to_numpy())
+    np.testing.assert_array_equal(ma.batch_size.to_numpy(), mb.batch_size.to_numpy())
+    pa, pb = a.meta["privacy"], b.meta["privacy"]
+    for key in ("noise_multiplier", "sample_rate", "epsilon", "epsilon_rdp", "planned_steps"):
+        assert pa[key] == pb[key], key
+    assert list(tmp_path.iterdir()) == []  # a streamed run writes no noise file
+
+
+class _Interrupt(Exception):
+    pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["dpmatrix-band-amp", "dpmatrix-blt"])
+def test_streamed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkeypatch, optimizer):
+    """Killed mid-epoch after a checkpoint, the run resumes with the noise state, sampler and
+    model of the checkpoint and ends with the metrics of an uninterrupted run."""
+    from dpbench.train import RunConfig, run
+
+    cfg = RunConfig(problem="P2", optimizer=optimizer, lr=0.1, batch_size=60, epochs=2, seed=4, noise_multiplier=1.1,
+                    hyperparameters={"bands": 3} if "band" in optimizer else {"buffers": 1}, progress_every_s=1e9)
+    reference = run(cfg)
+    mech = get_optimizer(optimizer).mechanism
+    original = type(mech).sampler
+    calls = {"n": 0}
+
+    class Flaky:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def sample(self):
+            calls["n"] += 1
+            if calls["n"] == 13:
+                raise _Interrupt
+            return self.inner.sample()
+
+        def state_dict(self):
+            return self.inner.state_dict()
+
+        def load_state_dict(self, state):
+            self.inner.load_state_dict(state)
+
+    monkeypatch.setattr(type(mech), "sampler", lambda self, *a, **k: Flaky(original(self, *a, **k)))
+    ckpt = tmp_path / "run.ckpt"
+    with pytest.raises(_Interrupt):
+        run(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
+    state = torch.load(ckpt, weights_only=False)
+    assert state["step_fn"]["noise"]["state"] is not None  # the noise state travels in the checkpoint
+    resumed = run(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(resumed.metrics, reference.metrics)
