@@ -24,7 +24,9 @@ class AuditSpec:
     canary. A mechanism carries one; an optimizer whose step changes the release (DP-Dice)
     overrides it in its spec. Statistics: ``lr`` (likelihood ratio of the Poisson-subsampled
     Gaussian, per step), ``sum`` (sum of the releases), ``projected-lr`` (``lr`` on the
-    release projected on P_k^T e_c), ``matrix`` (the releases whitened by C)."""
+    release projected on P_k^T e_c), ``matrix`` (the releases whitened by C: the mechanism
+    gives ``strategy_matrix(plan)`` and ``strategy_sensitivity(plan)``), ``banded-lr``
+    (``lr`` per round of the releases whitened by a banded C, cyclic Poisson sampling)."""
 
     statistic: str
     neighbours: str = "add/remove"  # or "zero-out"
@@ -32,7 +34,7 @@ class AuditSpec:
     canary_factor: float = 10.0  # M / C: the canary's gradient norm
 
     def __post_init__(self):
-        if self.statistic not in ("lr", "sum", "projected-lr", "matrix"):
+        if self.statistic not in ("lr", "sum", "projected-lr", "matrix", "banded-lr"):
             raise ValueError(f"unknown audit statistic {self.statistic!r}")
         if self.neighbours not in ("add/remove", "zero-out"):
             raise ValueError(f"unknown neighbour relation {self.neighbours!r}")

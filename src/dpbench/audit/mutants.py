@@ -15,6 +15,8 @@ mechanisms); the expected detection rates below are the simulated ones at eps* =
   sampler draws at q; true epsilon about twice the claim. The weakest mutant (85% at R = 2000).
 * ``reused-noise`` (dpsgd): the same noise draw added at every step. The likelihood ratio
   misses it; S_diff (out-trial releases become constant) catches it.
+* ``rate-L-over-N`` (dpmatrix-band-amp, b = 4): accounted at rate L/N while each step samples
+  its group at p = b L / N: the amplified mechanism's characteristic pitfall.
 * ``reshuffled-participation`` (dpmatrix-me): the loader reshuffles every epoch while (k, b)
   participation is accounted (the thesis code's defect 2). Not detectable statistically
   (the sensitivity grows only 1.1-1.3x): caught by the deterministic participation check.
@@ -132,12 +134,13 @@ def no_clipping(name: str = "dpsgd") -> OptimizerSpec:
                                build=lambda ctx: spec.build(dataclasses.replace(ctx, clipping=_Unclipped(ctx.clipping))))
 
 
-def half_sample_rate(name: str = "dpsgd") -> OptimizerSpec:
+def half_sample_rate(name: str = "dpsgd", factor: float = 2.0, label: str = "half-sample-rate") -> OptimizerSpec:
+    """The accountant believes the sample rate is q / factor; the sampler draws at q."""
     spec = get_optimizer(name)
     base = spec.mechanism
 
     def believed(plan: Plan) -> Plan:
-        return dataclasses.replace(plan, sample_rate=plan.sample_rate / 2)
+        return dataclasses.replace(plan, sample_rate=plan.sample_rate / factor)
 
     mech = _Override(
         base,
@@ -145,7 +148,14 @@ def half_sample_rate(name: str = "dpsgd") -> OptimizerSpec:
         report=lambda plan, sigma, steps, delta, acc: base.report(believed(plan), sigma, steps, delta, acc),
         privacy_profile=lambda plan, sigma, delta, acc: base.privacy_profile(believed(plan), sigma, delta, acc),
     )
-    return dataclasses.replace(spec, name=f"{name}~half-sample-rate", mechanism=mech)
+    return dataclasses.replace(spec, name=f"{name}~{label}", mechanism=mech)
+
+
+def amplified_rate_l_over_n(name: str = "dpmatrix-band-amp", bands: int = 4) -> OptimizerSpec:
+    """Amplified BandMF accounted with the rate L/N while each step samples its group at
+    p = b L / N (the pitfall the amplified BandMF paper warns about): b = 4 times the rate."""
+    spec = half_sample_rate(name, float(bands), "rate-L-over-N")
+    return dataclasses.replace(spec, defaults={**spec.defaults, "bands": bands})
 
 
 def reused_noise(name: str = "dpsgd") -> OptimizerSpec:
@@ -174,4 +184,5 @@ MUTANTS: dict[str, Callable[[], OptimizerSpec]] = {
     "half-sample-rate": half_sample_rate,
     "reused-noise": reused_noise,
     "reshuffled-participation": reshuffled_participation,
+    "rate-L-over-N": amplified_rate_l_over_n,
 }

@@ -44,8 +44,27 @@ def _mf_scores(y: np.ndarray, strategy: np.ndarray, pattern: np.ndarray) -> np.n
     return (cy * cv).sum(axis=0) / norms
 
 
+def _banded_lr_scores(y: np.ndarray, strategy: np.ndarray, groups: np.ndarray, sensitivity: float,
+                      noise_std: np.ndarray, rate: float, bands: int) -> np.ndarray:
+    """Amplified BandMF (cyclic Poisson over b groups, banded C): whitened, w = C y = C G +
+    sigma s Z. The canary (group g, public partition) may join at the steps t = g mod b, each
+    with probability p, adding s C e_t; with b bands the columns of different such steps do
+    not overlap, so the rounds are independent and the Neyman-Pearson statistic is
+        S = sum_{t = g mod b} log(1 - p + p exp((2 s (C^T w)_t - s^2 ||C e_t||^2) / (2 sigma^2 s^2))),
+    since <s C e_t, w> = s (C^T w)_t."""
+    steps = strategy.shape[0]
+    ctw = strategy.T @ (strategy @ y)  # (T, R)
+    col2 = (strategy ** 2).sum(axis=0)[:, None]
+    var = (np.asarray(noise_std, float) ** 2)[:, None]
+    log_ratio = (2 * sensitivity * ctw - sensitivity ** 2 * col2) / (2 * var)
+    terms = np.logaddexp(np.log1p(-rate), np.log(rate) + log_ratio)
+    mine = (np.arange(steps)[:, None] % bands) == (np.asarray(groups)[None, :] % bands)
+    return (terms * mine).sum(axis=0)
+
+
 def primary_name(trials: Trials) -> str:
-    return {"lr": "S_LR", "sum": "S_sum", "projected-lr": "S_LR", "matrix": "S_MF"}[trials.audit.statistic]
+    return {"lr": "S_LR", "sum": "S_sum", "projected-lr": "S_LR", "matrix": "S_MF",
+            "banded-lr": "S_LR"}[trials.audit.statistic]
 
 
 def scores(trials: Trials) -> dict[str, np.ndarray]:
@@ -60,8 +79,12 @@ def scores(trials: Trials) -> dict[str, np.ndarray]:
     elif family == "sum":
         primary = statistics.s_sum(y)
     elif family == "matrix":
-        strategy = claim.plan.extras["factorization"].strategy
+        strategy = claim.strategy
         primary = _mf_scores(trials.y, strategy, trials.pattern)
+    elif family == "banded-lr":
+        strategy = claim.strategy
+        primary = _banded_lr_scores(trials.y, strategy, trials.extras["groups"], s, trials.noise_std,
+                                    claim.plan.sample_rate, claim.plan.extras["bands"])
     else:
         raise ValueError(f"unknown audit statistic {family!r}")
     return {primary_name(trials): primary, "S_diff": statistics.s_diff(y, strategy)}
@@ -79,9 +102,10 @@ def claim_record(spec: OptimizerSpec, trials_or_claim, hyper: dict, problem: Aud
                     "epochs": problem_size(spec, problem)[1], "batch_size": problem.batch_size,
                     "steps": problem.steps},
     }
-    fact = plan.extras.get("factorization")
-    if fact is not None:
-        record.update({"factorization": fact.key, "strategy_sensitivity": fact.sensitivity})
+    if claim.strategy is not None:
+        fact = plan.extras.get("factorization")
+        record.update({"factorization": getattr(fact, "key", type(fact).__name__),
+                       "strategy_sensitivity": claim.strategy_sensitivity})
     return record
 
 
@@ -109,11 +133,11 @@ def audit(spec: OptimizerSpec, epsilon: float, trials: int = 2000, mode: str = "
     result = bounds.analyse({k: (v[tr.canary_in], v[~tr.canary_in]) for k, v in scored.items()}, profile,
                             beta=beta, delta=delta, rng=np.random.default_rng([seed, 1]))
     checks = {"postprocessing": postprocessing_check(spec, tr.claim, hyper, problem, seed)}
-    if tr.audit.neighbours == "zero-out" and "factorization" in tr.claim.plan.extras:
-        fact = tr.claim.plan.extras["factorization"]
+    if tr.audit.neighbours == "zero-out" and tr.claim.strategy is not None:
         n, _ = problem_size(spec, problem)
         sampler = spec.mechanism.sampler(tr.claim.plan, n, seed, "cpu")
-        checks["participation"] = participation_check(fact.strategy, sampler, tr.claim.plan.steps, fact.sensitivity)
+        checks["participation"] = participation_check(tr.claim.strategy, sampler, tr.claim.plan.steps,
+                                                      tr.claim.strategy_sensitivity)
     participation_ok = checks.get("participation", {}).get("ok", True)
     rows = pd.concat([pd.DataFrame({"trial": np.arange(trials, dtype=np.int64), "canary_in": tr.canary_in,
                                     "statistic": name, "score": values.astype(np.float64)})

@@ -39,7 +39,16 @@ CASES = (
     Case("mutant: sigma calibrated for q/2", mutants.half_sample_rate, True, trials=6000),
     Case("mutant: one noise draw reused every step", mutants.reused_noise, True),
     Case("mutant: participation reshuffled every epoch", mutants.reshuffled_participation, True),
+    Case("dpmatrix-band-amp, b = 4 (correct)", lambda: _with_defaults("dpmatrix-band-amp", bands=4), False),
+    Case("mutant: amplified BandMF accounted at rate L/N", mutants.amplified_rate_l_over_n, True),
 )
+
+
+def _with_defaults(name: str, **defaults) -> OptimizerSpec:
+    import dataclasses
+
+    spec = get_optimizer(name)
+    return dataclasses.replace(spec, defaults={**spec.defaults, **defaults})
 
 
 def self_test(seed: int = 0, out=sys.stdout, log=None) -> bool:

@@ -80,6 +80,8 @@ class Claim:
     plan: Plan
     clip_sensitivity: float  # s: the norm bound of one clipped per-sample gradient
     accountant: str
+    strategy: np.ndarray | None = None  # C (T x T) of correlated-noise mechanisms: the release is C G + sigma s Z
+    strategy_sensitivity: float | None = None  # sens(C) the noise is calibrated for
 
 
 @dataclass
@@ -161,14 +163,15 @@ def audit_spec(spec: OptimizerSpec) -> AuditSpec:
     return audit
 
 
-def _run_config(spec: OptimizerSpec, hyper: dict, delta: float, cache_dir: str | None):
+def _run_config(hyper: dict, epsilon: float | None, delta: float, cache_dir: str | None):
     """The settings a mechanism's plan() may read (a stand-in for train.RunConfig)."""
-    return _AuditRunConfig(hyperparameters=hyper, delta=delta, cache_dir=cache_dir)
+    return _AuditRunConfig(hyperparameters=hyper, epsilon=epsilon, delta=delta, cache_dir=cache_dir)
 
 
 @dataclass(frozen=True)
 class _AuditRunConfig:
     hyperparameters: dict
+    epsilon: float | None
     delta: float
     cache_dir: str | None
     factorization: str | None = None
@@ -187,7 +190,7 @@ def make_claim(spec: OptimizerSpec, epsilon: float | None, hyper: dict, problem:
     """Plan the audited run and calibrate sigma exactly as a training cell does (or take the
     given sigma; the claim is then the epsilon the mechanism's accountant reports for it)."""
     n, epochs = problem_size(spec, problem)
-    plan = spec.mechanism.plan(n, problem.batch_size, epochs, _run_config(spec, hyper, delta, cache_dir))
+    plan = spec.mechanism.plan(n, problem.batch_size, epochs, _run_config(hyper, epsilon, delta, cache_dir))
     if plan.steps != problem.steps:
         raise ValueError(f"{spec.name}: the mechanism plans {plan.steps} steps, the audit problem {problem.steps}")
     if noise_multiplier is None:
@@ -195,7 +198,11 @@ def make_claim(spec: OptimizerSpec, epsilon: float | None, hyper: dict, problem:
     else:
         sigma = float(noise_multiplier)
         epsilon = spec.mechanism.report(plan, sigma, plan.steps, delta, accountant)["epsilon"]
-    return Claim(epsilon, delta, sigma, plan, Clipping(clip_norm).sensitivity, accountant)
+    strategy = sens = None
+    if hasattr(spec.mechanism, "strategy_matrix"):
+        strategy = np.asarray(spec.mechanism.strategy_matrix(plan), dtype=np.float64)
+        sens = spec.mechanism.strategy_sensitivity(plan) if hasattr(spec.mechanism, "strategy_sensitivity") else None
+    return Claim(epsilon, delta, sigma, plan, Clipping(clip_norm).sensitivity, accountant, strategy, sens)
 
 
 def _worst_batch(strategy: np.ndarray, batches: int) -> int:
@@ -215,7 +222,7 @@ def _canary_slots(audit: AuditSpec, claim: Claim, sampler, n_lane: int, lanes: i
     if audit.neighbours == "add/remove":
         return base + (n_lane - canaries) + torch.arange(canaries)
     if canaries == 1 and hasattr(sampler, "batches"):
-        worst = _worst_batch(claim.plan.extras["factorization"].strategy, sampler.batches.shape[0])
+        worst = _worst_batch(claim.strategy, sampler.batches.shape[0])
         return sampler.batches[worst].cpu().view(lanes, -1)[:, :1].clone()
     return base + torch.arange(canaries)
 
@@ -280,8 +287,11 @@ def run_chunk(spec: OptimizerSpec, audit: AuditSpec, claim: Claim, hyper: dict, 
         # ||P_t^T e_j|| it is the release projected on u = P_t^T e_j / ||P_t^T e_j||, whose
         # noise has the claimed std and whose canary signal is s ||P_t^T e_j||
         y = y / projected
+    groups = None
+    if audit.statistic == "banded-lr":  # cyclic Poisson: the canaries' groups (a public partition)
+        groups = sampler.groups.cpu()[slots].numpy()
     return {"y": y, "participation": participation, "noise_std": noise_std, "projected_norms": projected,
-            "recorder": recorder, "step": step, "sampler": sampler}
+            "groups": groups, "recorder": recorder, "step": step, "sampler": sampler}
 
 
 def _projected_canary_norms(step, canaries: int) -> np.ndarray:
@@ -327,7 +337,7 @@ def run_trials(spec: OptimizerSpec, epsilon: float, trials: int, seed: int = 0, 
     inout_seq, *chunk_seqs = np.random.SeedSequence(seed).spawn(1 + math.ceil(trials / lanes))
     canary_in = np.zeros(trials, dtype=bool)
     canary_in[np.random.default_rng(inout_seq).permutation(trials)[: trials // 2]] = True
-    ys, patterns, norms = [], [], []
+    ys, patterns, norms, groups = [], [], [], []
     for k, start in enumerate(range(0, trials, lanes)):
         chunk_seed = int(chunk_seqs[k].generate_state(1, np.uint64)[0] >> np.uint64(1))
         out = run_chunk(spec, audit, claim, hyper, problem, canary_in[start:start + lanes], chunk_seed,
@@ -336,6 +346,8 @@ def run_trials(spec: OptimizerSpec, epsilon: float, trials: int, seed: int = 0, 
         ys.append(out["y"][:, :, 0])
         patterns.append(out["participation"][:, :, 0])
         norms.append(out["projected_norms"][:, :, 0])
+        if out["groups"] is not None:
+            groups.append(out["groups"][:, 0])
         if log:
             log(f"{spec.name}: trials {min(start + lanes, trials)}/{trials} ({time.perf_counter() - t0:.1f}s)")
     # zero-out families: each trial's realised participation of its canary slot (T, R); the
@@ -343,8 +355,9 @@ def run_trials(spec: OptimizerSpec, epsilon: float, trials: int, seed: int = 0, 
     pattern = np.concatenate(patterns, axis=1).astype(float) if audit.neighbours == "zero-out" else None
     # projected families: the claimed canary signal at each step, s ||P_t^T e_c|| (T, R)
     signal = claim.clip_sensitivity * np.concatenate(norms, axis=1) if audit.statistic == "projected-lr" else None
+    extras = {"groups": np.concatenate(groups)} if groups else {}
     return Trials(np.concatenate(ys, axis=1), canary_in, out["noise_std"], claim, audit, canary_norm, pattern,
-                  signal, seconds=time.perf_counter() - t0)
+                  signal, seconds=time.perf_counter() - t0, extras=extras)
 
 
 # -- deterministic checks ---------------------------------------------------------------------

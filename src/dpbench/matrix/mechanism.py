@@ -127,6 +127,13 @@ class MatrixMechanism:
 
         return profiles.gaussian_profile(plan.extras["factorization"].sensitivity / noise_multiplier)
 
+    def strategy_matrix(self, plan: Plan):
+        """C, the dense T x T strategy the release C G + sigma s Z uses."""
+        return plan.extras["factorization"].strategy
+
+    def strategy_sensitivity(self, plan: Plan) -> float:
+        return plan.extras["factorization"].sensitivity
+
     def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
         fact = plan.extras["factorization"]
         k, b = fact.epochs, fact.batches
