@@ -356,9 +356,8 @@ def run(cfg: RunConfig, checkpoint: str | Path | None = None, checkpoint_every_s
     metrics = metrics.astype({"step": "int64", "epoch": "int64", "batch_size": "int64",
                               "loss": "float64", "accuracy": "float64"})
 
-    privacy = mechanism.report(plan, sigma, steps_done, cfg.delta, cfg.accountant) if spec.private else {}
-    if getattr(ctx.noise, "path", None) is not None:  # a noise file found or made at the first step
-        privacy.setdefault("matrix", {})["noise_file"] = str(ctx.noise.path)
+    privacy = ({**mechanism.report(plan, sigma, steps_done, cfg.delta, cfg.accountant), **step_fn.privacy_record()}
+               if spec.private else {})
     meta = {
         "config": asdict(cfg),
         "problem": {"id": problem.id, "dataset": problem.dataset, "task": problem.task, "metric": problem.metric,

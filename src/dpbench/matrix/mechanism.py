@@ -67,6 +67,10 @@ class CorrelatedNoise:
             i += t.numel()
         return out
 
+    def record(self) -> dict:
+        """The noise file read (known once the first step gave d), for the run's privacy record."""
+        return {"noise_file": None if self.path is None else str(self.path)}
+
     def state_dict(self) -> dict:
         return {"step": self.step, "path": None if self.path is None else str(self.path)}
 
@@ -162,7 +166,6 @@ class MatrixMechanism:
                 "tau": r.get("tau"), "objective": r.get("objective"), "prefix_sum_error": r.get("prefix_sum_error"),
                 "relative_duality_gap": r.get("relative_duality_gap"), "method": r.get("method"),
                 "digest": fact.digest, "factorization_file": plan.extras["factorization_file"],
-                "noise_file": plan.extras.get("noise_file"),
                 "common_random_numbers": "noise depends only on (factorization, d, run seed): runs that differ "
                                          "only in learning rate or epsilon share it",
             },
