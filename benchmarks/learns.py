@@ -61,7 +61,7 @@ def main() -> None:
         res = run(RunConfig(problem="P2", optimizer=name, lr=lrs[name], batch_size=args.batch_size, epochs=1, seed=0,
                             epsilon=args.epsilon if spec.private else None, max_steps=args.steps, hyperparameters=hyper,
                             test_subset=args.test_subset, data_dir=args.data_dir, device=args.device,
-                            progress_every_s=60))
+                            progress_every_s=60), spec)
         p, r = res.meta["privacy"], res.meta["result"]
         rows.append((name, lrs[name], p, r, res.meta["timing"], time.perf_counter() - t))
         print(f"{name}: test accuracy {r['final_test_accuracy']:.4f}", file=sys.stderr, flush=True)

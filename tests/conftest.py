@@ -1,3 +1,4 @@
+import functools
 import os
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from dpbench import data  # noqa: E402
+from dpbench import accounting, data  # noqa: E402
 
 FMNIST_DIRS = [Path(os.environ["DPBENCH_DATA_DIR"]) / "fashion-mnist"] if os.environ.get("DPBENCH_DATA_DIR") else []
 FMNIST_DIRS += [REPO / "data" / "fashion-mnist", *data.SYSTEM_DIRS["fashion-mnist"]]
@@ -51,6 +52,34 @@ def tiny_fmnist(monkeypatch):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _memoized_accountant():
+    """accounting.epsilon is a pure function of (history, delta, accountant), and evaluating it
+    is most of what many tests spend (a sigma calibration evaluates it about 20 times, and the
+    training tests calibrate the same plans again and again): within the test process each
+    value is computed once. The values are the accountant's own, so no assertion changes."""
+    original = accounting.epsilon
+
+    @functools.lru_cache(maxsize=None)
+    def cached(history, delta, accountant):
+        return original([tuple(h) for h in history], delta, accountant)
+
+    def epsilon(history, delta=accounting.DELTA, accountant="prv"):
+        return cached(tuple(tuple(h) for h in history), delta, accountant)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(accounting, "epsilon", epsilon)
+        yield
+
+
+def run_cell(cfg, **kwargs):
+    """``dpbench.train.run`` with the registry's spec of ``cfg.optimizer``, as the CLI calls it."""
+    from dpbench.optimizers import get_optimizer
+    from dpbench.train import run
+
+    return run(cfg, get_optimizer(cfg.optimizer), **kwargs)
 
 
 def run_cli(*args, cwd=REPO, check=True, timeout=600):

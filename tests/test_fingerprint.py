@@ -10,8 +10,8 @@ from dpbench import fingerprint
 
 def test_harness_closure_excludes_the_registry_and_other_optimizers():
     harness = fingerprint.module_closure(fingerprint.HARNESS)
-    assert {"dpbench.train", "dpbench.per_sample", "dpbench.accounting", "dpbench.clipping",
-            "dpbench.sampling", "dpbench.noise", "dpbench.optimizers.base"} <= harness
+    assert {"dpbench.train", "dpbench.harness", "dpbench.seeds", "dpbench.per_sample", "dpbench.accounting",
+            "dpbench.clipping", "dpbench.sampling", "dpbench.noise", "dpbench.optimizers.base"} <= harness
     assert "dpbench.optimizers" not in harness and "dpbench.optimizers.sgd" not in harness
     assert "dpbench.figures" not in harness and "dpbench.aggregate" not in harness
 

@@ -15,8 +15,21 @@ BASE = {"grid": [{"problems": ["P2"], "batch_sizes": [256, 512], "epsilons": [1,
 
 def test_defaults_are_filled_in():
     cfg = validate(copy.deepcopy(BASE))
-    assert cfg["data_dir"] == "data" and cfg["results_dir"] == "results" and cfg["software_env"] == "cpu"
-    assert cfg["train"]["delta"] == 1e-5 and cfg["train"]["clip_norm"] == 1.0 and cfg["train"]["threads"] == 1
+    assert cfg["data_dir"] == "data" and cfg["results_dir"] == "results" and cfg["root_seed"] == 20250731
+    assert cfg["train"]["delta"] == 1e-5 and cfg["train"]["clip_norm"] == 1.0 and cfg["train"]["validation_size"] == 0
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("software_env", "cuda", "envs/train-cuda.yaml where it gives rule train a GPU"),
+    ("train.device", "cuda", "the profile chooses the device"),
+    ("train.threads", 4, "set-threads: train: N"),
+])
+def test_deployment_keys_are_refused_with_where_they_went(key, value, match):
+    cfg = copy.deepcopy(BASE)
+    section, _, name = key.rpartition(".")
+    (cfg.setdefault(section, {}) if section else cfg)[name] = value
+    with pytest.raises(ConfigError, match=f"config key {key}: deployment settings are not config keys; .*{match}"):
+        validate(cfg)
 
 
 def test_expansion_counts_and_dedupes():
@@ -72,3 +85,29 @@ def test_default_config_is_the_small_p2_experiment():
     assert all(len({c.lr for c in cells if c.optimizer == o}) == 2 for o in ("dpsgd", "sgd"))
     assert cfg["train"]["train_subset"] is None  # full Fashion-MNIST
     yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def _schema_keys(schema: dict, prefix: str = "") -> list[str]:
+    """Every key path of the config schema: `train.delta`, `grid[].optimizers.<id>.lr`, ..."""
+    keys = []
+    for name, sub in schema.get("properties", {}).items():
+        path = f"{prefix}{name}"
+        keys.append(path)
+        if sub.get("type") == "array" and "items" in sub:
+            keys += _schema_keys(sub["items"], f"{path}[].")
+        keys += _schema_keys(sub, f"{path}.")
+        if isinstance(sub.get("additionalProperties"), dict) and "properties" in sub["additionalProperties"]:
+            keys += _schema_keys(sub["additionalProperties"], f"{path}.<id>.")
+    return keys
+
+
+def test_config_readme_documents_every_key():
+    from dpbench.grid import SCHEMA_PATH
+
+    keys = _schema_keys(yaml.safe_load(SCHEMA_PATH.read_text()))
+    assert {"train.delta", "grid[].seeds", "grid[].optimizers.<id>.lr"} <= set(keys) and len(keys) > 20
+    readme = (REPO / "config" / "README.md").read_text()
+    assert [k for k in keys if f"`{k}`" not in readme] == []
+    # and the settings that are deployment, not configuration, say where they went
+    for key in ("software_env", "train.device", "train.threads"):
+        assert f"`{key}`" in readme

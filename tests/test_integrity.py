@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from scipy import stats
 from torch import nn
 
+from conftest import run_cell
 from dpbench import per_sample
 from dpbench.clipping import Clipping
 from dpbench.matrix import cache, factorization, noise_file
@@ -133,15 +134,15 @@ def test_full_disk_while_writing_names_the_file_and_leaves_nothing(tmp_path, fac
 
 def test_a_zero_filled_noise_file_stops_the_run(tiny_fmnist, tmp_path):
     """Before: the run trained normally and reported sigma and epsilon while adding no noise."""
-    from dpbench.train import RunConfig, run
+    from dpbench.train import RunConfig
 
     cfg = dict(problem="P2", optimizer="dpmatrix-se", lr=0.1, batch_size=100, epochs=1, seed=1,
                epsilon=1.0, cache_dir=str(tmp_path), progress_every_s=1e9, test_subset=20)
-    run(RunConfig(**cfg, max_steps=1))  # makes the files
+    run_cell(RunConfig(**cfg, max_steps=1))  # makes the files
     (path,) = tmp_path.rglob("noise-*.npy")
     zero_rows(path, range(6))
     with pytest.raises(NoiseFileError, match=rf"noise file {path}: row 0 does not match.*delete {path}"):
-        run(RunConfig(**cfg))
+        run_cell(RunConfig(**cfg))
 
 
 # -- factorizations: verified on load, sensitivity recomputed ----------------------------------
@@ -377,9 +378,9 @@ def test_every_void_calibration_is_worded_so_that_it_is_found():
 def test_columns_computed_from_private_data_without_noise_are_marked_private_false(tiny_fmnist, tmp_path):
     from dpbench.aggregate import aggregate
     from dpbench.results import not_private_columns, write_run
-    from dpbench.train import RunConfig, run
+    from dpbench.train import RunConfig
 
-    res = run(RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=1, seed=0,
+    res = run_cell(RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=1, seed=0,
                         noise_multiplier=1.0, accountant="rdp", max_steps=2, validation_size=50, test_subset=20,
                         progress_every_s=1e9))
     path = write_run(tmp_path / "run.parquet", res.metrics, {**res.meta, "run_id": "r"})

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import REPO, run_cli, snakemake_exe
+from conftest import REPO, run_cell, run_cli, snakemake_exe
 from dpbench import accounting
 from dpbench.matrix import cache, factorization, noise_file, sensitivity
 from dpbench.matrix.dual import dual_ascent
@@ -370,7 +370,8 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
     from dpbench.clipping import Clipping
     from dpbench.optimizers.base import SGD, Context, DPStep
     from dpbench.problems import get_problem
-    from dpbench.train import RunConfig, run, stream_seeds
+    from dpbench.seeds import stream_seeds
+    from dpbench.train import RunConfig
 
     seed, L, lr, eps = 3, 64, 0.5, 2.0
     b = 600 // L
@@ -381,7 +382,7 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
     dim = cache.PARAMETER_COUNTS["P2"]
     noise_file.write_noise(tmp_path / "noise.npy", fact.noising, dim, seeds["noise"],
                            meta={"factorization_digest": fact.digest})
-    res = run(RunConfig(problem="P2", optimizer=optimizer, lr=lr, batch_size=L, epochs=epochs, seed=seed,
+    res = run_cell(RunConfig(problem="P2", optimizer=optimizer, lr=lr, batch_size=L, epochs=epochs, seed=seed,
                         epsilon=eps, factorization=str(tmp_path / "identity.npz"),
                         noise_file=str(tmp_path / "noise.npy"), progress_every_s=1e9))
     sigma = accounting.gaussian_noise_multiplier(eps, 1e-5, sensitivity=np.sqrt(epochs))
@@ -410,13 +411,13 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
 
 
 def test_matrix_run_records_privacy_and_reuses_its_cache(tiny_fmnist, tmp_path):
-    from dpbench.train import RunConfig, run
+    from dpbench.train import RunConfig
 
     cfg = dict(problem="P2", optimizer="dpmatrix-me-lambda", batch_size=100, epochs=2, seed=1,
                cache_dir=str(tmp_path), progress_every_s=1e9)
-    a = run(RunConfig(lr=0.1, epsilon=1.0, **cfg))
+    a = run_cell(RunConfig(lr=0.1, epsilon=1.0, **cfg))
     files = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
-    b = run(RunConfig(lr=0.3, epsilon=10.0, max_steps=7, **cfg))
+    b = run_cell(RunConfig(lr=0.3, epsilon=10.0, max_steps=7, **cfg))
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == files  # nothing new
     pa, pb = a.meta["privacy"], b.meta["privacy"]
     assert pa["matrix"]["key"] == "me-lambda-k2-b6-tau12"
@@ -453,7 +454,7 @@ def test_workflow_reuses_factorization_and_noise_for_a_second_cell(tmp_path):
     """After the first cell's factorization and noise exist, a second cell (other learning
     rates and epsilons) schedules training jobs only."""
     def config(lrs, epsilons):
-        return {"results_dir": "out", "train": {"train_subset": 256, "device": "cpu"},
+        return {"results_dir": "out", "train": {"train_subset": 256},
                 "grid": [{"problems": ["P2"], "batch_sizes": [32], "epochs": [1], "epsilons": epsilons,
                           "optimizers": {"dpmatrix-se": {"lr": lrs}}}]}
 
@@ -484,7 +485,7 @@ def test_workflow_factorizes_writes_noise_and_trains_setup2_and_setup3_cells(tmp
     from dpbench.results import read_meta
 
     config = {"data_dir": str(fmnist_dir), "results_dir": "out",
-              "train": {"train_subset": 256, "test_subset": 200, "device": "cpu"},
+              "train": {"train_subset": 256, "test_subset": 200},
               "figures": {"fig5_2": {"problems": ["P3", "P2"]}},
               "grid": [{"problems": ["P2"], "batch_sizes": [32], "epochs": [1], "epsilons": [10],
                         "optimizers": {"dpmatrix-se": {"lr": [0.5]}}},

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from conftest import run_cell
 from dpbench import accounting, mechanisms
 from dpbench.clipping import Clipping
 from dpbench.mechanisms import PoissonSubsampledGaussian, inverse_sqrt_schedule
@@ -40,7 +41,7 @@ from dpbench.noise import GaussianNoise
 from dpbench.optimizers import OPTIMIZERS, get_optimizer
 from dpbench.optimizers import projection as proj
 from dpbench.optimizers.base import Context
-from dpbench.train import RunConfig, run
+from dpbench.train import RunConfig
 
 DELTA = 1e-5
 
@@ -114,18 +115,18 @@ def ref_dpadambc(th, grad_fn, st, env):  # thesis Alg. 2, line 14
     return th - env.lr * m / torch.sqrt(torch.clamp(v - phi, min=env.h["zeta"]))
 
 
-def ref_dpadamw(th, grad_fn, st, env):  # seed 002 Alg. 1, line 10
+def ref_dpadamw(th, grad_fn, st, env):  # Chooi et al. 2025 (arXiv:2511.07843) Alg. 1, line 10
     m, v = _moments(_private_mean(th, grad_fn, env), st, env.h)
     return th - env.lr * (m / torch.sqrt(v + env.h["eps0"]) + env.h["weight_decay"] * th)
 
 
-def ref_dpadamw_bc(th, grad_fn, st, env):  # seed 002 Alg. 2, line 10
+def ref_dpadamw_bc(th, grad_fn, st, env):  # Chooi et al. 2025 Alg. 2, line 10
     m, v = _moments(_private_mean(th, grad_fn, env), st, env.h)
     phi = (env.sigma * sens(env) / env.L) ** 2
     return th - env.lr * (m / torch.sqrt(torch.clamp(v - phi, min=env.h["gamma"])) + env.h["weight_decay"] * th)
 
 
-def ref_dpdice(th, grad_fn, st, env):  # thesis Alg. 3 on the mean scale (REFERENCE.md)
+def ref_dpdice(th, grad_fn, st, env):  # thesis Alg. 3, the residual on the mean-gradient scale
     # Normalised clipping at C is Abadi clipping at 1 of the gradients divided by C, so the
     # algorithm runs on g / C with thresholds 1 and C2 / C; flat clipping runs it as written.
     u = 1 / env.C if env.normalize else 1.0
@@ -140,7 +141,7 @@ def ref_dpdice(th, grad_fn, st, env):  # thesis Alg. 3 on the mean scale (REFERE
     return th - env.lr * gbar  # line 16, noise off
 
 
-def ref_dpdisk(th, grad_fn, st, env):  # seed 004 Alg. 3 (thesis Alg. 4), noise off
+def ref_dpdisk(th, grad_fn, st, env):  # Zhang et al. 2025 (arXiv:2410.03883) Alg. 3 (thesis Alg. 4), noise off
     kappa, gamma = env.h["kappa"], env.h["gamma"]
     a = (1 - kappa) / (kappa * gamma)
     d = st.get("d", torch.zeros_like(th))
@@ -471,7 +472,7 @@ def cached_accountant(monkeypatch):
 @pytest.mark.parametrize("name", list(ROWS))
 def test_run_meets_its_target_epsilon(name, tiny_fmnist, cached_accountant):
     spec = get_optimizer(name)
-    res = run(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=2, seed=0,
+    res = run_cell(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=2, seed=0,
                         epsilon=2.0 if spec.private else None, max_steps=2, test_subset=50, progress_every_s=1e9))
     p, meta = res.meta["privacy"], res.meta
     assert meta["optimizer"]["hyperparameters"] == spec.defaults
@@ -506,7 +507,7 @@ def test_gaussian_projection_run_records_its_bound(tiny_fmnist, cached_accountan
     # the P2 model's d x p Gaussian matrix takes a minute per step on a CPU; the accounting does
     # not depend on it (the projection is tested in test_projection.py)
     monkeypatch.setattr(proj.GaussianProjection, "back", lambda self, g, e=None: g.clone())
-    res = run(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=2, seed=0, epsilon=2.0,
+    res = run_cell(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=2, seed=0, epsilon=2.0,
                         max_steps=1, test_subset=50, hyperparameters={"projection": "gaussian"},
                         progress_every_s=1e9))
     p = res.meta["privacy"]
@@ -517,19 +518,19 @@ def test_gaussian_projection_run_records_its_bound(tiny_fmnist, cached_accountan
     assert p["projection_sensitivity_factor"] == pytest.approx(
         1 + math.sqrt(225_034 / 157_524) + p["projection_tail_t"] / math.sqrt(157_524))
     with pytest.raises(ValueError, match="projection must be one of srht, gaussian, got 'dense'"):
-        run(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=1, seed=0, epsilon=2.0,
+        run_cell(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=1, seed=0, epsilon=2.0,
                       max_steps=1, hyperparameters={"projection": "dense"}, progress_every_s=1e9))
 
 
 def test_paper_sensitivity_is_marked_invalid(tiny_fmnist, cached_accountant):
-    res = run(RunConfig(problem="P2", optimizer="d2p2sgd", lr=0.01, batch_size=60, epochs=2, seed=0, epsilon=2.0,
+    res = run_cell(RunConfig(problem="P2", optimizer="d2p2sgd", lr=0.01, batch_size=60, epochs=2, seed=0, epsilon=2.0,
                         max_steps=1, test_subset=50, hyperparameters={"paper_sensitivity": True},
                         progress_every_s=1e9))
     p = res.meta["privacy"]
     assert p["caveat"].startswith("not a valid DP guarantee")
     assert "delta_fail" not in p and p["projection_sensitivity_factor"] == 1.0
     with pytest.raises(ValueError, match="paper_sensitivity must be true or false"):
-        run(RunConfig(problem="P2", optimizer="dp2sgd", lr=0.01, batch_size=60, epochs=1, seed=0, epsilon=2.0,
+        run_cell(RunConfig(problem="P2", optimizer="dp2sgd", lr=0.01, batch_size=60, epochs=1, seed=0, epsilon=2.0,
                       max_steps=1, hyperparameters={"paper_sensitivity": "yes"}, progress_every_s=1e9))
 
 

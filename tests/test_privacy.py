@@ -149,7 +149,8 @@ def test_prv_matches_the_exact_gaussian_mechanism_without_subsampling():
 
 
 def test_analytic_gaussian_reference_values():
-    # REFERENCE.md: exact sigma at epsilon = 10, delta = 1e-5 is 0.500 (the GDP CLT gives 0.788)
+    # the exact sigma at epsilon = 10, delta = 1e-5 is 0.500 (the GDP central-limit formula that the
+    # thesis authors' code used gives 0.788)
     assert accounting.gaussian_noise_multiplier(10.0) == pytest.approx(0.500, abs=5e-4)
     s1 = accounting.gaussian_noise_multiplier(1.0)
     assert accounting.gaussian_delta(1.0, 1 / s1) == pytest.approx(1e-5, rel=1e-6)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 CONFIG = {
     "results_dir": "results",
-    "train": {"max_steps": 2, "train_subset": 500, "test_subset": 100, "validation_size": 100, "device": "cpu"},
+    "train": {"max_steps": 2, "train_subset": 500, "test_subset": 100, "validation_size": 100, "accountant": "rdp"},
     "figures": {"fig5_1": {}, "fig5_4": {"problem": "P2", "ys": ["batch_size"]}},
     "grid": [{"problems": ["P2"], "batch_sizes": [100], "epsilons": [2], "epochs": [1],
               "optimizers": {"sgd": {"lr": [0.1]}, "dpsgd": {"lr": [0.5]}, "dpadam": {"lr": [0.001]}}}],
@@ -38,16 +38,25 @@ def snakemake(workdir, *args, timeout=600, **kw):
                           cwd=workdir, capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def planned_jobs(workdir) -> dict[str, int]:
-    """Jobs a dry run would execute, per rule (the 'Job stats' table)."""
-    proc = snakemake(workdir, "-n", "--quiet", "rules")
+def dry_run(workdir) -> tuple[dict[str, int], str]:
+    """Jobs a dry run would execute, per rule (its first 'Job stats' table), and its output."""
+    proc = snakemake(workdir, "-n")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    counts = {}
-    for line in proc.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit() and parts[0] not in ("total",):
-            counts[parts[0]] = int(parts[1])
-    return counts
+    counts, lines = {}, iter(proc.stdout.splitlines())
+    for line in lines:
+        if line.startswith("Job stats:"):
+            for row in lines:
+                parts = row.split()
+                if not parts:
+                    break
+                if len(parts) == 2 and parts[1].isdigit() and parts[0] != "total":
+                    counts[parts[0]] = int(parts[1])
+            break
+    return counts, proc.stdout
+
+
+def planned_jobs(workdir) -> dict[str, int]:
+    return dry_run(workdir)[0]
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +79,10 @@ def edit(path, text="\n# an edit\n"):
 def test_changing_one_optimizer_reruns_only_its_cells(workdir):
     undo = edit(workdir / "src" / "dpbench" / "optimizers" / "adam.py")
     try:
-        jobs = planned_jobs(workdir)
+        jobs, out = dry_run(workdir)
         # dpadam is the only cell of the grid whose optimizer lives in adam.py
         assert jobs == {"train": 1, "aggregate": 1, "plot_fig5_1": 1, "plot_fig5_4": 1, "all": 1}
-        proc = snakemake(workdir, "-n")
-        trained = [line.split()[-1] for line in proc.stdout.splitlines() if line.strip().startswith("output: results/runs/")]
+        trained = [line.split()[-1] for line in out.splitlines() if line.strip().startswith("output: results/runs/")]
         assert len(trained) == 1 and trained[0].startswith("results/runs/P2/dpadam/")
     finally:
         undo()
@@ -123,7 +131,7 @@ def test_changing_a_grid_axis_touches_only_its_cells(workdir):
 def test_a_killed_workflow_resumes_from_its_checkpoints(tmp_path, fmnist_dir):
     copy_repo(tmp_path)
     config = {"data_dir": str(fmnist_dir), "results_dir": "results",
-              "train": {"train_subset": 2000, "test_subset": 200, "device": "cpu"},
+              "train": {"train_subset": 2000, "test_subset": 200, "accountant": "rdp"},
               "grid": [{"problems": ["P2"], "batch_sizes": [100], "epsilons": [2], "epochs": [4],
                         "optimizers": {"dpsgd": {"lr": [0.5]}}}]}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))

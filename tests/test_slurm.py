@@ -14,7 +14,7 @@ from dpbench import cluster
 
 PROFILES = REPO / "workflow" / "profiles"
 SCRIPTS = REPO / "scripts" / "slurm"
-TRAIN = {"threads": 4, "device": "auto"}
+TRAIN = {}
 
 
 def cell(problem="P2", optimizer="dpsgd", batch_size=256, epochs=2):
@@ -32,13 +32,13 @@ def test_resources_of_known_cells():
     # P2, L 256, E 2 on a GPU: 469 steps x (10 ms + 256 x 30 us) = 8.3 s, plus 2 test passes
     seconds = 469 * (0.010 + 256 * 30e-6) + 2 * 10_000 * 30e-6 / 3
     assert cluster.compute_seconds(cell(), TRAIN) == pytest.approx(seconds)
-    assert cluster.resources(cell(), TRAIN) == {"mem_mb": 5000, "runtime": 15, "gpu": 1, "cpus_per_gpu": 4}
+    assert cluster.resources(cell(), TRAIN) == {"mem_mb": 5000, "runtime": 15}
     # the longest Setup 1 run: P1, L 256, E 500 (97,656 steps): about 34 minutes of compute
     long = cluster.resources(cell("P1", "dpsgd", 256, 500), TRAIN)
     assert long["runtime"] == 65 and long["mem_mb"] == 6000
-    # a CPU device asks for no GPU and uses the (slower) CPU costs
-    cpu = cluster.resources(cell("P1", "dpsgd", 256, 500), {"device": "cpu", "threads": 2})
-    assert cpu["gpu"] == 0 and cpu["cpus_per_gpu"] == 2 and cpu["runtime"] > 4 * long["runtime"]
+    # on the CPU (a profile without GPUs for training) the (slower) CPU costs apply
+    cpu = cluster.resources(cell("P1", "dpsgd", 256, 500), TRAIN, on_gpu=False)
+    assert cpu["runtime"] > 4 * long["runtime"] and cpu["mem_mb"] == long["mem_mb"]
 
 
 def test_matrix_mechanisms_train_at_dp_sgd_cost():
@@ -60,7 +60,7 @@ def test_retries_ask_for_more_and_estimates_grow_with_the_work():
 def test_only_short_runs_are_bundled():
     assert cluster.bundle(cell(), TRAIN) == "train_short"
     assert cluster.bundle(cell("P1", "dpsgd", 256, 500), TRAIN) is None
-    assert cluster.bundle(cell("P2", "dpsgd", 100, 1), {"max_steps": 3, "device": "cpu"}) == "train_short"
+    assert cluster.bundle(cell("P2", "dpsgd", 100, 1), {"max_steps": 3}, on_gpu=False) == "train_short"
 
 
 def test_factorization_resources():
@@ -87,12 +87,15 @@ def test_profiles():
     assert local["set-resources"]["train"] == {"gpu": 0}
 
 
-@pytest.mark.parametrize("profile", ["slurm", "slurm-local"])
-def test_profile_dry_run(profile):
+@pytest.mark.parametrize("profile,device,threads", [("slurm", "cuda", 4), ("slurm-local", "cpu", 1)])
+def test_profile_dry_run(profile, device, threads):
+    """The profile is the deployment: GPU training (--device cuda, 4 threads) on the cluster,
+    CPU training on the GPU-less test cluster."""
     pytest.importorskip("snakemake_executor_plugin_slurm", reason="snakemake-executor-plugin-slurm not installed")
-    proc = subprocess.run([snakemake_exe(), "-n", "--profile", PROFILES / profile], cwd=REPO,
+    proc = subprocess.run([snakemake_exe(), "-n", "-p", "--cores", "8", "--profile", PROFILES / profile], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.count(f"--device {device} --threads {threads} ") == 6  # config/config.yaml: 6 cells
 
 
 # --------------------------------------------------------------- a real SLURM cluster (optional)

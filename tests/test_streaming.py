@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import run_cell
 from dpbench import accounting, pld
 from dpbench.matrix import banded, blt, cyclic_poisson, streaming
 from dpbench.matrix import sensitivity as dense_sensitivity
@@ -319,13 +320,13 @@ def test_factorize_is_a_pure_function_of_its_arguments():
 
 @pytest.mark.slow
 def test_band_one_amplified_run_equals_dpsgd_step_for_step(tiny_fmnist, tmp_path):
-    from dpbench.train import RunConfig, run
+    from dpbench.train import RunConfig
 
     # sigma given: the calibration's equality is test_amplified_band_one_is_accounted_as_dpsgd's
     cfg = dict(problem="P2", lr=0.2, batch_size=60, epochs=2, seed=3, noise_multiplier=1.3, progress_every_s=1e9,
                cache_dir=str(tmp_path))
-    a = run(RunConfig(optimizer="dpsgd", **cfg))
-    b = run(RunConfig(optimizer="dpmatrix-band-amp", hyperparameters={"bands": 1}, **cfg))
+    a = run_cell(RunConfig(optimizer="dpsgd", **cfg))
+    b = run_cell(RunConfig(optimizer="dpmatrix-band-amp", hyperparameters={"bands": 1}, **cfg))
     ma, mb = a.metrics, b.metrics
     np.testing.assert_array_equal(ma.loss.to_numpy(), mb.loss.to_numpy())
     np.testing.assert_array_equal(ma.batch_size.to_numpy(), mb.batch_size.to_numpy())
@@ -344,11 +345,11 @@ class _Interrupt(Exception):
 def test_streamed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkeypatch, optimizer):
     """Killed mid-epoch after a checkpoint, the run resumes with the noise state, sampler and
     model of the checkpoint and ends with the metrics of an uninterrupted run."""
-    from dpbench.train import RunConfig, run
+    from dpbench.train import RunConfig
 
     cfg = RunConfig(problem="P2", optimizer=optimizer, lr=0.1, batch_size=60, epochs=2, seed=4, noise_multiplier=1.1,
                     hyperparameters={"bands": 3} if "band" in optimizer else {"buffers": 1}, progress_every_s=1e9)
-    reference = run(cfg)
+    reference = run_cell(cfg)
     mech = get_optimizer(optimizer).mechanism
     original = type(mech).sampler
     calls = {"n": 0}
@@ -372,10 +373,10 @@ def test_streamed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkey
     monkeypatch.setattr(type(mech), "sampler", lambda self, *a, **k: Flaky(original(self, *a, **k)))
     ckpt = tmp_path / "run.ckpt"
     with pytest.raises(_Interrupt):
-        run(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
+        run_cell(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
     state = torch.load(ckpt, weights_only=False)
     assert state["step_fn"]["noise"]["state"] is not None  # the noise state travels in the checkpoint
-    resumed = run(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
+    resumed = run_cell(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
     import pandas as pd
 
     pd.testing.assert_frame_equal(resumed.metrics, reference.metrics)

@@ -6,22 +6,28 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import run_cli
+from conftest import run_cell, run_cli
 from dpbench import accounting
 from dpbench.results import read_run
-from dpbench.train import RunConfig, run, stream_seeds
+from dpbench.optimizers import get_optimizer
+from dpbench.seeds import stream_seeds
+from dpbench.train import RunConfig
 
 
 def test_seed_streams_are_distinct_and_stable():
     a, b = stream_seeds(1), stream_seeds(2)
     assert a == stream_seeds(1)
     assert len(set(a.values())) == len(a) and not set(a.values()) & set(b.values())
+    # pinned: the noise files of the matrix mechanisms are named by these seeds, and every
+    # stored result was drawn from them
+    assert a == {"init": 4215923173971654960, "sampler": 2021340933837429789, "noise": 637987770806161565,
+                 "loss": 5220146013781160048, "subset": 5862124722997179473, "eval": 2946236235448961746}
 
 
 def test_run_records_what_was_promised_and_delivered(tiny_fmnist):
     cfg = RunConfig(problem="P2", optimizer="dpsgd", lr=0.5, batch_size=60, epochs=2, seed=3, epsilon=2.0,
                     progress_every_s=1e9)
-    res = run(cfg)
+    res = run_cell(cfg)
     m, meta = res.metrics, res.meta
     p = meta["privacy"]
     assert p["planned_steps"] == p["steps"] == round(2 * 600 / 60) == 20
@@ -40,7 +46,7 @@ def test_run_records_what_was_promised_and_delivered(tiny_fmnist):
 
 
 def test_max_steps_reports_epsilon_for_steps_taken(tiny_fmnist):
-    res = run(RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=3, seed=0, epsilon=1.0,
+    res = run_cell(RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=3, seed=0, epsilon=1.0,
                         max_steps=7, progress_every_s=1e9))
     p = res.meta["privacy"]
     assert p["steps"] == 7 and p["planned_steps"] == 30
@@ -49,13 +55,13 @@ def test_max_steps_reports_epsilon_for_steps_taken(tiny_fmnist):
 
 def test_same_seed_same_metrics_and_different_seed_differs(tiny_fmnist):
     cfg = dict(problem="P2", optimizer="dpsgd", lr=0.5, batch_size=50, epochs=1, epsilon=5.0, progress_every_s=1e9)
-    a, b, c = run(RunConfig(seed=1, **cfg)), run(RunConfig(seed=1, **cfg)), run(RunConfig(seed=2, **cfg))
+    a, b, c = run_cell(RunConfig(seed=1, **cfg)), run_cell(RunConfig(seed=1, **cfg)), run_cell(RunConfig(seed=2, **cfg))
     pd.testing.assert_frame_equal(a.metrics, b.metrics)
     assert not a.metrics.loss.equals(c.metrics.loss)
 
 
 def test_divergence_is_recorded_not_raised(tiny_fmnist):
-    res = run(RunConfig(problem="P2", optimizer="sgd", lr=1e30, batch_size=60, epochs=2, seed=0,
+    res = run_cell(RunConfig(problem="P2", optimizer="sgd", lr=1e30, batch_size=60, epochs=2, seed=0,
                         progress_every_s=1e9))
     assert res.meta["result"]["status"] == "diverged"
     test = res.metrics[res.metrics.split == "test"]
@@ -63,7 +69,7 @@ def test_divergence_is_recorded_not_raised(tiny_fmnist):
 
 
 def test_noise_multiplier_given_is_recorded(tiny_fmnist):
-    res = run(RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=1, seed=0,
+    res = run_cell(RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=1, seed=0,
                         noise_multiplier=1.3, progress_every_s=1e9))
     p = res.meta["privacy"]
     assert p["noise_multiplier"] == 1.3 and p["noise_multiplier_source"] == "given"
@@ -75,10 +81,18 @@ def test_noise_multiplier_given_is_recorded(tiny_fmnist):
     (dict(optimizer="nope", epsilon=1.0), "unknown optimizer 'nope'"),
     (dict(optimizer="dpsgd", epsilon=1.0, hyperparameters={"kappa": 1}), "no hyperparameter 'kappa'"),
     (dict(optimizer="dpsgd", epsilon=-1.0), "epsilon must be positive"),
+    (dict(optimizer="dpsgd", problem="P9", epsilon=1.0), "unknown problem 'P9'"),
 ])
 def test_bad_settings_are_named(kwargs, match):
+    cfg = RunConfig(**{"problem": "P2", "lr": 0.1, "batch_size": 10, "epochs": 1, "seed": 0, **kwargs})
     with pytest.raises((ValueError, KeyError), match=match):
-        RunConfig(problem="P2", lr=0.1, batch_size=10, epochs=1, seed=0, **kwargs).validate()
+        cfg.validate(get_optimizer(cfg.optimizer))
+
+
+def test_a_run_refuses_the_spec_of_another_optimizer():
+    cfg = RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=10, epochs=1, seed=0, epsilon=1.0)
+    with pytest.raises(ValueError, match="'dpsgd' was given the spec of 'dpadam'"):
+        cfg.validate(get_optimizer("dpadam"))
 
 
 @pytest.mark.slow
@@ -86,7 +100,7 @@ def test_cli_writes_a_valid_parquet_file_from_real_data(tmp_path, fmnist_dir):
     out = tmp_path / "run.parquet"
     args = ["train", "--problem", "P2", "--optimizer", "dpsgd", "--lr", "0.5", "--batch-size", "256", "--epsilon", "1",
             "--epochs", "1", "--seed", "7", "--max-steps", "6", "--train-subset", "3000", "--test-subset", "500",
-            "--data-dir", fmnist_dir, "--threads", "1"]
+            "--data-dir", fmnist_dir, "--threads", "1", "--accountant", "rdp"]
     proc = run_cli(*args, "--out", out)
     assert "step 6/6" in proc.stderr  # progress lines
     df, meta = read_run(out)
@@ -95,7 +109,7 @@ def test_cli_writes_a_valid_parquet_file_from_real_data(tmp_path, fmnist_dir):
     assert meta["data"] == {"source": str(fmnist_dir), "n_train": 3000, "n_test": 500, "n_val": 0}
     p = meta["privacy"]
     assert p["sample_rate"] == pytest.approx(256 / 3000) and p["planned_steps"] == round(3000 / 256)
-    assert p["epsilon"] <= p["epsilon_planned"] <= 1.0 and p["delta"] == 1e-5
+    assert p["epsilon"] <= p["epsilon_planned"] <= 1.0 and p["delta"] == 1e-5 and p["accountant"] == "rdp"
     assert meta["environment"]["packages"]["torch"].startswith("2.13.0")
     assert meta["timing"]["steps_per_second"] > 0
     # determinism across processes: the same command gives identical metrics
@@ -149,7 +163,7 @@ def test_killed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkeypa
     cfg = RunConfig(problem="P2", optimizer=optimizer, lr=1e-3 if "adam" in optimizer else 0.05, batch_size=60,
                     epochs=3, seed=4, epsilon=eps, validation_size=60, progress_every_s=1e9,
                     cache_dir=str(tmp_path / "cache"))
-    reference = run(cfg)
+    reference = run_cell(cfg)
     mechanism = get_optimizer(optimizer).mechanism
     original = type(mechanism).sampler
     monkeypatch.setattr(type(mechanism), "sampler", lambda self, *a, **k: FlakySampler(original(self, *a, **k)))
@@ -158,9 +172,9 @@ def test_killed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkeypa
     ckpt = tmp_path / "run.ckpt"
     for _ in range(2):
         with pytest.raises(Interrupt):
-            run(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
+            run_cell(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
         assert ckpt.exists()
-    resumed = run(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
+    resumed = run_cell(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
     pd.testing.assert_frame_equal(resumed.metrics, reference.metrics)
     assert resumed.meta["timing"]["resumes"] == 2
     for key in ("privacy", "result"):
@@ -174,13 +188,18 @@ def test_checkpoint_of_another_configuration_is_ignored(tiny_fmnist, tmp_path, c
     from dpbench.train import Checkpoint
 
     Checkpoint(ckpt, RunConfig(lr=0.1, **base)).save({"step": 99})
-    fresh = run(RunConfig(lr=0.2, **base), checkpoint=ckpt)
+    fresh = run_cell(RunConfig(lr=0.2, **base), checkpoint=ckpt)
     assert "another configuration" in capsys.readouterr().err
     assert fresh.meta["timing"]["resumes"] == 0
+    # the same configuration trained by other code (another code key) is stale too
+    cfg = RunConfig(lr=0.2, **base)
+    Checkpoint(ckpt, cfg, code_key="old").save({"step": 99})
+    assert Checkpoint(ckpt, cfg, code_key="new").load() is None
+    assert Checkpoint(ckpt, cfg, code_key="old").load()["step"] == 99
 
 
 def test_validation_split_is_held_out_and_selects_without_test(tiny_fmnist):
-    res = run(RunConfig(problem="P2", optimizer="sgd", lr=0.05, batch_size=50, epochs=3, seed=2, validation_size=100,
+    res = run_cell(RunConfig(problem="P2", optimizer="sgd", lr=0.05, batch_size=50, epochs=3, seed=2, validation_size=100,
                         progress_every_s=1e9))
     m, r = res.metrics, res.meta["result"]
     assert res.meta["data"]["n_train"] == 500 and res.meta["data"]["n_val"] == 100

@@ -1,5 +1,7 @@
-"""The Snakemake workflow: lint, and a tiny grid end to end in a temporary directory."""
+"""The Snakemake workflow: lint, deployment from the profiles, and the tiny grid of
+.test/config/config.yaml end to end in a temporary directory."""
 
+import re
 import subprocess
 
 import pandas as pd
@@ -7,7 +9,12 @@ import pytest
 import yaml
 
 from conftest import REPO, snakemake_exe
+from dpbench import figures
 from dpbench.results import read_meta
+
+
+PROFILES = REPO / "workflow" / "profiles"
+TEST_CONFIG = REPO / ".test" / "config" / "config.yaml"
 
 
 def snakemake(*args, cwd=REPO, timeout=900):
@@ -30,29 +37,36 @@ def test_bad_config_value_stops_with_the_key(tmp_path):
     assert "batch_sizes" in proc.stdout + proc.stderr
 
 
+def test_the_profile_chooses_device_threads_and_environments():
+    """Deployment is the profile's: the GPU it gives rule train sets --device and the training
+    environment (one variable, common.smk's TRAIN_DEVICE), its set-threads the threads; the
+    config (the science) is the same. (The SLURM profiles: tests/test_slurm.py.)"""
+    dry = snakemake("-n", "-p", "--cores", "8", "--profile", PROFILES / "default")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert dry.stdout.count("--device cpu --threads 1 ") == 6  # config/config.yaml: 6 cells
+    # one conda environment per kind of rule; Snakemake names each as it prepares them (and
+    # stops after that where conda is absent, as here)
+    envs = snakemake("--containerize", "--profile", PROFILES / "gpu")
+    assert set(re.findall(r"envs/([\w-]+)\.yaml", envs.stdout + envs.stderr)) == {"data", "matrix", "train-cuda",
+                                                                                  "analysis"}
+
+
 @pytest.mark.slow
 def test_tiny_grid_end_to_end(tmp_path, fmnist_dir):
-    config = {
-        "data_dir": str(fmnist_dir),
-        "results_dir": "out",
-        "train": {"max_steps": 3, "train_subset": 1000, "test_subset": 200, "validation_size": 100, "threads": 1,
-                  "device": "cpu"},
-        # every kind of figure: comparison bars, seed sensitivity, accuracy heatmaps, best settings,
-        # a VAE log-loss heatmap, and selection on validation
-        "figures": {"fig5_1": {}, "fig5_3": {}, "fig5_4": {"problem": "P2"}, "fig5_5": {"problem": "P2"},
-                    "fig5_6": {"select_by": "val"}, "fig5_8": {}},
-        "grid": [{"problems": ["P2"], "batch_sizes": [100], "epsilons": [1, 10], "epochs": [1], "seeds": 2,
-                  "optimizers": {"dpsgd": {"lr": [0.5, 1.0]}, "sgd": {"lr": [0.1]}}},
-                 {"problems": ["P3"], "batch_sizes": [100], "epsilons": [10], "epochs": [1],
-                  "optimizers": {"dpsgd": {"lr": [0.5]}}}],
-    }
+    """.test/config/config.yaml through the whole workflow, as CI runs it: every kind of figure
+    (comparison bars, seed sensitivity, accuracy heatmaps, best settings, a VAE log-loss heatmap,
+    selection on validation) from real runs, and the report."""
+    config = yaml.safe_load(TEST_CONFIG.read_text())
+    config["data_dir"] = str(fmnist_dir)
+    config["results_dir"] = "out"
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     proc = snakemake("--snakefile", REPO / "Snakefile", "--directory", tmp_path, "--configfile",
                      tmp_path / "config.yaml", "--profile", REPO / "workflow" / "profiles" / "default", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = tmp_path / "out"
     runs = pd.read_parquet(out / "aggregate" / "runs.parquet")
-    assert len(runs) == 11 and set(runs.optimizer) == {"dpsgd", "sgd"} and set(runs.problem) == {"P2", "P3"}
+    assert len(runs) == 7 and set(runs.optimizer) == {"dpsgd", "sgd"} and set(runs.problem) == {"P2", "P3"}
+    assert runs.groupby(["problem", "optimizer", "lr", "target_epsilon"]).size().max() == 2  # two seeds: Fig. 5.3
     assert (runs.status == "completed").all() and (runs.steps == 3).all()
     private = runs[runs.private]
     assert (private.epsilon <= private.target_epsilon).all()
@@ -61,15 +75,21 @@ def test_tiny_grid_end_to_end(tmp_path, fmnist_dir):
     classifier = runs.problem == "P2"
     assert runs[classifier].test_accuracy_at_best_val.notna().all() and (runs.n_val == 100).all()
     assert runs[~classifier].test_loss_at_best_val.notna().all()  # the VAE: loss only
-    for figure in config["figures"]:
+    for figure, options in config["figures"].items():
         assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000
         assert (out / "figures" / f"{figure}.pdf").stat().st_size > 5_000
+        # drawn from data, not the placeholder of an empty selection ("no runs ...")
+        fig = figures.build(figure, runs, **options)
+        assert fig.axes and not [t.get_text() for t in fig.texts if t.get_text().startswith("no ")], figure
+        figures.plt.close(fig)
     report = snakemake("--snakefile", REPO / "Snakefile", "--directory", tmp_path, "--configfile",
                        tmp_path / "config.yaml", "--report", tmp_path / "report.html", cwd=tmp_path)
     assert report.returncode == 0, report.stderr[-3000:]
     assert (tmp_path / "report.html").stat().st_size > 100_000
-    for run_file in (out / "runs").rglob("*.parquet"):
-        assert read_meta(run_file)["config"]["max_steps"] == 3
+    for run_file in (out / "runs").rglob("*.parquet"):  # the config's train settings reached every run
+        meta = read_meta(run_file)
+        assert meta["config"]["max_steps"] == 3 and meta["config"]["accountant"] == "rdp"
+        assert meta["environment"]["device"] == "cpu" and meta["environment"]["torch_threads"] == 1
     assert list((out / "logs" / "train").rglob("*.log")) and list((out / "benchmarks").rglob("*.tsv"))
     # nothing left to do: a second invocation runs no job
     again = snakemake("--snakefile", REPO / "Snakefile", "--directory", tmp_path, "--configfile",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# A tiny grid (P2; DP-SGD at eps 1 and 10, non-private SGD; 3 steps on 1000 training and 200
-# test examples) through SLURM with workflow/profiles/slurm-local, up to the figures, in a
-# temporary directory; then checks the outputs and that the jobs really went through SLURM.
+# The tiny grid of .test/config/slurm.yaml (P2; DP-SGD at eps 1 and 10, non-private SGD; 3 steps
+# on 1000 training and 200 test examples) through SLURM with workflow/profiles/slurm-local, up to
+# the figures, in a temporary directory; then checks the outputs and that the jobs really went
+# through SLURM.
 # Needs a running cluster (scripts/slurm/local-cluster.sh) and the venv (scripts/setup.sh).
 #
 #   scripts/slurm/run-tiny-grid.sh [WORKDIR] [extra snakemake arguments...]
@@ -22,23 +23,11 @@ sinfo -h -o %T 2>/dev/null | grep -q idle || die "no idle SLURM node (start one:
 [ -d "$DATA_DIR" ] || die "no Fashion-MNIST in $DATA_DIR (set DPBENCH_FMNIST_DIR)"
 
 mkdir -p "$WORK"
-cat > "$WORK/config.yaml" <<EOF
-data_dir: $DATA_DIR
-results_dir: results
-train: {max_steps: 3, train_subset: 1000, test_subset: 200, threads: 1, device: cpu}
-grid:
-  - problems: [P2]
-    batch_sizes: [100]
-    epsilons: [1, 10]
-    epochs: [1]
-    optimizers:
-      dpsgd: {lr: [0.5]}
-      sgd: {lr: [0.1]}
-EOF
 
 echo "run-tiny-grid: working in $WORK" >&2
 start=$(date +%s)
-(cd "$WORK" && "$SNAKEMAKE" --snakefile "$REPO/Snakefile" --directory "$WORK" --configfile "$WORK/config.yaml" \
+(cd "$WORK" && "$SNAKEMAKE" --snakefile "$REPO/Snakefile" --directory "$WORK" \
+    --configfile "$REPO/.test/config/slurm.yaml" --config data_dir="$DATA_DIR" \
     --profile "$REPO/workflow/profiles/slurm-local" "$@")
 echo "run-tiny-grid: snakemake finished in $(( $(date +%s) - start )) s" >&2
 

@@ -28,6 +28,8 @@ def _positive_int(text: str) -> int:
 def cmd_train(args) -> int:
     import torch
 
+    from dpbench.fingerprint import optimizer_fingerprint
+    from dpbench.optimizers import get_optimizer
     from dpbench.results import write_run
     from dpbench.train import RunConfig, run
 
@@ -44,7 +46,10 @@ def cmd_train(args) -> int:
         device=args.device, progress_every_s=args.progress_every,
     )
     checkpoint = args.checkpoint or f"{args.out}.ckpt"
-    result = run(cfg, checkpoint=checkpoint, checkpoint_every_s=args.checkpoint_every)
+    # the optimizer and the hash of the code that trains it (a checkpoint of other code is stale)
+    spec = get_optimizer(args.optimizer)
+    result = run(cfg, spec, checkpoint=checkpoint, checkpoint_every_s=args.checkpoint_every,
+                 code_key=optimizer_fingerprint(spec.name))
     result.meta["run_id"] = args.run_id or Path(args.out).stem
     write_run(args.out, result.metrics, result.meta)
     Path(checkpoint).unlink(missing_ok=True)  # the run file now holds everything
@@ -244,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     n = sub.add_parser("noise", help="matrix mechanisms: write the correlated noise C^-1 Z (T x d, float32)")
     n.add_argument("--factorization", required=True, help="the factorization .npz")
     n.add_argument("--dim", type=_positive_int, required=True, help="d, the number of model parameters")
-    n.add_argument("--seed", type=int, required=True, help="the run's noise seed (dpbench.train.stream_seeds)")
+    n.add_argument("--seed", type=int, required=True, help="the run's noise seed (dpbench.seeds.stream_seeds)")
     n.add_argument("--out", required=True, help="output .npy (written atomically, JSON sidecar next to it)")
     n.set_defaults(func=cmd_noise)
 

@@ -5,8 +5,9 @@ The numbers are a deliberately conservative cost model, not a measurement of eac
 
 * steps T = round(E·N/L) (as ``dpbench train``), capped by ``max_steps``; N is capped by
   ``train_subset``, the test set by ``test_subset``;
-* time per step = ``STEP_OVERHEAD_S`` + L x per-example cost of the problem (``GPU_S_PER_EXAMPLE``,
-  or ``CPU_S_PER_EXAMPLE`` when the config's device is ``cpu``), plus one test pass per epoch;
+* time per step = ``STEP_OVERHEAD_S`` + L x per-example cost of the problem (``GPU_S_PER_EXAMPLE``
+  on a GPU, ``CPU_S_PER_EXAMPLE`` on the CPU; the profile decides, see workflow/rules/common.smk),
+  plus one test pass per epoch;
   the GPU costs are 2-4x what a DP step of these small models takes on a current data-centre GPU
   (P2, L = 256: 17.7 ms assumed), the CPU costs are the measured 2-thread P2 step of the README
   (74.7 ms at L = 256, i.e. 0.29 ms per example) with P1 and P3 scaled by their FLOPs;
@@ -19,8 +20,8 @@ The numbers are a deliberately conservative cost model, not a measurement of eac
   tensors), rounded up to 1000 MB;
 * a retry (Snakemake's ``attempt``, 1-based) multiplies both by the attempt number.
 
-``resources(cell, train, attempt)`` is meant for ``rule train``'s resource callables,
-``bundle(cell, train)`` for its ``group:`` (short runs share one SLURM job, see
+``resources(cell, train, attempt, on_gpu)`` is meant for ``rule train``'s resource callables,
+``bundle(cell, train, on_gpu)`` for its ``group:`` (short runs share one SLURM job, see
 workflow/profiles/slurm), ``factorization_resources(steps)`` for the matrix rules.
 """
 
@@ -70,21 +71,18 @@ def planned_steps(problem: str, batch_size: int, epochs: int, train: Mapping | N
     return min(steps, train["max_steps"]) if train.get("max_steps") else steps
 
 
-def compute_seconds(cell: Any, train: Mapping | None = None) -> float:
-    """Estimated seconds of training and evaluation of a cell (no start-up, no safety factor)."""
+def compute_seconds(cell: Any, train: Mapping | None = None, on_gpu: bool = True) -> float:
+    """Estimated seconds of training and evaluation of a cell on a GPU or on the CPU (no
+    start-up, no safety factor)."""
     train = train or {}
     problem, batch_size, epochs = _get(cell, "problem"), int(_get(cell, "batch_size")), int(_get(cell, "epochs"))
-    per_example = (CPU_S_PER_EXAMPLE if _on_cpu(train) else GPU_S_PER_EXAMPLE)[problem]
+    per_example = (GPU_S_PER_EXAMPLE if on_gpu else CPU_S_PER_EXAMPLE)[problem]
     steps = planned_steps(problem, batch_size, epochs, train)
     n_train = train_size(problem, train)
     evals = min(epochs, math.ceil(steps * batch_size / n_train))  # one test pass per epoch reached
     n_test = min(N_TEST[problem], train.get("test_subset") or N_TEST[problem])
     seconds = steps * (STEP_OVERHEAD_S + batch_size * per_example) + evals * n_test * per_example * EVAL_FRACTION
     return seconds
-
-
-def _on_cpu(train: Mapping) -> bool:
-    return str(train.get("device", "auto")).startswith("cpu")
 
 
 def memory_mb(cell: Any, train: Mapping | None = None) -> float:
@@ -97,22 +95,21 @@ def memory_mb(cell: Any, train: Mapping | None = None) -> float:
     return BASE_MB + data / 1e6
 
 
-def resources(cell: Any, train: Mapping | None = None, attempt: int = 1) -> dict[str, int]:
+def resources(cell: Any, train: Mapping | None = None, attempt: int = 1, on_gpu: bool = True) -> dict[str, int]:
     """Cluster resources of one training cell (a ``dpbench.grid.Cell`` or a mapping with
-    problem, optimizer, batch_size, epochs) under the config's ``train`` section:
-    ``mem_mb``, ``runtime`` (minutes), ``gpu`` (0 when the config's device is cpu, else 1) and
-    ``cpus_per_gpu`` (the config's threads)."""
+    problem, optimizer, batch_size, epochs) under the config's ``train`` section, on a GPU or
+    on the CPU: ``mem_mb`` and ``runtime`` (minutes). The GPU request itself and the CPUs are
+    the profile's (``set-resources: train: gpu``, ``set-threads: train``)."""
     train = train or {}
-    runtime = _round_up((SAFETY * compute_seconds(cell, train) / 60 + STARTUP_MIN) * attempt, 5)
+    runtime = _round_up((SAFETY * compute_seconds(cell, train, on_gpu) / 60 + STARTUP_MIN) * attempt, 5)
     mem_mb = _round_up(SAFETY * memory_mb(cell, train) * attempt, 1000)
-    return {"mem_mb": mem_mb, "runtime": runtime, "gpu": 0 if _on_cpu(train) else 1,
-            "cpus_per_gpu": int(train.get("threads") or 1)}
+    return {"mem_mb": mem_mb, "runtime": runtime}
 
 
-def bundle(cell: Any, train: Mapping | None = None) -> str | None:
+def bundle(cell: Any, train: Mapping | None = None, on_gpu: bool = True) -> str | None:
     """``SHORT_GROUP`` for a cell whose estimated compute is under ``SHORT_RUN_MIN`` minutes
     (Snakemake then packs ``group-components`` of them into one SLURM job), else None."""
-    return SHORT_GROUP if compute_seconds(cell, train) < 60 * SHORT_RUN_MIN else None
+    return SHORT_GROUP if compute_seconds(cell, train, on_gpu) < 60 * SHORT_RUN_MIN else None
 
 
 def factorization_resources(steps: int, attempt: int = 1) -> dict[str, int]:

@@ -65,8 +65,7 @@ class Cell:
             args += ["--hp", f"{key}={value}"]
         for key, flag in (("delta", "--delta"), ("clip_norm", "--clip-norm"), ("accountant", "--accountant"),
                           ("max_steps", "--max-steps"), ("train_subset", "--train-subset"),
-                          ("test_subset", "--test-subset"), ("validation_size", "--validation-size"),
-                          ("device", "--device")):
+                          ("test_subset", "--test-subset"), ("validation_size", "--validation-size")):
             if train.get(key) not in (None, 0):
                 args += [flag, str(train[key])]
         if train.get("normalize_clipping") is False:
@@ -93,9 +92,33 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return validate(config or {})
 
 
+# Deployment settings that configs no longer hold: where each went.
+MOVED_TO_PROFILE = {
+    ("software_env",): "the profile chooses the training environment: envs/train-cuda.yaml where it gives "
+                       "rule train a GPU (set-resources: train: gpu: 1), envs/train-cpu.yaml otherwise",
+    ("train", "device"): "the profile chooses the device: cuda where it gives rule train a GPU "
+                         "(set-resources: train: gpu: 1), cpu otherwise",
+    ("train", "threads"): "set the torch threads of training jobs in the profile (set-threads: train: N) "
+                          "or on the command line (--set-threads train=N)",
+}
+
+
+def refuse_deployment_keys(config: dict[str, Any]) -> None:
+    """A config that still sets a deployment key is refused with where that setting lives now
+    (the workflow calls this before its schema validation, whose message would only say
+    "unexpected")."""
+    for path, where in MOVED_TO_PROFILE.items():
+        section = config.get(path[0]) if len(path) > 1 else config
+        if isinstance(section, dict) and path[-1] in section:
+            raise ConfigError(f"config key {'.'.join(path)}: deployment settings are not config keys; "
+                              f"{where} (see workflow/profiles and config/README.md)")
+
+
 def validate(config: dict[str, Any]) -> dict[str, Any]:
     """Schema validation with defaults filled in, then the checks a schema cannot express."""
     import jsonschema
+
+    refuse_deployment_keys(config)
 
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
     validator_cls = jsonschema.validators.extend(

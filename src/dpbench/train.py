@@ -1,4 +1,12 @@
-"""One grid cell = one run: data -> model -> privacy calibration -> steps -> metrics."""
+"""One grid cell = one run: data -> model -> privacy calibration -> steps -> metrics.
+
+``run`` reads as those stages, each a function of its own: ``load_splits`` (the data),
+``calibrate`` (sigma, via ``harness.calibrate_noise``), ``harness.assemble`` (the DP step and
+its sampler, built exactly as the empirical audit builds them), ``Checkpoint``/``restore``
+(resuming a killed run), ``train_loop`` (steps, evaluation at epoch ends, divergence) and
+``run_record`` (the metadata every run file carries). The optimizer comes in as its
+``OptimizerSpec``; looking it up by name is the caller's business (the CLI's).
+"""
 
 from __future__ import annotations
 
@@ -8,21 +16,20 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 import torch
+from torch import nn
 
 from dpbench import accounting, data
-from dpbench.clipping import Clipping, NoClipping
-from dpbench.optimizers import get_optimizer
-from dpbench.optimizers.base import Context
-from dpbench.problems import get_problem
+from dpbench.harness import Assembly, assemble, build_model, calibrate_noise
+from dpbench.mechanisms import Plan
+from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.problems import Problem, get_problem
 from dpbench.results import provenance
-
-# The independent random streams of a run, each seeded from SeedSequence(seed).spawn(...).
-STREAMS = ("init", "sampler", "noise", "loss", "subset", "eval")
+from dpbench.seeds import stream_seeds
 
 
 @dataclass(frozen=True)
@@ -53,8 +60,10 @@ class RunConfig:
     eval_batch_size: int = 1000
     progress_every_s: float = 10.0
 
-    def validate(self) -> None:
-        spec = get_optimizer(self.optimizer)
+    def validate(self, spec: OptimizerSpec) -> None:
+        """Raises ValueError naming the first bad setting; ``spec`` is this run's optimizer."""
+        if spec.name != self.optimizer:
+            raise ValueError(f"optimizer {self.optimizer!r} was given the spec of {spec.name!r}")
         get_problem(self.problem)
         for name in ("lr", "batch_size", "epochs", "delta", "clip_norm"):
             if not getattr(self, name) > 0:
@@ -74,12 +83,6 @@ class RunConfig:
 class RunResult:
     metrics: pd.DataFrame
     meta: dict[str, Any]
-
-
-def stream_seeds(seed: int) -> dict[str, int]:
-    """Independent 63-bit seeds for each random stream of a run (numpy SeedSequence)."""
-    children = np.random.SeedSequence(seed).spawn(len(STREAMS))
-    return {name: int(c.generate_state(1, np.uint64)[0] >> np.uint64(1)) for name, c in zip(STREAMS, children)}
 
 
 def resolve_device(device: str) -> torch.device:
@@ -174,20 +177,87 @@ def load_splits(cfg: RunConfig, problem, seeds: dict[str, int], device) -> Split
 VOLATILE = ("progress_every_s", "data_dir", "cache_dir", "factorization", "noise_file", "eval_batch_size")
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """The run's noise multiplier, where it came from, and the seconds its calibration took."""
+
+    sigma: float
+    source: str
+    seconds: float
+
+
+def calibrate(cfg: RunConfig, spec: OptimizerSpec, plan: Plan) -> Calibration:
+    """sigma for the run's plan (``harness.calibrate_noise``), timed."""
+    t0 = time.perf_counter()
+    sigma, source = calibrate_noise(spec, plan, target_epsilon=cfg.epsilon, noise_multiplier=cfg.noise_multiplier,
+                                    delta=cfg.delta, accountant=cfg.accountant)
+    return Calibration(sigma, source, time.perf_counter() - t0)
+
+
+@dataclass
+class Trace:
+    """What a run has recorded so far: per-step training metrics (kept on the device until an
+    epoch ends, so no sync per step), evaluation rows, optimizer diagnostics summed over
+    steps, and the seconds spent. Checkpointed, so a resumed run continues it."""
+
+    train_loss: torch.Tensor  # (steps,) float64; NaN where the batch was empty
+    train_correct: torch.Tensor  # (steps,) float64; mean correctness of each batch
+    batch_sizes: torch.Tensor  # (steps,) int64; the realised batch sizes
+    step: int = 0  # steps done
+    eval_rows: list[dict] = field(default_factory=list)
+    stats: dict[str, float] = field(default_factory=dict)
+    eval_s: float = 0.0
+    train_s: float = 0.0  # training seconds of the earlier sessions (before a resume)
+    resumes: int = 0
+
+    @classmethod
+    def empty(cls, steps: int, device) -> Trace:
+        return cls(torch.full((steps,), math.nan, dtype=torch.float64, device=device),
+                   torch.zeros(steps, dtype=torch.float64, device=device),
+                   torch.zeros(steps, dtype=torch.int64, device=device))
+
+    def record(self, batch_size: int, out) -> None:
+        """One step's output (``StepOutput``) at index ``self.step``; then the step is done."""
+        self.batch_sizes[self.step] = batch_size
+        for key, value in out.stats.items():
+            self.stats[key] = self.stats.get(key, 0.0) + value
+        if out.losses.numel():
+            self.train_loss[self.step] = out.losses.double().mean()
+            if out.correct is not None:
+                self.train_correct[self.step] = out.correct.double().mean()
+        self.step += 1
+
+    def start_session(self) -> None:
+        self._session_t0, self._eval_s0 = time.perf_counter(), self.eval_s
+
+    def train_time(self) -> float:
+        """Training seconds so far, over every session of this run, evaluation excluded."""
+        return self.train_s + time.perf_counter() - self._session_t0 - (self.eval_s - self._eval_s0)
+
+    def state_dict(self) -> dict:
+        return {"train_loss": self.train_loss.cpu(), "train_correct": self.train_correct.cpu(),
+                "batch_sizes": self.batch_sizes.cpu(),
+                "progress": {"step": self.step, "eval_rows": self.eval_rows, "stats": self.stats,
+                             "eval_s": self.eval_s, "train_s": self.train_time(), "resumes": self.resumes}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in ("train_loss", "train_correct", "batch_sizes"):
+            getattr(self, name).copy_(state[name])
+        progress = state["progress"]
+        self.step, self.eval_rows, self.stats = progress["step"], progress["eval_rows"], progress["stats"]
+        self.eval_s, self.train_s, self.resumes = progress["eval_s"], progress["train_s"], progress["resumes"] + 1
+
+
 class Checkpoint:
-    """Everything needed to continue a run exactly where it stopped: model, optimizer and noise
-    state, sampler and loss RNGs, and the metrics so far. Written atomically; a checkpoint of
-    another configuration is ignored (with a message), never silently reused."""
+    """Everything needed to continue a run exactly where it stopped: the calibration, model,
+    optimizer and noise state, sampler and loss RNGs, and the trace so far. Written
+    atomically; a checkpoint of another configuration, or made by other code (``code_key``,
+    e.g. ``fingerprint.optimizer_fingerprint``), is ignored with a message, never reused."""
 
-    def __init__(self, path: str | Path | None, cfg: RunConfig):
-        from dpbench.fingerprint import optimizer_fingerprint
-
+    def __init__(self, path: str | Path | None, cfg: RunConfig, code_key: str | None = None):
         self.path = Path(path) if path else None
-        self.key = None
-        if self.path is not None:
-            # the configuration and the code that trains it: a checkpoint made by other code is stale
-            self.key = {k: v for k, v in asdict(cfg).items() if k not in VOLATILE}
-            self.key["code"] = optimizer_fingerprint(cfg.optimizer)
+        self.key = {k: v for k, v in asdict(cfg).items() if k not in VOLATILE}
+        self.key["code"] = code_key
 
     def load(self) -> dict | None:
         if self.path is None or not self.path.exists():
@@ -208,198 +278,216 @@ class Checkpoint:
         os.replace(tmp, self.path)
 
 
-def run(cfg: RunConfig, checkpoint: str | Path | None = None, checkpoint_every_s: float = 600.0) -> RunResult:
-    """Train one cell. With ``checkpoint``, state is saved there at every epoch end and every
+def checkpoint_state(calibration: Calibration, parts: Assembly, loss_gen: torch.Generator, trace: Trace) -> dict:
+    return {"sigma": calibration.sigma, "sigma_source": calibration.source, "calibration_s": calibration.seconds,
+            "model": parts.context.model.state_dict(), "step_fn": parts.step.state_dict(),
+            "sampler": parts.sampler.state_dict(), "loss_gen": loss_gen.get_state(), **trace.state_dict()}
+
+
+def restore(saved: dict, parts: Assembly, loss_gen: torch.Generator, trace: Trace) -> None:
+    """Puts a checkpoint's state back into a freshly assembled run."""
+    parts.context.model.load_state_dict(saved["model"])
+    parts.step.load_state_dict(saved["step_fn"])
+    parts.sampler.load_state_dict(saved["sampler"])
+    loss_gen.set_state(saved["loss_gen"])
+    trace.load_state_dict(saved)
+
+
+def epoch_ends(planned_steps: int, epochs: int, steps: int) -> list[int]:
+    """The step after which each epoch ends (the last is ``steps``, the steps to take)."""
+    return sorted({min(steps, round(e * planned_steps / epochs)) for e in range(1, epochs + 1)})
+
+
+def diverged(model: nn.Module, trace: Trace) -> bool:
+    """A training loss or a parameter that is NaN or infinite."""
+    return not torch.isfinite(trace.train_loss[:trace.step].nan_to_num(0.0)).all().item() or not all(
+        torch.isfinite(p).all().item() for p in model.parameters())
+
+
+def train_loop(parts: Assembly, splits: Splits, trace: Trace, ends: list[int],
+               evaluate_epoch: Callable[[int, bool], dict], save: Callable[[], None],
+               checkpoint_every_s: float, progress: Progress) -> str:
+    """Steps from ``trace.step`` to the last epoch end, evaluating at each epoch end; saves
+    (``save``) at every epoch end but the last and every ``checkpoint_every_s`` seconds.
+    Returns the status: "completed", or "diverged" at the first epoch end with a non-finite
+    loss or parameter (the run stops there and saves nothing more)."""
+    trace.start_session()
+    last_save = time.perf_counter()
+    for epoch, end in enumerate(ends, start=1):
+        if trace.step >= end:
+            continue  # finished before the checkpoint
+        while trace.step < end:
+            idx = parts.sampler.sample()
+            trace.record(idx.numel(), parts.step(splits.x_train[idx], splits.y_train[idx]))
+            if progress.due():
+                progress(trace.step, f"epoch {epoch}/{len(ends)} loss {trace.train_loss[trace.step - 1].item():.4g}")
+            if trace.step < end and time.perf_counter() - last_save > checkpoint_every_s:
+                save()
+                last_save = time.perf_counter()
+        is_diverged = diverged(parts.context.model, trace)
+        test_row = evaluate_epoch(epoch, is_diverged)
+        progress(trace.step, f"epoch {epoch} test loss {test_row['loss']:.4g} acc {test_row['accuracy']:.4f}")
+        if is_diverged:
+            return "diverged"  # a diverged run saves no checkpoint: it ends here
+        if trace.step < ends[-1]:
+            save()
+            last_save = time.perf_counter()
+    return "completed"
+
+
+def evaluate_splits(problem: Problem, model: nn.Module, splits: Splits, trace: Trace, epoch: int,
+                    is_diverged: bool, batch_size: int, seed: int) -> dict:
+    """Validation (if any) and test metrics at an epoch end, appended to the trace; returns
+    the test row. A diverged model is not evaluated: its loss is infinite."""
+    t_eval = time.perf_counter()
+    for split, x, y in (("val", splits.x_val, splits.y_val), ("test", splits.x_test, splits.y_test)):
+        if x is None:
+            continue
+        loss, acc = (math.inf, math.nan) if is_diverged else evaluate(problem, model, x, y, batch_size, seed)
+        trace.eval_rows.append({"split": split, "step": trace.step, "epoch": epoch, "loss": loss,
+                                "accuracy": acc, "batch_size": x.shape[0]})
+    trace.eval_s += time.perf_counter() - t_eval
+    return trace.eval_rows[-1]
+
+
+def metrics_table(trace: Trace, ends: list[int], task: str) -> pd.DataFrame:
+    """One row per training step (its batch's mean loss and accuracy, realised batch size) and
+    one per evaluation, in the results schema's columns and dtypes."""
+    done = trace.step
+    train_df = pd.DataFrame({
+        "split": "train",
+        "step": np.arange(1, done + 1),
+        "epoch": np.searchsorted(np.array(ends), np.arange(1, done + 1)) + 1,
+        "loss": trace.train_loss[:done].cpu().numpy(),
+        "accuracy": (trace.train_correct[:done].cpu().numpy() if task == "classification"
+                     else np.full(done, math.nan)),
+        "batch_size": trace.batch_sizes[:done].cpu().numpy(),
+    })
+    if task == "classification":
+        train_df.loc[train_df["batch_size"] == 0, "accuracy"] = math.nan
+    metrics = pd.concat([train_df, pd.DataFrame(trace.eval_rows)], ignore_index=True)
+    return metrics.astype({"step": "int64", "epoch": "int64", "batch_size": "int64",
+                           "loss": "float64", "accuracy": "float64"})
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What is fixed before a run's first step."""
+
+    cfg: RunConfig
+    spec: OptimizerSpec
+    problem: Problem
+    device: torch.device
+    seeds: dict[str, int]
+    splits: Splits
+    plan: Plan
+    calibration: Calibration
+
+
+def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFrame, status: str,
+               timing: dict[str, Any]) -> dict[str, Any]:
+    """The run's metadata: its configuration, problem, optimizer, data, the privacy promised
+    (target epsilon, sigma, q, T, delta) and delivered (epsilon for the steps taken), the
+    result, the timing and the environment."""
+    cfg, spec, problem, plan, splits = setup.cfg, setup.spec, setup.problem, setup.plan, setup.splits
+    ctx, sigma, private = parts.context, setup.calibration.sigma, spec.private
+    privacy = ({**spec.mechanism.report(plan, sigma, trace.step, cfg.delta, cfg.accountant),
+                **parts.step.privacy_record()} if private else {})
+    return {
+        "config": asdict(cfg),
+        "problem": {"id": problem.id, "dataset": problem.dataset, "task": problem.task, "metric": problem.metric,
+                    "parameters": sum(p.numel() for p in ctx.model.parameters())},
+        "optimizer": {"name": spec.name, "private": private, "description": spec.description,
+                      "reference": spec.reference, "hyperparameters": ctx.hyperparameters, "stats": trace.stats},
+        "data": {"source": splits.source, "n_train": splits.x_train.shape[0], "n_test": int(splits.x_test.shape[0]),
+                 "n_val": int(splits.x_val.shape[0]) if splits.x_val is not None else 0},
+        "privacy": {
+            "mechanism": spec.mechanism.name if private else None,
+            "noise_multiplier": sigma,
+            "noise_multiplier_source": setup.calibration.source,
+            "sample_rate": plan.sample_rate if private else None,
+            "planned_steps": plan.steps,
+            "steps": trace.step,
+            "delta": cfg.delta if private else None,
+            "target_epsilon": cfg.epsilon if private else None,
+            "epsilon": privacy.pop("epsilon", math.inf),
+            "epsilon_planned": privacy.pop("epsilon_planned", math.inf),
+            "epsilon_rdp": privacy.pop("epsilon_rdp", math.inf),
+            "accountant": cfg.accountant if private else None,
+            "clip_norm": cfg.clip_norm if private else None,
+            "normalize_clipping": cfg.normalize_clipping if private else None,
+            "sensitivity": ctx.clipping.sensitivity if private else None,
+            "noise_std_mean_gradient": getattr(parts.step, "noise_std", 0.0) / plan.batch_size if private else 0.0,
+            "caveat": spec.caveat,
+            "calibration_time_s": setup.calibration.seconds,
+            **privacy,
+        },
+        "result": {"status": status, **summarize(metrics, problem.task)},
+        "timing": timing,
+        "environment": {**provenance(), "device": str(setup.device), "torch_threads": torch.get_num_threads(),
+                        "seeds": setup.seeds},
+    }
+
+
+def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = None,
+        checkpoint_every_s: float = 600.0, code_key: str | None = None) -> RunResult:
+    """Train one cell with the optimizer ``spec`` (the registry's entry for ``cfg.optimizer``).
+    With ``checkpoint``, state is saved there at every epoch end and every
     ``checkpoint_every_s`` seconds, and a run killed earlier continues from it, ending with
-    the same metrics as an uninterrupted run."""
-    cfg.validate()
+    the same metrics as an uninterrupted run; ``code_key`` (a hash of the code that trains
+    it) makes a checkpoint of other code stale."""
+    cfg.validate(spec)
     t_start = time.perf_counter()
     started_at = pd.Timestamp.now(tz="UTC").isoformat()
-    spec = get_optimizer(cfg.optimizer)
     problem = get_problem(cfg.problem)
-    hyper = spec.hyperparameters(cfg.hyperparameters)
     device = resolve_device(cfg.device)
     seeds = stream_seeds(cfg.seed)
     splits = load_splits(cfg, problem, seeds, device)
     n_train = splits.x_train.shape[0]
-    ckpt = Checkpoint(checkpoint, cfg)
+    ckpt = Checkpoint(checkpoint, cfg, code_key)
     saved = ckpt.load()
 
     # The privacy setting (batches, steps, sample rate) comes from the optimizer's mechanism.
-    mechanism = spec.mechanism
-    plan = mechanism.plan(n_train, cfg.batch_size, cfg.epochs, cfg)
-    L, planned_steps = plan.batch_size, plan.steps
-    steps = planned_steps if cfg.max_steps is None else min(planned_steps, cfg.max_steps)
-    t0 = time.perf_counter()
-    if saved:
-        sigma, sigma_source = saved["sigma"], saved["sigma_source"]
-    elif not spec.private:
-        sigma, sigma_source = 0.0, "none (non-private)"
-    elif cfg.noise_multiplier is not None:
-        sigma, sigma_source = float(cfg.noise_multiplier), "given"
-    else:
-        sigma, sigma_source = mechanism.calibrate(plan, cfg.epsilon, cfg.delta, cfg.accountant), "calibrated"
-    calibration_s = saved["calibration_s"] if saved else time.perf_counter() - t0
+    plan = spec.mechanism.plan(n_train, cfg.batch_size, cfg.epochs, cfg)
+    calibration = (Calibration(saved["sigma"], saved["sigma_source"], saved["calibration_s"]) if saved
+                   else calibrate(cfg, spec, plan))
+    setup = Setup(cfg, spec, problem, device, seeds, splits, plan, calibration)
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seeds["init"])
-        model = problem.build()
-    model.to(device).train()
-    clipping = Clipping(cfg.clip_norm, cfg.normalize_clipping) if spec.private else NoClipping()
+    model = build_model(problem, seeds["init"], device)
     loss_gen = torch.Generator(device=device)
     loss_gen.manual_seed(seeds["loss"])
-    ctx = Context(
-        model=model,
-        loss_fn=lambda m, x, y: problem.per_sample_loss(m, x, y, loss_gen),
-        lr=cfg.lr,
-        expected_batch_size=L,
-        noise_multiplier=sigma,
-        clipping=clipping,
-        noise=mechanism.noise(plan, seeds["noise"], device),
-        steps=planned_steps,
-        hyperparameters=hyper,
-    )
-    step_fn = spec.build(ctx)
-    sampler = mechanism.sampler(plan, n_train, seeds["sampler"], device)
-
-    # Per-step metrics stay on the device until an epoch ends (no sync per step).
-    train_loss = torch.full((steps,), math.nan, dtype=torch.float64, device=device)
-    train_correct = torch.zeros(steps, dtype=torch.float64, device=device)
-    batch_sizes = torch.zeros(steps, dtype=torch.int64, device=device)
-    progress_state = {"step": 0, "eval_rows": [], "stats": {}, "eval_s": 0.0, "train_s": 0.0, "resumes": 0}
+    parts = assemble(spec, plan, model, lambda m, x, y: problem.per_sample_loss(m, x, y, loss_gen), lr=cfg.lr,
+                     noise_multiplier=calibration.sigma, clip_norm=cfg.clip_norm,
+                     normalize_clipping=cfg.normalize_clipping, hyperparameters=cfg.hyperparameters,
+                     noise_seed=seeds["noise"], sampler_seed=seeds["sampler"], n_train=n_train, device=device)
+    steps = plan.steps if cfg.max_steps is None else min(plan.steps, cfg.max_steps)
+    trace = Trace.empty(steps, device)
     if saved:
-        model.load_state_dict(saved["model"])
-        step_fn.load_state_dict(saved["step_fn"])
-        sampler.load_state_dict(saved["sampler"])
-        loss_gen.set_state(saved["loss_gen"])
-        for buffer, name in ((train_loss, "train_loss"), (train_correct, "train_correct"),
-                             (batch_sizes, "batch_sizes")):
-            buffer.copy_(saved[name])
-        progress_state = {**saved["progress"], "resumes": saved["progress"]["resumes"] + 1}
+        restore(saved, parts, loss_gen, trace)
 
-    def save_checkpoint():
-        ckpt.save({"sigma": sigma, "sigma_source": sigma_source, "calibration_s": calibration_s,
-                   "model": model.state_dict(), "step_fn": step_fn.state_dict(), "sampler": sampler.state_dict(),
-                   "loss_gen": loss_gen.get_state(), "train_loss": train_loss.cpu(),
-                   "train_correct": train_correct.cpu(), "batch_sizes": batch_sizes.cpu(),
-                   "progress": {**progress_state, "step": step, "train_s": train_time()}})
-
-    def train_time() -> float:
-        """Training seconds so far, over every session of this run, evaluation excluded."""
-        return progress_state["train_s"] + time.perf_counter() - session_t0 - (progress_state["eval_s"] - eval_s0)
-
-    epoch_ends = sorted({min(steps, round(e * planned_steps / cfg.epochs)) for e in range(1, cfg.epochs + 1)})
-    label = f"{cfg.problem} {cfg.optimizer} lr={cfg.lr:g} L={L} eps={cfg.epsilon} seed={cfg.seed}"
-    progress = Progress(label, steps, cfg.progress_every_s)
-    step, stats = progress_state["step"], progress_state["stats"]
-    print(f"[{label}] N={n_train} q={plan.sample_rate} T={planned_steps} steps={steps} sigma={sigma:.6g} "
-          f"({sigma_source}) device={device}" + (f", resumed at step {step}" if saved else ""),
+    ends = epoch_ends(plan.steps, cfg.epochs, steps)
+    label = f"{cfg.problem} {cfg.optimizer} lr={cfg.lr:g} L={plan.batch_size} eps={cfg.epsilon} seed={cfg.seed}"
+    print(f"[{label}] N={n_train} q={plan.sample_rate} T={plan.steps} steps={steps} sigma={calibration.sigma:.6g} "
+          f"({calibration.source}) device={device}" + (f", resumed at step {trace.step}" if saved else ""),
           file=sys.stderr, flush=True)
+    status = train_loop(
+        parts, splits, trace, ends,
+        evaluate_epoch=lambda epoch, is_diverged: evaluate_splits(problem, model, splits, trace, epoch, is_diverged,
+                                                                  cfg.eval_batch_size, seeds["eval"]),
+        save=lambda: ckpt.save(checkpoint_state(calibration, parts, loss_gen, trace)),
+        checkpoint_every_s=checkpoint_every_s, progress=Progress(label, steps, cfg.progress_every_s))
+    train_s = trace.train_time()
 
-    session_t0, eval_s0 = time.perf_counter(), progress_state["eval_s"]
-    status = "completed"
-    last_save = time.perf_counter()
-    for epoch, end in enumerate(epoch_ends, start=1):
-        if step >= end:
-            continue  # finished before the checkpoint
-        while step < end:
-            idx = sampler.sample()
-            out = step_fn(splits.x_train[idx], splits.y_train[idx])
-            batch_sizes[step] = idx.numel()
-            for key, value in out.stats.items():
-                stats[key] = stats.get(key, 0.0) + value
-            if out.losses.numel():
-                train_loss[step] = out.losses.double().mean()
-                if out.correct is not None:
-                    train_correct[step] = out.correct.double().mean()
-            step += 1
-            if progress.due():
-                progress(step, f"epoch {epoch}/{len(epoch_ends)} loss {train_loss[step - 1].item():.4g}")
-            if step < end and time.perf_counter() - last_save > checkpoint_every_s:
-                save_checkpoint()
-                last_save = time.perf_counter()
-        diverged = not torch.isfinite(train_loss[:step].nan_to_num(0.0)).all().item() or not all(
-            torch.isfinite(p).all().item() for p in model.parameters())
-        t_eval = time.perf_counter()
-        for split, x, y in (("val", splits.x_val, splits.y_val), ("test", splits.x_test, splits.y_test)):
-            if x is None:
-                continue
-            loss, acc = (math.inf, math.nan) if diverged else evaluate(problem, model, x, y, cfg.eval_batch_size,
-                                                                       seeds["eval"])
-            progress_state["eval_rows"].append({"split": split, "step": step, "epoch": epoch, "loss": loss,
-                                                "accuracy": acc, "batch_size": x.shape[0]})
-        progress_state["eval_s"] += time.perf_counter() - t_eval
-        test_row = progress_state["eval_rows"][-1]
-        progress(step, f"epoch {epoch} test loss {test_row['loss']:.4g} acc {test_row['accuracy']:.4f}")
-        if diverged:
-            status = "diverged"  # a diverged run saves no checkpoint: it ends here
-            break
-        if step < steps:
-            save_checkpoint()
-            last_save = time.perf_counter()
-    train_s, eval_s = train_time(), progress_state["eval_s"]
-
-    steps_done = step
-    epoch_of_step = np.searchsorted(np.array(epoch_ends), np.arange(1, steps_done + 1)) + 1
-    train_df = pd.DataFrame({
-        "split": "train",
-        "step": np.arange(1, steps_done + 1),
-        "epoch": epoch_of_step,
-        "loss": train_loss[:steps_done].cpu().numpy(),
-        "accuracy": (train_correct[:steps_done].cpu().numpy() if problem.task == "classification"
-                     else np.full(steps_done, math.nan)),
-        "batch_size": batch_sizes[:steps_done].cpu().numpy(),
-    })
-    if problem.task == "classification":
-        train_df.loc[train_df["batch_size"] == 0, "accuracy"] = math.nan
-    metrics = pd.concat([train_df, pd.DataFrame(progress_state["eval_rows"])], ignore_index=True)
-    metrics = metrics.astype({"step": "int64", "epoch": "int64", "batch_size": "int64",
-                              "loss": "float64", "accuracy": "float64"})
-
-    privacy = ({**mechanism.report(plan, sigma, steps_done, cfg.delta, cfg.accountant), **step_fn.privacy_record()}
-               if spec.private else {})
-    meta = {
-        "config": asdict(cfg),
-        "problem": {"id": problem.id, "dataset": problem.dataset, "task": problem.task, "metric": problem.metric,
-                    "parameters": sum(p.numel() for p in model.parameters())},
-        "optimizer": {"name": spec.name, "private": spec.private, "description": spec.description,
-                      "reference": spec.reference, "hyperparameters": hyper, "stats": stats},
-        "data": {"source": splits.source, "n_train": n_train, "n_test": int(splits.x_test.shape[0]),
-                 "n_val": int(splits.x_val.shape[0]) if splits.x_val is not None else 0},
-        "privacy": {
-            "mechanism": mechanism.name if spec.private else None,
-            "noise_multiplier": sigma,
-            "noise_multiplier_source": sigma_source,
-            "sample_rate": plan.sample_rate if spec.private else None,
-            "planned_steps": planned_steps,
-            "steps": steps_done,
-            "delta": cfg.delta if spec.private else None,
-            "target_epsilon": cfg.epsilon if spec.private else None,
-            "epsilon": privacy.pop("epsilon", math.inf),
-            "epsilon_planned": privacy.pop("epsilon_planned", math.inf),
-            "epsilon_rdp": privacy.pop("epsilon_rdp", math.inf),
-            "accountant": cfg.accountant if spec.private else None,
-            "clip_norm": cfg.clip_norm if spec.private else None,
-            "normalize_clipping": cfg.normalize_clipping if spec.private else None,
-            "sensitivity": clipping.sensitivity if spec.private else None,
-            "noise_std_mean_gradient": getattr(step_fn, "noise_std", 0.0) / L if spec.private else 0.0,
-            "caveat": spec.caveat,
-            "calibration_time_s": calibration_s,
-            **privacy,
-        },
-        "result": {"status": status, **summarize(metrics, problem.task)},
-        "timing": {
-            "started_at": started_at,
-            "wall_time_s": time.perf_counter() - t_start,
-            "train_time_s": train_s,
-            "eval_time_s": eval_s,
-            "steps_per_second": steps_done / train_s if train_s > 0 else math.nan,
-            "resumes": progress_state["resumes"],
-        },
-        "environment": {**provenance(), "device": str(device), "torch_threads": torch.get_num_threads(),
-                        "seeds": seeds},
+    metrics = metrics_table(trace, ends, problem.task)
+    timing = {
+        "started_at": started_at,
+        "wall_time_s": time.perf_counter() - t_start,
+        "train_time_s": train_s,
+        "eval_time_s": trace.eval_s,
+        "steps_per_second": trace.step / train_s if train_s > 0 else math.nan,
+        "resumes": trace.resumes,
     }
-    return RunResult(metrics, meta)
+    return RunResult(metrics, run_record(setup, parts, trace, metrics, status, timing))
 
 
 def summarize(metrics: pd.DataFrame, task: str) -> dict[str, float]:

@@ -9,6 +9,6 @@ rule aggregate:
     params:
         dpbench=DPBENCH,
     conda:
-        ENV
+        ENVS["analysis"]
     shell:
         "{params.dpbench} aggregate {input} --out-runs {output.runs} --out-epochs {output.epochs} > {log} 2>&1"

@@ -13,10 +13,11 @@ SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
 from dpbench import cluster  # noqa: E402
 from dpbench.fingerprint import figure_fingerprint, modules_fingerprint, optimizer_fingerprint  # noqa: E402
-from dpbench.grid import ConfigError, expand as expand_grid  # noqa: E402
+from dpbench.grid import ConfigError, expand as expand_grid, refuse_deployment_keys  # noqa: E402
 
-validate(config, "../schemas/config.schema.yaml")
 try:
+    refuse_deployment_keys(config)
+    validate(config, "../schemas/config.schema.yaml")
     CELLS = {cell.id: cell for cell in expand_grid(config)}
 except ConfigError as exc:
     raise WorkflowError(str(exc))
@@ -29,7 +30,35 @@ RESULTS = config["results_dir"]
 CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
 PYTHON = "python" if CONDA else os.path.relpath(sys.executable)
 DPBENCH = f"PYTHONPATH={shlex.quote(os.path.relpath(SRC))} {shlex.quote(PYTHON)} -m dpbench"
-ENV = f"../../envs/{config['software_env']}.yaml"
+
+
+# Deployment (where jobs run, not what they compute) comes from the profile, never from the
+# config: the GPUs a training job is given (`set-resources: train: gpu: N`, or a gres naming a
+# GPU; none unless the profile says so) choose its device, cuda or cpu, and under
+# --software-deployment-method conda its environment, envs/train-cuda.yaml or
+# envs/train-cpu.yaml; the profile's `set-threads: train=N` sets its torch threads. Snakemake
+# hands the same settings to every job it submits, so a cluster job agrees with its submitter.
+def _train_has_gpu():
+    settings = workflow.resource_settings.overwrite_resources.get("train", {})
+
+    def setting(name):
+        resource = settings.get(name)
+        if resource is None:
+            return None
+        return resource.raw if resource.is_evaluable() else resource.value
+
+    gpu, gres = setting("gpu"), setting("gres")
+    return str(gpu or 0).strip() not in ("0", "") or "gpu" in str(gres or "")
+
+
+TRAIN_DEVICE = "cuda" if _train_has_gpu() else "cpu"
+# One conda environment per kind of rule: aggregation and figures need no torch.
+ENVS = {
+    "data": "../../envs/data.yaml",
+    "matrix": "../../envs/matrix.yaml",
+    "train": f"../../envs/train-{TRAIN_DEVICE}.yaml",
+    "analysis": "../../envs/analysis.yaml",
+}
 DATASETS = sorted({cell.dataset for cell in CELLS.values()})
 
 
@@ -93,14 +122,16 @@ def train_code(wildcards):
 MATRIX_CODE = modules_fingerprint(("dpbench.matrix.factorization", "dpbench.matrix.noise_file"))
 
 
-# Cluster resources of a training cell (dpbench.cluster: from its problem, batch size, epochs;
-# they grow with each retry); short cells are bundled into shared jobs by the SLURM profile.
+# Cluster resources of a training cell (dpbench.cluster: from its problem, batch size, epochs
+# and device; they grow with each retry); short cells are bundled into shared jobs by the SLURM
+# profile.
 def train_resource(name):
-    return lambda wildcards, attempt: cluster.resources(CELLS[wildcards.cell], config["train"], attempt)[name]
+    return lambda wildcards, attempt: cluster.resources(CELLS[wildcards.cell], config["train"], attempt,
+                                                        on_gpu=TRAIN_DEVICE == "cuda")[name]
 
 
 def train_group(wildcards):
-    return cluster.bundle(CELLS[wildcards.cell], config["train"])
+    return cluster.bundle(CELLS[wildcards.cell], config["train"], on_gpu=TRAIN_DEVICE == "cuda")
 
 
 def matrix_resource(name):

@@ -7,7 +7,7 @@ rule data:
         dpbench=DPBENCH,
         data_dir=config["data_dir"],
     conda:
-        ENV
+        ENVS["data"]
     shell:
         "{params.dpbench} data --dataset {wildcards.dataset} --data-dir {params.data_dir} "
         "--manifest {output} > {log} 2>&1"

@@ -25,7 +25,7 @@ rule factorize:
         mem_mb=matrix_resource("mem_mb"),
         runtime=matrix_resource("runtime"),
     conda:
-        ENV
+        ENVS["matrix"]
     shell:
         "OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
         "{params.dpbench} factorize --key {wildcards.factorization} --out {output.npz} "
@@ -50,7 +50,7 @@ rule noise:
         mem_mb=matrix_resource("mem_mb"),
         runtime=matrix_resource("runtime"),
     conda:
-        ENV
+        ENVS["matrix"]
     shell:
         "OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
         "{params.dpbench} noise --factorization {input} --dim {wildcards.dim} --seed {wildcards.noise_seed} "

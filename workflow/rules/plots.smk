@@ -22,7 +22,7 @@ for _figure in FIGURES:
             code=figure_fingerprint(_figure),
         localrule: True
         conda:
-            ENV
+            ENVS["analysis"]
         shell:
             "{params.dpbench} plot {params.figure} --runs {input.runs} --out {output.png} "
             "{params.options} > {log} 2>&1"

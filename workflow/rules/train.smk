@@ -12,17 +12,20 @@ rule train:
         args=train_args,
         data_dir=config["data_dir"],
         code=train_code,
-    threads: config["train"]["threads"]
+    threads: 1  # the profile's set-threads: train=N raises it
     group:
         train_group
     resources:
         mem_mb=train_resource("mem_mb"),
         runtime=train_resource("runtime"),
-        cpus_per_gpu=train_resource("cpus_per_gpu"),
+        cpus_per_gpu=lambda wildcards, threads: threads,
+        # cuda where the profile gives training a GPU, else cpu (common.smk); a resource, not a
+        # param, so that moving results between deployments reruns nothing
+        device=TRAIN_DEVICE,
     conda:
-        ENV
+        ENVS["train"]
     shell:
         # Checkpoints go to OUT.ckpt (every epoch and every 10 minutes): a killed job, rerun
         # (--rerun-incomplete, or a SLURM retry), continues where it stopped.
-        "{params.dpbench} train {params.args} --data-dir {params.data_dir} --threads {threads} "
-        "--run-id {wildcards.cell} --out {output} > {log} 2>&1"
+        "{params.dpbench} train {params.args} --data-dir {params.data_dir} --device {resources.device} "
+        "--threads {threads} --run-id {wildcards.cell} --out {output} > {log} 2>&1"

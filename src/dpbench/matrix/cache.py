@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from dpbench.seeds import stream_seeds
+
 TRAIN_SIZES = {"fashion-mnist": 60_000, "cifar10": 50_000}  # official training sets
 PARAMETER_COUNTS = {"P1": 258_762, "P2": 225_034, "P3": 1_875_265}  # checked by tests
 
@@ -83,7 +85,5 @@ def ensure_noise(cache_dir: str | Path, fact, dim: int, seed: int,
 
 def run_files(cache_dir: str | Path, key: str, problem: str, seed: int) -> tuple[Path, Path]:
     """The factorization and noise files of a run (for the workflow: no computing here)."""
-    from dpbench.train import stream_seeds
-
     return factorization_path(cache_dir, key), noise_path(cache_dir, key, PARAMETER_COUNTS[problem],
                                                           stream_seeds(seed)["noise"])

@@ -1,7 +1,7 @@
 """Multi-epoch factorization: dual optimization (Choquette-Choo et al. 2023) for (k, b)
 participation, T = k b, user j participating at pi_j = {j, j+b, ..., j+(k-1)b}.
 
-The primal problem (thesis eq. 2.44, with the orthogonality constraints of CMRT23 that make
+The primal problem (thesis eq. 2.44, with the orthogonality constraints of Choquette-Choo et al. that make
 the sensitivity exact for every sign pattern, as in jax_privacy's dense.optimize):
 
     min_X tr(M X^-1)  s.t.  X > 0,  sum_{t in pi_j} X_tt <= 1,  X_st = 0 for s != t in pi_j.

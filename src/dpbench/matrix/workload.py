@@ -3,8 +3,9 @@
 SGD without momentum releases the prefix sums of the (privatised) gradients, so the workload
 is A = the T x T lower-triangular matrix of ones (thesis section 2.2.5). The convergence-aware
 variants (Koloskova et al. 2023, thesis eq. 2.57) optimise the factorization for Lambda_tau A
-instead; the mechanism still releases A G_hat (decoding with Lambda_tau A C^-1 would break the
-privacy guarantee, REFERENCE.md defect 1).
+instead; the mechanism still releases A G_hat (decoding with Lambda_tau A C^-1, as the thesis
+authors' released code did, adds noise about sqrt(T) too small before the last step and breaks the
+privacy guarantee).
 
 Both workloads are lower triangular and invertible, and (W^T W)^-1 is tridiagonal for both:
 A^-1 is the difference operator, and Lambda_tau A is block diagonal with tau x tau blocks of

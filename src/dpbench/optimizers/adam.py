@@ -10,9 +10,13 @@ id             paper                           Phi    floor       eps_in   eps_o
 =============  ==============================  =====  ==========  =======  =======  ====
 adam, dpadam   Kingma & Ba 2015                0      --          0        eps      0
 dpadambc       Tang et al. 2024; thesis Alg. 2 Phi    zeta'       0        0        0
-dpadamw        seed 002 Alg. 1                 0      --          eps0     0        lam
-dpadamw-bc     seed 002 Alg. 2                 Phi    gamma       0        0        lam
+dpadamw        Chooi et al. 2025 Alg. 1        0      --          eps0     0        lam
+dpadamw-bc     Chooi et al. 2025 Alg. 2        Phi    gamma       0        0        lam
 =============  ==============================  =====  ==========  =======  =======  ====
+
+Kingma & Ba, "Adam", ICLR 2015 (arXiv:1412.6980); Tang, Shpilevskiy, Lécuyer, "DP-AdamBC",
+AAAI 2024 (arXiv:2312.14334); Chooi, Cong, Li, Sun, "DP-AdamW: Investigating Decoupled Weight
+Decay and Bias Correction in Private Deep Learning", 2025 (arXiv:2511.07843).
 
 Phi = (sigma * s / L)^2 is the variance of the noise on each coordinate of the privatised mean
 gradient (s the sensitivity: 1 under normalised clipping, C under flat clipping), i.e. the
@@ -31,7 +35,7 @@ from dpbench.optimizers.registry import OptimizerSpec
 class Adam:
     """Adam with the variants' knobs: bias subtraction ``phi``, a ``floor`` under the corrected
     second moment, eps inside (``eps_in``) or outside (``eps_out``) the square root, and
-    decoupled weight decay ``weight_decay`` (multiplied by lr, as in seed 002)."""
+    decoupled weight decay ``weight_decay`` (multiplied by lr, as in Chooi et al. 2025, Alg. 1)."""
 
     def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps_out: float = 0.0,
                  eps_in: float = 0.0, phi: float = 0.0, floor: float | None = None, weight_decay: float = 0.0):
@@ -136,7 +140,7 @@ DPADAMW = OptimizerSpec(
                                weight_decay=float(ctx.hyperparameters["weight_decay"])),
     private=True,
     description="DP-AdamW: decoupled weight decay, m^ / sqrt(v^ + eps0) + lambda theta",
-    reference="seed 002 (DP-AdamW), Alg. 1",
+    reference="Chooi et al. 2025 (DP-AdamW, arXiv:2511.07843), Alg. 1",
     defaults={**BETAS, "eps0": 1e-8, "weight_decay": 1e-5},
 )
 
@@ -145,6 +149,6 @@ DPADAMW_BC = OptimizerSpec(
     build=lambda ctx: _dp_adam(ctx, "gamma", weight_decay=float(ctx.hyperparameters["weight_decay"])),
     private=True,
     description="DP-AdamW-BC: DP-AdamW with Phi subtracted, m^ / sqrt(max(v^ - Phi, gamma)) + lambda theta",
-    reference="seed 002 (DP-AdamW-BC), Alg. 2",
+    reference="Chooi et al. 2025 (DP-AdamW-BC, arXiv:2511.07843), Alg. 2",
     defaults={**BETAS, "gamma": 1e-8, "weight_decay": 1e-5},
 )

@@ -1,6 +1,7 @@
 """DP-Dice: DP-SGD with clipped error feedback (Zhang et al. 2024; thesis Alg. 3).
 
-Per step, on the mean-gradient scale (REFERENCE.md; the authors' code mixed scales, defect 5)::
+Per step, on the mean-gradient scale (the thesis authors' released code mixed a mean-scale
+gradient with a sum-scale clipped gradient in the residual; README, defect 5)::
 
     g     = (1/L) sum_i g_i                       raw per-sample gradients, unclipped
     g_bar = (1/L) sum_i clip(g_i) + clip(e, C2)   the residual e clipped to norm C2

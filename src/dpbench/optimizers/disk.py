@@ -1,5 +1,5 @@
-"""DP-DiSK: DP optimizer with a simplified Kalman filter (Zhang et al. 2025, seed 004 Alg. 3;
-thesis Alg. 4).
+"""DP-DiSK: DP optimizer with a simplified Kalman filter (Zhang, Bu, Balle, Hong, Razaviyayn,
+Mirrokni, "DiSK", ICLR 2025, arXiv:2410.03883, Alg. 3; thesis Alg. 4).
 
 Per step, with a = (1 - kappa) / (kappa gamma) and d the previous update direction::
 
@@ -115,6 +115,6 @@ DPDISK = OptimizerSpec(
     private=True,
     description="DP-DiSK: per-sample a grad f(theta + gamma d) + (1 - a) grad f(theta), a = (1-kappa)/(kappa gamma), "
                 "clipped once, DP-SGD noise, Kalman filter g~ <- (1-kappa) g~ + kappa g, SGD step",
-    reference="Zhang et al. 2025 (DiSK), seed 004 Alg. 3; thesis Alg. 4",
+    reference="Zhang et al. 2025 (DiSK, ICLR 2025, arXiv:2410.03883), Alg. 3; thesis Alg. 4",
     defaults={"kappa": 0.7, "gamma": 0.5},
 )

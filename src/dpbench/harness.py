@@ -1,0 +1,90 @@
+"""What a private training step is built from, built one way for every caller.
+
+A grid cell (``dpbench.train.run``) and the empirical privacy audit must run exactly the same
+mechanism: the same noise multiplier for the same plan, the same clipping, the same noise
+source and sampler seeded from the same streams. Both build them here:
+
+* ``calibrate_noise``: sigma for an optimizer's privacy plan, and where it came from. A
+  non-private optimizer has sigma = 0; a given noise multiplier is used as is; otherwise the
+  optimizer's mechanism finds the smallest sigma meeting (target epsilon, delta) under the
+  accountant (``Mechanism.calibrate``: PRV or RDP composition of the subsampled Gaussian,
+  or one exact Gaussian release for the matrix mechanisms).
+* ``assemble``: the optimizer's ``Context`` (model, per-sample loss, lr, L, sigma, clipping,
+  noise source, T, hyperparameters), the DP step ``spec.build(context)`` and the sampler that
+  draws its batches, in this order (the order fixes which random numbers each piece sees).
+  Private optimizers clip (normalised clipping: sensitivity 1; flat: C); the non-private
+  references do not clip and add no noise.
+* ``build_model``: the problem's model, initialised from the run's init stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dpbench.clipping import Clipping, NoClipping
+from dpbench.mechanisms import Plan, Sampler
+from dpbench.optimizers.base import Context, DPStep, LossFn
+from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.problems import Problem
+
+# where a run's sigma came from (recorded as privacy.noise_multiplier_source)
+SOURCE_NON_PRIVATE, SOURCE_GIVEN, SOURCE_CALIBRATED = "none (non-private)", "given", "calibrated"
+
+
+def calibrate_noise(spec: OptimizerSpec, plan: Plan, *, target_epsilon: float | None,
+                    noise_multiplier: float | None, delta: float, accountant: str) -> tuple[float, str]:
+    """(sigma, source): 0 for a non-private optimizer, ``noise_multiplier`` when given, else the
+    smallest sigma whose accounted epsilon for ``plan`` is at most ``target_epsilon``."""
+    if not spec.private:
+        return 0.0, SOURCE_NON_PRIVATE
+    if noise_multiplier is not None:
+        return float(noise_multiplier), SOURCE_GIVEN
+    if target_epsilon is None:
+        raise ValueError(f"optimizer {spec.name!r} is private: give a target epsilon or a noise multiplier")
+    return spec.mechanism.calibrate(plan, target_epsilon, delta, accountant), SOURCE_CALIBRATED
+
+
+def build_model(problem: Problem, init_seed: int, device: torch.device | str) -> nn.Module:
+    """The problem's model initialised from ``init_seed`` (the global torch RNG is left as it
+    was), on ``device``, in training mode."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(init_seed)
+        model = problem.build()
+    return model.to(device).train()
+
+
+@dataclass
+class Assembly:
+    """A DP step, the sampler that feeds it and the context it was built from."""
+
+    step: DPStep
+    sampler: Sampler
+    context: Context
+
+
+def assemble(spec: OptimizerSpec, plan: Plan, model: nn.Module, loss_fn: LossFn, *, lr: float,
+             noise_multiplier: float, clip_norm: float, normalize_clipping: bool,
+             hyperparameters: dict | None, noise_seed: int, sampler_seed: int, n_train: int,
+             device: torch.device | str) -> Assembly:
+    """The optimizer's step and sampler for one run. ``hyperparameters`` are the given ones
+    (the spec's defaults fill in the rest; an unknown name is an error); ``noise_seed`` and
+    ``sampler_seed`` are the run's "noise" and "sampler" streams (``dpbench.seeds``)."""
+    mechanism = spec.mechanism
+    clipping = Clipping(clip_norm, normalize_clipping) if spec.private else NoClipping()
+    context = Context(
+        model=model,
+        loss_fn=loss_fn,
+        lr=lr,
+        expected_batch_size=plan.batch_size,
+        noise_multiplier=noise_multiplier,
+        clipping=clipping,
+        noise=mechanism.noise(plan, noise_seed, device),
+        steps=plan.steps,
+        hyperparameters=spec.hyperparameters(hyperparameters),
+    )
+    step = spec.build(context)
+    sampler = mechanism.sampler(plan, n_train, sampler_seed, device)
+    return Assembly(step, sampler, context)
