@@ -5,7 +5,8 @@ problem, half with a canary example ("in") and half without ("out"), and records
 white-box adversary sees: the releases r_t, i.e. the privatised mean gradients that the
 harness hands to the optimizer's update rule (Nasr et al. 2023, arXiv 2302.07956).
 
-Nothing of the mechanism is re-implemented here. The optimizer's own ``OptimizerSpec`` builds
+Nothing of the mechanism is re-implemented here: ``dpbench.harness`` (calibrate_noise, assemble)
+builds it exactly as for a training cell, from the optimizer's own ``OptimizerSpec``, which builds
 its step from a ``Context`` exactly as a training cell does: its mechanism plans the run,
 calibrates sigma, draws the batches and the noise; its step forms per-sample gradients with
 the harness's tape, clips, adds noise and keeps its state (Dice's residual, DiSK's filter,
@@ -46,9 +47,12 @@ from torch import nn
 from dpbench.clipping import Clipping
 from dpbench.matrix.cache import default_cache_dir
 from dpbench.mechanisms import AuditSpec, Plan
-from dpbench.optimizers.base import Context
+from dpbench.harness import assemble, calibrate_noise
 from dpbench.optimizers.registry import OptimizerSpec
 
+
+
+AUDIT_LR = 0.1  # the update rule's step size: irrelevant to the releases of a linear loss
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class Claim:
     accountant: str
     strategy: np.ndarray | None = None  # C (T x T) of correlated-noise mechanisms: the release is C G + sigma s Z
     strategy_sensitivity: float | None = None  # sens(C) the noise is calibrated for
+    clip_norm: float = 1.0  # C (normalised clipping: every clipped gradient has norm <= 1)
 
 
 @dataclass
@@ -193,16 +198,15 @@ def make_claim(spec: OptimizerSpec, epsilon: float | None, hyper: dict, problem:
     plan = spec.mechanism.plan(n, problem.batch_size, epochs, _run_config(hyper, epsilon, delta, cache_dir))
     if plan.steps != problem.steps:
         raise ValueError(f"{spec.name}: the mechanism plans {plan.steps} steps, the audit problem {problem.steps}")
-    if noise_multiplier is None:
-        sigma = spec.mechanism.calibrate(plan, epsilon, delta, accountant)
-    else:
-        sigma = float(noise_multiplier)
+    sigma, _ = calibrate_noise(spec, plan, target_epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta,
+                               accountant=accountant)
+    if noise_multiplier is not None:  # the claim is what the accountant reports for the given sigma
         epsilon = spec.mechanism.report(plan, sigma, plan.steps, delta, accountant)["epsilon"]
     strategy = sens = None
     if hasattr(spec.mechanism, "strategy_matrix"):
         strategy = np.asarray(spec.mechanism.strategy_matrix(plan), dtype=np.float64)
         sens = spec.mechanism.strategy_sensitivity(plan) if hasattr(spec.mechanism, "strategy_sensitivity") else None
-    return Claim(epsilon, delta, sigma, plan, Clipping(clip_norm).sensitivity, accountant, strategy, sens)
+    return Claim(epsilon, delta, sigma, plan, Clipping(clip_norm).sensitivity, accountant, strategy, sens, clip_norm)
 
 
 def _worst_batch(strategy: np.ndarray, batches: int) -> int:
@@ -242,15 +246,11 @@ def run_chunk(spec: OptimizerSpec, audit: AuditSpec, claim: Claim, hyper: dict, 
     d, L, T = problem.dimension, claim.plan.batch_size, claim.plan.steps
     if m >= d:
         raise ValueError(f"{m} canaries need d > {m} coordinates (the problem has d = {d})")
-    mechanism = spec.mechanism
-
     model = LinearAudit(d, lanes)
-    ctx = Context(model=model, loss_fn=linear_loss, lr=float(hyper.get("lr", 0.1)), expected_batch_size=L,
-                  noise_multiplier=claim.noise_multiplier, clipping=Clipping(claim.clip_sensitivity),
-                  noise=mechanism.noise(claim.plan, noise_seed, "cpu"), steps=T, hyperparameters=hyper,
-                  lanes=lanes)
-    step = spec.build(ctx)
-    sampler = mechanism.sampler(claim.plan, n_lane, sampler_seed, "cpu", lanes=lanes)
+    parts = assemble(spec, claim.plan, model, linear_loss, lr=AUDIT_LR, noise_multiplier=claim.noise_multiplier,
+                     clip_norm=claim.clip_norm, normalize_clipping=True, hyperparameters=hyper,
+                     noise_seed=noise_seed, sampler_seed=sampler_seed, n_train=n_lane, device="cpu", lanes=lanes)
+    step, sampler = parts.step, parts.sampler
     slots = _canary_slots(audit, claim, sampler, n_lane, lanes, m)
 
     # the data: the others have 0 in the canaries' coordinates and norm in [C/2, C] (0 for
@@ -410,12 +410,9 @@ def postprocessing_check(spec: OptimizerSpec, claim: Claim, hyper: dict, problem
                     audit.canary_factor * claim.clip_sensitivity, keep=lanes)
     recorder, step = out["recorder"], out["step"]
     model = LinearAudit(problem.dimension, lanes)
-    ctx = Context(model=model, loss_fn=linear_loss, lr=float(hyper.get("lr", 0.1)),
-                  expected_batch_size=claim.plan.batch_size, noise_multiplier=claim.noise_multiplier,
-                  clipping=Clipping(claim.clip_sensitivity), noise=spec.mechanism.noise(claim.plan, 0, "cpu"),
-                  steps=claim.plan.steps,
-                  hyperparameters=hyper, lanes=lanes)
-    replay = spec.build(ctx)
+    replay = assemble(spec, claim.plan, model, linear_loss, lr=AUDIT_LR, noise_multiplier=claim.noise_multiplier,
+                      clip_norm=claim.clip_norm, normalize_clipping=True, hyperparameters=hyper, noise_seed=0,
+                      sampler_seed=0, n_train=problem_size(spec, problem)[0], device="cpu", lanes=lanes).step
     params = [p for p in model.parameters() if p.requires_grad]
     for release in recorder.kept:
         replay.rule.update(params, [r.clone() for r in release])
