@@ -77,7 +77,15 @@ def cmd_data(args) -> int:
 def cmd_aggregate(args) -> int:
     from dpbench.aggregate import aggregate
 
-    aggregate(args.runs, args.out_runs, args.out_epochs)
+    aggregate(args.runs, args.out_runs, args.out_epochs, audits=args.audits)
+    return 0
+
+
+def cmd_audits(args) -> int:
+    from dpbench.audit.summary import aggregate
+
+    table = aggregate(args.audits, args.out)
+    print(f"wrote {args.out}: {len(table)} audits, {int(table['violation'].sum())} with a violation", file=sys.stderr)
     return 0
 
 
@@ -128,7 +136,7 @@ def cmd_audit(args) -> int:
 
     spec = get_optimizer(args.optimizer)
     rows, record = audit(spec, args.epsilon, args.trials, args.mode, args.beta, args.seed, dict(args.hp or []),
-                         args.delta, cache_dir=args.cache_dir,
+                         args.delta, args.accountant, cache_dir=args.cache_dir,
                          log=lambda m: print(f"[audit] {m}", file=sys.stderr, flush=True))
     write_table(rows, args.out, meta={"audit": record})
     verdict = ("VIOLATION: the claim is refuted" if record["violation"] else "no violation found")
@@ -228,7 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("runs", nargs="+", help="run .parquet files")
     a.add_argument("--out-runs", required=True)
     a.add_argument("--out-epochs", required=True)
+    a.add_argument("--audits", help="the audits table (dpbench audits): adds the runs' audit_violation column")
     a.set_defaults(func=cmd_aggregate)
+
+    at = sub.add_parser("audits", help="collect audit files (dpbench audit) into one table")
+    at.add_argument("audits", nargs="+", help="audit .parquet files")
+    at.add_argument("--out", required=True)
+    at.set_defaults(func=cmd_audits)
 
     p = sub.add_parser("plot", help="a figure of thesis chapter 5 / appendix B, as PNG and PDF")
     p.add_argument("figure", help="fig5_1 ... fig5_8, figB_1, figB_2")
@@ -265,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "test, never flags)")
     au.add_argument("--beta", type=float, default=0.05, help="false-alarm probability of the audit")
     au.add_argument("--delta", type=float, default=1e-5)
+    au.add_argument("--accountant", default="prv", choices=["prv", "rdp"],
+                    help="the accountant sigma is calibrated with and whose privacy profile is tested")
     au.add_argument("--seed", type=int, default=0)
     au.add_argument("--out", help="output .parquet (written atomically)")
     au.add_argument("--cache-dir", help="where matrix factorizations are cached (as for dpbench train)")

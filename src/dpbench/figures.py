@@ -68,6 +68,7 @@ THESIS_FILTERS = {
 # ---------------------------------------------------------------------------- selection
 
 NO_GUARANTEE_MARK = " (not a valid DP guarantee)"
+AUDIT_MARK = " (audit: claim refuted)"
 
 
 def label(optimizer: str, labels: dict[str, str] | None = None) -> str:
@@ -77,12 +78,16 @@ def label(optimizer: str, labels: dict[str, str] | None = None) -> str:
 
 def legend_labels(runs: pd.DataFrame) -> dict[str, str]:
     """Each optimizer's name, marked NO_GUARANTEE_MARK if any of its private runs has no valid
-    DP guarantee (``dp_guarantee`` False; tables without the column mark nothing)."""
+    DP guarantee (``dp_guarantee`` False) and AUDIT_MARK if an empirical audit refuted its
+    claim (``audit_violation`` True); tables without these columns mark nothing."""
     out = {o: label(o) for o in runs["optimizer"].unique()} if "optimizer" in runs else {}
     if "dp_guarantee" in runs and len(runs):
         void = runs["private"].astype(bool) & ~runs["dp_guarantee"].astype(bool)
         for o in runs.loc[void, "optimizer"].unique():
-            out[o] = label(o) + NO_GUARANTEE_MARK
+            out[o] += NO_GUARANTEE_MARK
+    if "audit_violation" in runs and len(runs):
+        for o in runs.loc[runs["audit_violation"].fillna(False).astype(bool), "optimizer"].unique():
+            out[o] += AUDIT_MARK
     return out
 
 
