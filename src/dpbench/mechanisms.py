@@ -19,6 +19,29 @@ from dpbench.sampling import PoissonSampler
 
 
 @dataclass(frozen=True)
+class AuditSpec:
+    """How the empirical audit (dpbench.audit) attacks a mechanism: which test statistic is
+    the most powerful for its release, under which neighbour relation its claim holds, and the
+    canary. A mechanism carries one; an optimizer whose step changes the release (DP-Dice)
+    overrides it in its spec. Statistics: ``lr`` (likelihood ratio of the Poisson-subsampled
+    Gaussian, per step), ``sum`` (sum of the releases), ``projected-lr`` (``lr`` on the
+    release projected on P_k^T e_c), ``matrix`` (the releases whitened by C: the mechanism
+    gives ``strategy_matrix(plan)`` and ``strategy_sensitivity(plan)``), ``banded-lr``
+    (``lr`` per round of the releases whitened by a banded C, cyclic Poisson sampling)."""
+
+    statistic: str
+    neighbours: str = "add/remove"  # or "zero-out"
+    others_zero: bool = False  # the other examples' gradients are 0 (projections mix coordinates)
+    canary_factor: float = 10.0  # M / C: the canary's gradient norm
+
+    def __post_init__(self):
+        if self.statistic not in ("lr", "sum", "projected-lr", "matrix", "banded-lr"):
+            raise ValueError(f"unknown audit statistic {self.statistic!r}")
+        if self.neighbours not in ("add/remove", "zero-out"):
+            raise ValueError(f"unknown neighbour relation {self.neighbours!r}")
+
+
+@dataclass(frozen=True)
 class Plan:
     """The privacy setting of one run, fixed before training starts and never changed after:
     ``extras`` (a mechanism's own constants) is a read-only copy of the mapping given. What a
@@ -66,6 +89,12 @@ class Mechanism(Protocol):
 
     def noise(self, plan: Plan, seed: int, device) -> NoiseSource: ...
 
+    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+        """delta*(eps) for an array of eps: the claim the empirical audit tests (dpbench.audit)."""
+        ...
+
+    # and an ``audit`` attribute: an AuditSpec saying how the audit attacks the mechanism
+
 
 def geometric_buckets(steps: int, factor: Callable[[int], float], rel: float = 0.01) -> list[tuple[float, int]]:
     """Group steps 1..T into runs where the noise factor varies by at most ``rel``; each run is
@@ -101,6 +130,7 @@ class PoissonSubsampledGaussian:
     which accountant was used."""
 
     name = "poisson-subsampled-gaussian"
+    audit = AuditSpec("lr")
 
     def __init__(self, schedule: Callable[[int], float] | None = None, schedule_name: str = "constant",
                  bucket_rel: float = 0.01, accountant: str | None = None):
@@ -144,6 +174,22 @@ class PoissonSubsampledGaussian:
         delta = self._delta(plan, delta)
         return accounting.calibrate(
             lambda s: self._epsilon(self.history(plan, s, plan.steps), delta, accountant), target_epsilon)
+
+    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+        """The claim at every epsilon at once, delta*(eps) (an upper bound, from the accountant
+        the run uses), which the empirical audit tests: the PRV profile of the history, or
+        the RDP one where this mechanism or the run accounts with RDP; plus delta_fail."""
+        from dpbench.audit import profiles
+
+        history = self.history(plan, noise_multiplier, plan.steps)
+        fail = self.delta_fail(plan)
+        if self.accountant == "rdp":
+            return profiles.rdp_profile(history, delta_fail=fail)
+        if accountant == "rdp":
+            return profiles.rdp_profile(history, orders=accounting.RDP_ORDERS, delta_fail=fail)
+        if accountant != "prv":
+            raise ValueError(f"unknown accountant {accountant!r}; choose one of {accounting.ACCOUNTANTS}")
+        return profiles.prv_profile(history, delta_fail=fail, accountant_delta=delta - fail)
 
     def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
         acc_delta = self._delta(plan, delta)

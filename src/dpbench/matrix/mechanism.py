@@ -32,7 +32,7 @@ from dpbench.matrix import cache, factorization
 from dpbench.matrix.noise_file import NoiseFile, read_meta, row_variances
 from dpbench.matrix.participation import FixedBatchSampler
 from dpbench.matrix.sensitivity import prefix_sensitivity
-from dpbench.mechanisms import Plan
+from dpbench.mechanisms import AuditSpec, Plan
 
 
 def _log(message: str) -> None:
@@ -82,6 +82,8 @@ class MatrixMechanism:
     """Mechanism (dpbench.mechanisms) for the single-epoch (``single_epoch=True``) and the
     multi-epoch matrix mechanisms, optionally convergence-aware (Lambda_tau objective)."""
 
+    audit = AuditSpec("matrix", neighbours="zero-out")
+
     def __init__(self, single_epoch: bool, convergence_aware: bool):
         self.single_epoch, self.convergence_aware = single_epoch, convergence_aware
         self.kind = ("se" if single_epoch else "me") + ("-lambda" if convergence_aware else "")
@@ -122,6 +124,19 @@ class MatrixMechanism:
             raise ValueError(f"target epsilon must be positive, got {target_epsilon}")
         return accounting.gaussian_noise_multiplier(target_epsilon, delta,
                                                     sensitivity=plan.extras["factorization"].sensitivity)
+
+    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+        """The claim at every epsilon: one Gaussian release with mu = sens(C) / sigma (exact)."""
+        from dpbench.audit import profiles
+
+        return profiles.gaussian_profile(plan.extras["factorization"].sensitivity / noise_multiplier)
+
+    def strategy_matrix(self, plan: Plan):
+        """C, the dense T x T strategy the release C G + sigma s Z uses."""
+        return plan.extras["factorization"].strategy
+
+    def strategy_sensitivity(self, plan: Plan) -> float:
+        return plan.extras["factorization"].sensitivity
 
     def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
         fact = plan.extras["factorization"]
@@ -182,6 +197,6 @@ class MatrixMechanism:
             file.verify(meta)
             _log(f"verified {path} ({file.steps} rows x {file.dim}: checksums and norms) in "
                  f"{time.perf_counter() - t0:.1f} s")
-            return file
+            return file  # the run record reads its path from the noise source (CorrelatedNoise.path)
 
         return CorrelatedNoise(resolve, device)

@@ -66,7 +66,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from dpbench import accounting
-from dpbench.mechanisms import Plan, PoissonSubsampledGaussian
+from dpbench.mechanisms import AuditSpec, Plan, PoissonSubsampledGaussian
 from dpbench.noise import GaussianNoise
 
 KINDS = ("srht", "gaussian")
@@ -363,6 +363,7 @@ class RandomProjectionGaussian(PoissonSubsampledGaussian):
     ``paper_sensitivity`` drops the bound, accounts at delta and marks the run invalid."""
 
     name = "poisson-subsampled-gaussian-random-projection"
+    audit = AuditSpec("projected-lr", others_zero=True)  # P_k mixes coordinates: the others are 0
 
     def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> Plan:
         base = super().plan(n_train, batch_size, epochs, run_config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dpbench.mechanisms import Mechanism, PoissonSubsampledGaussian
+from dpbench.mechanisms import AuditSpec, Mechanism, PoissonSubsampledGaussian
 from dpbench.optimizers.base import Context, DPStep
 
 
@@ -20,6 +20,7 @@ class OptimizerSpec:
     # how batches are drawn, where noise comes from, how sigma and epsilon are computed
     mechanism: Mechanism = field(default_factory=PoissonSubsampledGaussian)
     caveat: str | None = None  # a limit of the privacy guarantee, recorded in every run
+    audit: AuditSpec | None = None  # how dpbench.audit attacks it (None: its mechanism's AuditSpec)
 
     def hyperparameters(self, given: dict[str, Any] | None) -> dict[str, Any]:
         """The defaults overridden by ``given``; an unknown name is an error that names it."""
