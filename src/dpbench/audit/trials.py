@@ -324,8 +324,9 @@ def run_trials(spec: OptimizerSpec, epsilon: float, trials: int, seed: int = 0, 
     """R trials of ``spec`` at the claim (epsilon, delta): R/2 with the canary, R/2 without, in
     chunks of ``lanes`` lanes, each chunk with fresh seeds. With ``noise_multiplier``, sigma is
     given instead of calibrated (epsilon is then ignored)."""
-    if trials < 2 or trials % 2:
-        raise ValueError(f"trials must be an even number >= 2, got {trials}")
+    if trials < 4 or trials % 2:
+        raise ValueError(f"trials must be an even number >= 4 (half of them without the canary, at least 2), "
+                         f"got {trials}")
     t0 = time.perf_counter()
     audit = audit_spec(spec)
     hyper = spec.hyperparameters(hyper)
