@@ -228,3 +228,34 @@ def test_one_run_mode(cache):
                           cache_dir=cache)
     assert len(rows) == 200 and rec["guesses"] == 40 and rec["violation"] is False
     assert 0 <= rec["epsilon_lower"] < 8.0
+
+
+def test_dpdice_runs_carry_the_audit_flag_in_the_runs_table_and_the_legends(tiny_fmnist, tmp_path, cache):
+    """A refuted optimizer is marked wherever its runs are compared: the runs table's
+    audit_violation (True for dpdice, False for dpsgd, missing for the unaudited sgd) and every
+    comparison figure's legend."""
+    from conftest import run_cell
+    from dpbench import figures
+    from dpbench.aggregate import aggregate
+    from dpbench.results import write_run, write_table
+    from dpbench.train import RunConfig
+
+    files = []
+    for name in ("dpdice", "dpsgd", "sgd"):
+        res = run_cell(RunConfig(problem="P2", optimizer=name, lr=0.1, batch_size=60, epochs=1, seed=0,
+                                 noise_multiplier=1.0 if name != "sgd" else None, accountant="rdp", max_steps=2,
+                                 test_subset=50, progress_every_s=1e9))
+        files.append(write_run(tmp_path / f"{name}.parquet", res.metrics, {**res.meta, "run_id": name}))
+    audits = []
+    for name in ("dpdice", "dpsgd"):
+        rows, rec = run.audit(get_optimizer(name), 2.0, 200, seed=0, problem=SMALL, lanes=200, cache_dir=cache)
+        audits.append(write_table(rows, tmp_path / f"audit-{name}.parquet", meta={"audit": rec}))
+    table = summary.aggregate(audits, tmp_path / "audits.parquet")
+    assert dict(zip(table.optimizer, table.violation)) == {"dpdice": True, "dpsgd": False}
+    runs, _ = aggregate(files, tmp_path / "runs.parquet", tmp_path / "epochs.parquet", audits=tmp_path / "audits.parquet")
+    flag = dict(zip(runs.optimizer, runs.audit_violation))
+    assert flag["dpdice"] == True and flag["dpsgd"] == False and pd.isna(flag["sgd"])  # noqa: E712
+    labels = figures.legend_labels(pd.read_parquet(tmp_path / "runs.parquet"))
+    assert labels["dpdice"].endswith(figures.AUDIT_MARK) and figures.AUDIT_MARK not in labels["dpsgd"]
+    png, pdf = figures.plot("audit", tmp_path / "audits.parquet", tmp_path / "figs" / "audit")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:5] == b"%PDF-"

@@ -80,7 +80,7 @@ def test_every_configured_figure_draws_its_setup(name):
     cfg = load_config(REPO / "config" / f"{name}.yaml")
     expected = {"setup1": {"fig5_1", "fig5_3", "fig5_4", "fig5_5", "figB_1", "figB_2"},
                 "setup2": {"fig5_2", "fig5_6"}, "setup3": {"fig5_2", "fig5_7", "fig5_8"},
-                "thesis": set(figures.FIGURES)}[name]
+                "thesis": set(figures.THESIS_FIGURES)}[name]
     assert set(cfg["figures"]) == expected
     runs = synthetic_runs(expand(cfg))
     for figure_id, options in cfg["figures"].items():

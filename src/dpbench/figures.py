@@ -584,6 +584,7 @@ FIGURES = {
     # drawn from the audits table (results/audit/audits.parquet), not the runs table
     "audit": FigureSpec(audit_figure, {}, "Empirical privacy audit: claimed ε against the measured lower bound"),
 }
+THESIS_FIGURES = [f for f in FIGURES if f.startswith("fig")]  # the ones drawn from the runs table
 
 
 def save(fig: Figure, out_stem: str | Path) -> tuple[Path, Path]:
