@@ -475,34 +475,5 @@ def test_workflow_reuses_factorization_and_noise_for_a_second_cell(tmp_path):
     assert counts.get("train") == 4 and "factorize" not in counts and "noise" not in counts
 
 
-@pytest.mark.slow
-def test_workflow_factorizes_writes_noise_and_trains_setup2_and_setup3_cells(tmp_path, fmnist_dir):
-    """factorize -> noise -> train -> aggregate through Snakemake for a Setup 2 cell (P2,
-    single epoch) and a Setup 3 cell (P3, the VAE, multi-epoch, lambda variant), on subsets."""
-    import pandas as pd
-
-    from dpbench.results import read_meta
-
-    config = {"data_dir": str(fmnist_dir), "results_dir": "out",
-              "train": {"train_subset": 256, "test_subset": 200},
-              "figures": {"fig5_2": {"problems": ["P3", "P2"]}},
-              "grid": [{"problems": ["P2"], "batch_sizes": [32], "epochs": [1], "epsilons": [10],
-                        "optimizers": {"dpmatrix-se": {"lr": [0.5]}}},
-                       {"problems": ["P3"], "batch_sizes": [64], "epochs": [2], "epsilons": [10],
-                        "optimizers": {"dpmatrix-me-lambda": {"lr": [0.01], "tau": [4]}}}]}
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    proc = subprocess.run([snakemake_exe(), "--snakefile", REPO / "Snakefile", "--directory", tmp_path,
-                           "--configfile", tmp_path / "config.yaml", "--cores", "2"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    cache_dir = tmp_path / "out" / "cache" / "matrix"
-    assert sorted(p.name for p in cache_dir.iterdir()) == ["me-lambda-k2-b4-tau4", "se-k1-b8"]
-    runs = pd.read_parquet(tmp_path / "out" / "aggregate" / "runs.parquet").set_index("optimizer")
-    assert runs.loc["dpmatrix-se", "steps"] == 8 and runs.loc["dpmatrix-me-lambda", "steps"] == 8
-    assert (runs.status == "completed").all() and (runs.epsilon <= runs.target_epsilon * (1 + 1e-9)).all()
-    for optimizer, key in (("dpmatrix-se", "se-k1-b8"), ("dpmatrix-me-lambda", "me-lambda-k2-b4-tau4")):
-        privacy = read_meta(tmp_path / runs.loc[optimizer, "path"])["privacy"]
-        assert privacy["matrix"]["key"] == key, privacy["matrix"]
-        # the workflow's cached files, not a standalone run's own cache
-        assert f"cache/matrix/{key}/noise-d" in privacy["matrix"]["noise_file"], privacy["matrix"]
-    assert (tmp_path / "out" / "figures" / "fig5_2.png").exists()
+# The full factorize -> noise -> train -> aggregate -> figure path of a single-epoch (P2) and a
+# multi-epoch convergence-aware (P3) cell runs in the tiny grid of tests/test_workflow.py.
