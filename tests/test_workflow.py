@@ -50,13 +50,13 @@ def test_the_gpu_profile_trains_in_the_cuda_environment():
 def test_tiny_grid_end_to_end(tiny_workflow):
     """.test/config/config.yaml through the whole workflow, as CI runs it (conftest.tiny_workflow):
     data, the matrix stages (factorize -> noise, read by their cells), training, aggregation,
-    figures and the report; then every kind of figure (comparison bars, seed sensitivity,
-    accuracy heatmaps, best settings, a VAE log-loss heatmap, selection on validation) from the
-    real runs table."""
+    figures (each kind of rule option) and the report; then every kind of figure (comparison
+    bars, seed sensitivity, accuracy heatmaps, best settings, a VAE log-loss heatmap, selection
+    on validation) from the real runs table."""
     config = yaml.safe_load((tiny_workflow / "run.yaml").read_text())
     out = tiny_workflow / "results"
     runs = pd.read_parquet(out / "aggregate" / "runs.parquet")
-    assert len(runs) == 7 and set(runs.problem) == {"P2", "P3"}
+    assert len(runs) == 6 and set(runs.problem) == {"P2", "P3"}
     assert set(runs.optimizer) == {"dpsgd", "sgd", "dpmatrix-se", "dpmatrix-me-lambda"}
     assert (runs.status == "completed").all() and (runs.steps == 3).all()
     assert runs.groupby(["problem", "optimizer", "lr", "target_epsilon"]).size().max() == 2  # two seeds: Fig. 5.3
@@ -80,15 +80,15 @@ def test_tiny_grid_end_to_end(tiny_workflow):
     for figure in config["figures"]:
         assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000
         assert (out / "figures" / f"{figure}.pdf").stat().st_size > 5_000
-    # every kind of figure has data in the real table (the workflow drew four; the rest here):
+    # every kind of figure has data in the real table (the workflow drew three; the rest here):
     # drawn from runs, not the placeholder of an empty selection ("no runs ...")
     for figure, options in {**config["figures"], "fig5_3": {}, "fig5_4": {"problem": "P2"},
-                            "fig5_5": {"problem": "P2"}}.items():
+                            "fig5_5": {"problem": "P2"}, "fig5_8": {}}.items():
         fig = figures.build(figure, runs, **options)
         assert fig.axes and not [t.get_text() for t in fig.texts if t.get_text().startswith("no ")], figure
         figures.plt.close(fig)
     # the default profile: training on the CPU, one thread per job
-    assert (tiny_workflow / "snakemake.log").read_text().count("--device cpu --threads 1 ") == 7
+    assert (tiny_workflow / "snakemake.log").read_text().count("--device cpu --threads 1 ") == 6
     for run_file in (out / "runs").rglob("*.parquet"):  # the config's train settings reached every run
         meta = read_meta(run_file)
         assert meta["config"]["max_steps"] == 3 and meta["config"]["accountant"] == "rdp"
