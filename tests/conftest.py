@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
@@ -108,3 +109,30 @@ def run_cli(*args, cwd=REPO, check=True, timeout=600):
 def snakemake_exe():
     exe = Path(sys.executable).with_name("snakemake")
     return str(exe) if exe.exists() else shutil.which("snakemake")
+
+
+def copy_repo(dest):
+    """The files the workflow runs from, copied (tests edit the copy's sources)."""
+    for name in ("Snakefile", "workflow", "src", "config", "envs"):
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy(src, dest / name)
+
+
+@pytest.fixture(scope="session")
+def tiny_workflow(tmp_path_factory, fmnist_dir):
+    """.test/config/config.yaml run to the end by Snakemake (profile default) in a copy of the
+    repository, as run.yaml with the real Fashion-MNIST: the copy's directory. One run serves
+    tests/test_workflow.py (its outputs) and tests/test_reruns.py (dry runs after edits to the
+    copy's sources or config, each undone)."""
+    d = tmp_path_factory.mktemp("tiny-workflow")
+    copy_repo(d)
+    config = yaml.safe_load((REPO / ".test" / "config" / "config.yaml").read_text())
+    (d / "run.yaml").write_text(yaml.safe_dump({**config, "data_dir": str(fmnist_dir)}))
+    proc = subprocess.run([snakemake_exe(), "--profile", d / "workflow" / "profiles" / "default",
+                           "--configfile", "run.yaml"], cwd=d, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (d / "snakemake.log").write_text(proc.stdout + proc.stderr)  # with the shell commands it ran (printshellcmds)
+    return d

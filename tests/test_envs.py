@@ -103,7 +103,7 @@ assert main(["data", "--dataset", "fashion-mnist", "--data-dir", {str(fmnist_dir
     assert (tmp_path / "m.json").exists()
     proc = run_without("train-cpu", f"""
 assert main(["train", "--problem", "P2", "--optimizer", "dpsgd", "--lr", "0.5", "--batch-size", "100", "--epochs", "1",
-             "--seed", "0", "--epsilon", "2", "--accountant", "rdp", "--max-steps", "2", "--train-subset", "300",
+             "--seed", "0", "--noise-multiplier", "1", "--max-steps", "2", "--train-subset", "300",
              "--test-subset", "100", "--data-dir", {str(fmnist_dir)!r}, "--threads", "1", "--out", "r.parquet"]) == 0
 """, tmp_path)
     assert proc.returncode == 0 and proc.stdout.endswith("ok\n"), proc.stderr[-3000:]

@@ -16,30 +16,43 @@ def test_harness_closure_excludes_the_registry_and_other_optimizers():
     assert "dpbench.figures" not in harness and "dpbench.aggregate" not in harness
 
 
-def _fingerprints(src, names):
-    code = ("import sys; from dpbench.fingerprint import optimizer_fingerprint as f; "
-            f"print(' '.join(f(n) for n in {names!r}))")
-    out = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(src)}, capture_output=True,
-                         text=True, check=True)
-    return dict(zip(names, out.stdout.split()))
-
-
 def test_editing_an_optimizer_module_changes_only_its_fingerprint(tmp_path):
+    """In a copy of the sources: the fingerprints of every optimizer, after an edit of sgd.py
+    (only the optimizers built there change), after an edit of the harness (all change). One
+    fresh interpreter reads the copy, its caches cleared after each edit."""
     from dpbench.optimizers import OPTIMIZERS
 
     src = tmp_path / "src"
     shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
     names = sorted(OPTIMIZERS)
-    before = _fingerprints(src, names)
-    sgd_module = src / "dpbench" / "optimizers" / "sgd.py"
-    sgd_module.write_text(sgd_module.read_text() + "\n# an edit\n")
-    after_opt = _fingerprints(src, names)
+    code = f"""
+from pathlib import Path
+from dpbench import fingerprint
+
+
+def prints():
+    fingerprint._imports.cache_clear()
+    fingerprint.optimizer_fingerprint.cache_clear()
+    print(" ".join(fingerprint.optimizer_fingerprint(n) for n in {names!r}))
+
+
+def edit(path):
+    path = Path({str(src / "dpbench")!r}) / path
+    path.write_text(path.read_text() + "\\n# an edit\\n")
+
+
+prints()
+edit("optimizers/sgd.py")
+prints()
+edit("per_sample.py")
+prints()
+"""
+    out = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(src)}, capture_output=True,
+                         text=True, check=True)
+    before, after_opt, after_harness = (dict(zip(names, line.split())) for line in out.stdout.splitlines())
     changed = {n for n in names if before[n] != after_opt[n]}
     assert changed == {n for n in names if OPTIMIZERS[n].build.__module__ == "dpbench.optimizers.sgd"}
-    harness = src / "dpbench" / "per_sample.py"
-    harness.write_text(harness.read_text() + "\n# an edit\n")
-    after_harness = _fingerprints(src, names)
-    assert all(after_harness[n] != after_opt[n] for n in names)
+    assert changed and all(after_harness[n] != after_opt[n] for n in names)
 
 
 def test_figure_fingerprints_follow_each_figures_own_code():

@@ -99,17 +99,17 @@ def test_a_run_refuses_the_spec_of_another_optimizer():
 @pytest.mark.slow
 def test_cli_writes_a_valid_parquet_file_from_real_data(tmp_path, fmnist_dir):
     out = tmp_path / "run.parquet"
-    args = ["train", "--problem", "P2", "--optimizer", "dpsgd", "--lr", "0.5", "--batch-size", "256", "--epsilon", "1",
-            "--epochs", "1", "--seed", "7", "--max-steps", "6", "--train-subset", "3000", "--test-subset", "500",
+    args = ["train", "--problem", "P2", "--optimizer", "dpsgd", "--lr", "0.5", "--batch-size", "100", "--epsilon", "1",
+            "--epochs", "1", "--seed", "7", "--max-steps", "6", "--train-subset", "1000", "--test-subset", "300",
             "--data-dir", fmnist_dir, "--threads", "1", "--accountant", "rdp"]
     proc = run_cli(*args, "--out", out)
     assert "step 6/6" in proc.stderr  # progress lines
     df, meta = read_run(out)
     assert set(df.split) == {"train", "test"} and (df.split == "train").sum() == 6
     assert df.dtypes["loss"] == np.float64 and df.dtypes["step"] == np.int64
-    assert meta["data"] == {"source": str(fmnist_dir), "n_train": 3000, "n_test": 500, "n_val": 0}
+    assert meta["data"] == {"source": str(fmnist_dir), "n_train": 1000, "n_test": 300, "n_val": 0}
     p = meta["privacy"]
-    assert p["sample_rate"] == pytest.approx(256 / 3000) and p["planned_steps"] == round(3000 / 256)
+    assert p["sample_rate"] == pytest.approx(100 / 1000) and p["planned_steps"] == round(1000 / 100)
     assert p["epsilon"] <= p["epsilon_planned"] <= 1.0 and p["delta"] == 1e-5 and p["accountant"] == "rdp"
     assert meta["environment"]["packages"]["torch"].startswith("2.13.0")
     assert meta["timing"]["steps_per_second"] > 0

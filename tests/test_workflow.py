@@ -14,7 +14,6 @@ from dpbench.results import read_meta
 
 
 PROFILES = REPO / "workflow" / "profiles"
-TEST_CONFIG = REPO / ".test" / "config" / "config.yaml"
 
 
 def snakemake(*args, cwd=REPO, timeout=900):
@@ -37,15 +36,11 @@ def test_bad_config_value_stops_with_the_key(tmp_path):
     assert "batch_sizes" in proc.stdout + proc.stderr
 
 
-def test_the_profile_chooses_device_threads_and_environments():
+def test_the_gpu_profile_trains_in_the_cuda_environment():
     """Deployment is the profile's: the GPU it gives rule train sets --device and the training
-    environment (one variable, common.smk's TRAIN_DEVICE), its set-threads the threads; the
-    config (the science) is the same. (The SLURM profiles: tests/test_slurm.py.)"""
-    dry = snakemake("-n", "-p", "--cores", "8", "--profile", PROFILES / "default")
-    assert dry.returncode == 0, dry.stderr[-3000:]
-    assert dry.stdout.count("--device cpu --threads 1 ") == 6  # config/config.yaml: 6 cells
-    # one conda environment per kind of rule; Snakemake names each as it prepares them (and
-    # stops after that where conda is absent, as here)
+    environment (one variable, common.smk's TRAIN_DEVICE). One conda environment per kind of
+    rule; Snakemake names each as it prepares them (and stops after that where conda is
+    absent, as here). (--device and --threads: the tiny grid below and tests/test_slurm.py.)"""
     envs = snakemake("--containerize", "--profile", PROFILES / "gpu")
     # (audits always run on the CPU, in float64, in the CPU training environment)
     assert set(re.findall(r"envs/([\w-]+)\.yaml", envs.stdout + envs.stderr)) == {"data", "matrix", "train-cuda",
@@ -53,22 +48,19 @@ def test_the_profile_chooses_device_threads_and_environments():
 
 
 @pytest.mark.slow
-def test_tiny_grid_end_to_end(tmp_path, fmnist_dir):
-    """.test/config/config.yaml through the whole workflow, as CI runs it: every kind of figure
-    (comparison bars, seed sensitivity, accuracy heatmaps, best settings, a VAE log-loss heatmap,
-    selection on validation) from real runs, and the report."""
-    config = yaml.safe_load(TEST_CONFIG.read_text())
-    config["data_dir"] = str(fmnist_dir)
-    config["results_dir"] = "out"
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    proc = snakemake("--snakefile", REPO / "Snakefile", "--directory", tmp_path, "--configfile",
-                     tmp_path / "config.yaml", "--profile", REPO / "workflow" / "profiles" / "default", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = tmp_path / "out"
+def test_tiny_grid_end_to_end(tiny_workflow):
+    """.test/config/config.yaml through the whole workflow, as CI runs it (conftest.tiny_workflow):
+    data, the matrix stages (factorize -> noise, read by their cells), training, aggregation,
+    figures (each kind of rule option) and the report; then every kind of figure (comparison
+    bars, seed sensitivity, accuracy heatmaps, best settings, a VAE log-loss heatmap, selection
+    on validation) from the real runs table."""
+    config = yaml.safe_load((tiny_workflow / "run.yaml").read_text())
+    out = tiny_workflow / "results"
     runs = pd.read_parquet(out / "aggregate" / "runs.parquet")
-    assert len(runs) == 7 and set(runs.optimizer) == {"dpsgd", "sgd"} and set(runs.problem) == {"P2", "P3"}
-    assert runs.groupby(["problem", "optimizer", "lr", "target_epsilon"]).size().max() == 2  # two seeds: Fig. 5.3
+    assert len(runs) == 6 and set(runs.problem) == {"P2", "P3"}
+    assert set(runs.optimizer) == {"dpsgd", "sgd", "dpmatrix-se", "dpmatrix-me-lambda"}
     assert (runs.status == "completed").all() and (runs.steps == 3).all()
+    assert runs.groupby(["problem", "optimizer", "lr", "target_epsilon"]).size().max() == 2  # two seeds: Fig. 5.3
     private = runs[runs.private]
     assert (private.epsilon <= private.target_epsilon).all()
     epochs = pd.read_parquet(out / "aggregate" / "epochs.parquet")
@@ -84,23 +76,36 @@ def test_tiny_grid_end_to_end(tmp_path, fmnist_dir):
     assert (runs.loc[runs.optimizer == "dpsgd", "audit_violation"] == False).all()  # noqa: E712
     assert runs.loc[runs.optimizer == "sgd", "audit_violation"].isna().all()  # not private: not audited
     assert (out / "figures" / "audit.png").stat().st_size > 10_000
-    for figure, options in config["figures"].items():
+    # the matrix cells read the factorization and noise files the workflow made: N = 1000 - 100
+    # held out, b = N // L = 9 batches, k = E epochs
+    assert sorted(p.name for p in (out / "cache" / "matrix").iterdir()) == ["me-lambda-k2-b9-tau4", "se-k1-b9"]
+    matrix = runs[runs.optimizer.str.startswith("dpmatrix")].set_index("optimizer")
+    assert matrix.loc["dpmatrix-se", "planned_steps"] == 9 and matrix.loc["dpmatrix-me-lambda", "planned_steps"] == 18
+    for optimizer, key in (("dpmatrix-se", "se-k1-b9"), ("dpmatrix-me-lambda", "me-lambda-k2-b9-tau4")):
+        privacy = read_meta(tiny_workflow / matrix.loc[optimizer, "path"])["privacy"]
+        assert privacy["matrix"]["key"] == key, privacy["matrix"]
+        # the workflow's cached files, not a standalone run's own cache
+        assert f"cache/matrix/{key}/noise-d" in privacy["matrix"]["noise_file"], privacy["matrix"]
+    for figure in config["figures"]:
         assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000
         assert (out / "figures" / f"{figure}.pdf").stat().st_size > 5_000
-        # drawn from data, not the placeholder of an empty selection ("no runs ...")
+    # every kind of figure has data in the real table (the workflow drew three; the rest here):
+    # drawn from runs, not the placeholder of an empty selection ("no runs ...")
+    for figure, options in {**config["figures"], "fig5_3": {}, "fig5_4": {"problem": "P2"},
+                            "fig5_5": {"problem": "P2"}, "fig5_8": {}}.items():
         fig = figures.build(figure, runs, **options)
         assert fig.axes and not [t.get_text() for t in fig.texts if t.get_text().startswith("no ")], figure
         figures.plt.close(fig)
-    report = snakemake("--snakefile", REPO / "Snakefile", "--directory", tmp_path, "--configfile",
-                       tmp_path / "config.yaml", "--report", tmp_path / "report.html", cwd=tmp_path)
-    assert report.returncode == 0, report.stderr[-3000:]
-    assert (tmp_path / "report.html").stat().st_size > 100_000
+    # the default profile: training on the CPU, one thread per job
+    assert (tiny_workflow / "snakemake.log").read_text().count("--device cpu --threads 1 ") == 6
     for run_file in (out / "runs").rglob("*.parquet"):  # the config's train settings reached every run
         meta = read_meta(run_file)
         assert meta["config"]["max_steps"] == 3 and meta["config"]["accountant"] == "rdp"
         assert meta["environment"]["device"] == "cpu" and meta["environment"]["torch_threads"] == 1
     assert list((out / "logs" / "train").rglob("*.log")) and list((out / "benchmarks").rglob("*.tsv"))
+    report = snakemake("--configfile", "run.yaml", "--report", "report.html", cwd=tiny_workflow)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert (tiny_workflow / "report.html").stat().st_size > 100_000
     # nothing left to do: a second invocation runs no job
-    again = snakemake("--snakefile", REPO / "Snakefile", "--directory", tmp_path, "--configfile",
-                      tmp_path / "config.yaml", "--cores", "2", "-n", cwd=tmp_path)
+    again = snakemake("--configfile", "run.yaml", "--cores", "2", "-n", cwd=tiny_workflow)
     assert "Nothing to be done" in again.stdout + again.stderr

@@ -38,7 +38,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
 from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
@@ -267,13 +266,21 @@ def best_settings_data(runs: pd.DataFrame, problem: str, epsilons: Iterable[floa
 
 # ---------------------------------------------------------------------------- drawing
 
+# seaborn (and through it scipy.stats) is imported where a figure is drawn, not with the module:
+# the workflow imports this module for the figures' fingerprints every time it starts.
+
+
 def _style() -> None:
+    import seaborn as sns
+
     sns.set_theme(style="whitegrid", context="paper", font_scale=0.9)
     plt.rcParams.update({"pdf.fonttype": 42, "axes.titlesize": 9, "figure.dpi": 100})
 
 
 def palette(optimizers: Iterable[str]) -> dict[str, tuple]:
     """One colour per optimizer, the same in every figure."""
+    import seaborn as sns
+
     names = [o for o in LABELS if o != "sgd"] + sorted(set(optimizers) - set(LABELS))
     colours = dict(zip(names, sns.color_palette("colorblind", len(names))))
     return {**colours, "sgd": (0.25, 0.25, 0.25)}
@@ -294,6 +301,8 @@ def draw_comparison(best: pd.DataFrame, problems: list[str] | None = None,
     """Bars: best metric per optimizer (hue) and target ε (x), one panel per problem (in the
     order given, panels lettered (a), (b), ... when several); non-private optimizers as dashed
     horizontal lines. Groups whose runs all diverged have no bar."""
+    import seaborn as sns
+
     present = list(best["problem"].unique())
     problems = [p for p in problems if p in present] if problems is not None else sorted(present)
     if not problems:
