@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -18,11 +19,58 @@ def _hp(text: str) -> tuple[str, object]:
         return key, value
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+# Argument types shared by every command (argparse names the option in its message:
+# "argument --epsilon: expected a finite positive number, got 'inf'"). Each refuses what no
+# run can use, before any work starts.
+
+
+def _number(text: str, ok, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not (math.isfinite(value) and ok(value)):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
+
+
+def finite_float(text: str) -> float:
+    return _number(text, lambda x: True, "a finite number")
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (epsilon, learning rate, clipping norm, seconds)."""
+    return _number(text, lambda x: x > 0, "a finite positive number")
+
+
+def nonnegative_float(text: str) -> float:
+    """A finite number >= 0 (a noise multiplier)."""
+    return _number(text, lambda x: x >= 0, "a finite number >= 0")
+
+
+def probability(text: str) -> float:
+    """A number in the open interval (0, 1) (delta)."""
+    return _number(text, lambda x: 0 < x < 1, "a finite number in (0, 1)")
+
+
+def _integer(text: str, ok, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _integer(text, lambda n: n > 0, "a positive integer")
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0 (a seed: numpy's SeedSequence takes no negative entropy)."""
+    return _integer(text, lambda n: n >= 0, "an integer >= 0")
+
 
 
 def cmd_train(args) -> int:
@@ -124,35 +172,37 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train one grid cell and write one Parquet file")
     t.add_argument("--problem", required=True, choices=["P1", "P2", "P3"])
     t.add_argument("--optimizer", required=True)
-    t.add_argument("--lr", type=float, required=True, help="learning rate")
-    t.add_argument("--batch-size", type=_positive_int, required=True, help="expected batch size L (q = L/N)")
-    t.add_argument("--epsilon", type=float, help="target epsilon (private optimizers)")
-    t.add_argument("--epochs", type=_positive_int, required=True, help="E; T = round(E N / L) steps")
-    t.add_argument("--seed", type=int, required=True)
+    t.add_argument("--lr", type=positive_float, required=True, help="learning rate")
+    t.add_argument("--batch-size", type=positive_int, required=True, help="expected batch size L (q = L/N)")
+    t.add_argument("--epsilon", type=positive_float, help="target epsilon (private optimizers)")
+    t.add_argument("--epochs", type=positive_int, required=True, help="E; T = round(E N / L) steps")
+    t.add_argument("--seed", type=nonnegative_int, required=True)
     t.add_argument("--out", required=True, help="output .parquet file (written atomically)")
     t.add_argument("--run-id", help="name recorded in the run (default: the output file's stem)")
-    t.add_argument("--noise-multiplier", type=float, help="use this sigma instead of calibrating it from epsilon")
-    t.add_argument("--delta", type=float, default=1e-5)
-    t.add_argument("--clip-norm", type=float, default=1.0, help="C")
+    t.add_argument("--noise-multiplier", type=nonnegative_float,
+                   help="use this sigma instead of calibrating it from epsilon")
+    t.add_argument("--delta", type=probability, default=1e-5)
+    t.add_argument("--clip-norm", type=positive_float, default=1.0, help="C")
     t.add_argument("--flat-clipping", action="store_true", help="g/max(1,|g|/C) instead of normalised clipping")
     t.add_argument("--accountant", default="prv", choices=["prv", "rdp"])
     t.add_argument("--hp", type=_hp, action="append", metavar="KEY=VALUE", help="optimizer hyperparameter")
-    t.add_argument("--max-steps", type=_positive_int, help="stop after N steps (epsilon is reported for them)")
-    t.add_argument("--train-subset", type=_positive_int, help="train on a random subset of N examples")
-    t.add_argument("--test-subset", type=_positive_int, help="evaluate on a random subset of N examples")
-    t.add_argument("--validation-size", type=int, default=0,
+    t.add_argument("--max-steps", type=positive_int, help="stop after N steps (epsilon is reported for them)")
+    t.add_argument("--train-subset", type=positive_int, help="train on a random subset of N examples")
+    t.add_argument("--test-subset", type=positive_int, help="evaluate on a random subset of N examples")
+    t.add_argument("--validation-size", type=nonnegative_int, default=0,
                    help="hold N training examples out as a validation split for model selection")
     t.add_argument("--checkpoint", help="checkpoint file (default OUT.ckpt): saved every epoch and every "
                                         "--checkpoint-every seconds; a killed run resumes from it")
-    t.add_argument("--checkpoint-every", type=float, default=600.0, help="seconds between mid-epoch checkpoints")
+    t.add_argument("--checkpoint-every", type=nonnegative_float, default=600.0,
+                   help="seconds between mid-epoch checkpoints")
     t.add_argument("--data-dir", help="directory with the official dataset files")
     t.add_argument("--factorization", help="matrix mechanisms: the factorization .npz (dpbench factorize)")
     t.add_argument("--noise-file", help="matrix mechanisms: the correlated noise .npy (dpbench noise)")
     t.add_argument("--cache-dir", help="matrix mechanisms: where missing factorization/noise files are made "
                                        "(default $DPBENCH_CACHE_DIR or <tmp>/dpbench-cache)")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    t.add_argument("--threads", type=_positive_int, help="torch CPU threads")
-    t.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines")
+    t.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    t.add_argument("--progress-every", type=positive_float, default=10.0, help="seconds between progress lines")
     t.set_defaults(func=cmd_train)
 
     d = sub.add_parser("data", help="find (or download) a dataset, verify its checksums, write a manifest")
@@ -181,13 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "se, se-lambda, me, me-lambda, identity")
     f.add_argument("--out", required=True, help="output .npz (written atomically)")
     f.add_argument("--report", help="the report as JSON (default: next to --out)")
-    f.add_argument("--tol", type=float, help="relative duality gap to stop at")
+    f.add_argument("--tol", type=positive_float, help="relative duality gap to stop at")
     f.set_defaults(func=cmd_factorize)
 
     n = sub.add_parser("noise", help="matrix mechanisms: write the correlated noise C^-1 Z (T x d, float32)")
     n.add_argument("--factorization", required=True, help="the factorization .npz")
-    n.add_argument("--dim", type=_positive_int, required=True, help="d, the number of model parameters")
-    n.add_argument("--seed", type=int, required=True, help="the run's noise seed (dpbench.seeds.stream_seeds)")
+    n.add_argument("--dim", type=positive_int, required=True, help="d, the number of model parameters")
+    n.add_argument("--seed", type=nonnegative_int, required=True,
+                   help="the run's noise seed (dpbench.seeds.stream_seeds)")
     n.add_argument("--out", required=True, help="output .npy (written atomically, JSON sidecar next to it)")
     n.set_defaults(func=cmd_noise)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,11 +115,28 @@ def refuse_deployment_keys(config: dict[str, Any]) -> None:
                               f"{where} (see workflow/profiles and config/README.md)")
 
 
+def refuse_non_finite(value: Any, path: str = "") -> None:
+    """No key takes an infinite or NaN number (YAML's .inf, .nan), which JSON schema's bounds
+    let through (NaN compares false with every bound): refused naming the key."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"config key {path or '<top level>'}: {value} is not a finite number")
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        refuse_non_finite(item, f"{path}.{key}" if path else str(key))
+
+
+def precheck(config: dict[str, Any]) -> None:
+    """The checks that come before schema validation, whose messages would be less precise:
+    deployment keys (where each went) and non-finite numbers."""
+    refuse_deployment_keys(config)
+    refuse_non_finite(config)
+
+
 def validate(config: dict[str, Any]) -> dict[str, Any]:
     """Schema validation with defaults filled in, then the checks a schema cannot express."""
     import jsonschema
 
-    refuse_deployment_keys(config)
+    precheck(config)
 
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
     validator_cls = jsonschema.validators.extend(

@@ -65,17 +65,17 @@ class RunConfig:
         if spec.name != self.optimizer:
             raise ValueError(f"optimizer {self.optimizer!r} was given the spec of {spec.name!r}")
         get_problem(self.problem)
-        for name in ("lr", "batch_size", "epochs", "delta", "clip_norm"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("lr", "batch_size", "epochs", "clip_norm") + (("epsilon",) if self.epsilon is not None else ()):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be positive and finite, got {getattr(self, name)}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
         if spec.private and self.noise_multiplier is None and self.epsilon is None:
             raise ValueError(f"optimizer {self.optimizer!r} is private: give --epsilon or --noise-multiplier")
-        if self.noise_multiplier is not None and self.noise_multiplier < 0:
-            raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier}")
+        if self.noise_multiplier is not None and not 0 <= self.noise_multiplier < math.inf:
+            raise ValueError(f"noise_multiplier must be >= 0 and finite, got {self.noise_multiplier}")
         if self.validation_size < 0:
             raise ValueError(f"validation_size must be >= 0, got {self.validation_size}")
-        if self.epsilon is not None and not self.epsilon > 0:
-            raise ValueError(f"epsilon must be positive, got {self.epsilon}")
         spec.hyperparameters(self.hyperparameters)
 
 

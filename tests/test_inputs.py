@@ -1,0 +1,109 @@
+"""Inputs that fail loudly, and nothing lost: every bad value is refused before any work with
+a message naming the option, key or file, and no failure leaves a partial or stray file."""
+
+import math
+
+import pytest
+
+from dpbench import accounting, cli
+from dpbench.grid import ConfigError, validate
+from dpbench.optimizers import OPTIMIZERS
+from dpbench.train import RunConfig
+
+NON_FINITE = [math.inf, -math.inf, math.nan]
+
+
+@pytest.fixture(autouse=True)
+def no_data(monkeypatch):
+    """A bad value must be refused before the data is read: reading it fails these tests."""
+    from dpbench import data
+
+    def load(*args, **kwargs):
+        raise AssertionError("the data was read: the bad value was not refused up front")
+
+    monkeypatch.setattr(data, "load", load)
+
+
+def train_argv(tmp_path, *extra, optimizer="dpsgd"):
+    """`dpbench train` arguments of a tiny cell."""
+    return ["train", "--problem", "P2", "--optimizer", optimizer, "--lr", "0.1", "--batch-size", "10",
+            "--epochs", "1", "--seed", "0", "--epsilon", "1", "--data-dir", str(tmp_path / "no-data"),
+            "--out", str(tmp_path / "run.parquet"), *map(str, extra)]
+
+
+def cli_error(argv, capsys) -> tuple[int, str]:
+    """Exit status and stderr of ``dpbench`` run in-process (argparse exits, main returns)."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+# -- 6. non-finite values -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option,value", [
+    ("--epsilon", "inf"), ("--epsilon", "nan"), ("--lr", "inf"), ("--lr", "nan"), ("--delta", "inf"),
+    ("--delta", "nan"), ("--noise-multiplier", "inf"), ("--noise-multiplier", "nan"), ("--clip-norm", "inf"),
+    ("--checkpoint-every", "nan"),
+])
+def test_cli_refuses_non_finite_numbers_naming_the_option(tmp_path, capsys, option, value):
+    code, err = cli_error(train_argv(tmp_path, option, value), capsys)
+    assert code == 2 and f"argument {option}" in err and "finite" in err, err
+    assert not (tmp_path / "run.parquet").exists()
+
+
+@pytest.mark.parametrize("name", ["epsilon", "lr", "delta", "noise_multiplier", "clip_norm"])
+@pytest.mark.parametrize("value", NON_FINITE)
+def test_run_config_refuses_non_finite_numbers(name, value):
+    settings = dict(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=10, epochs=1, seed=0, epsilon=1.0)
+    cfg = RunConfig(**{**settings, name: value})
+    with pytest.raises(ValueError, match=f"{name} must be"):
+        cfg.validate(OPTIMIZERS["dpsgd"])
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in OPTIMIZERS.items() if s.private))
+def test_every_mechanism_refuses_a_non_finite_target_or_a_delta_outside_0_1(name):
+    """Checked before the plan is looked at (None here): no search ever starts on them."""
+    mechanism = OPTIMIZERS[name].mechanism
+    for eps in (*NON_FINITE, 0.0, -1.0):
+        with pytest.raises(ValueError, match="target epsilon must be a finite positive number"):
+            mechanism.calibrate(None, eps, 1e-5, "rdp")
+    for delta in (*NON_FINITE, 0.0, 1.0, 2.0):
+        with pytest.raises(ValueError, match="delta must be in"):
+            mechanism.calibrate(None, 1.0, delta, "rdp")
+
+
+def test_sigma_searches_are_bounded():
+    # a target no sigma <= MAX_NOISE_MULTIPLIER (per unit of sensitivity) reaches is an error, not a
+    # search without end (the Gaussian at delta = 0 never gets there) or a sigma beyond the cap
+    with pytest.raises(ValueError, match="delta must be in"):
+        accounting.gaussian_noise_multiplier(1.0, 0.0)
+    with pytest.raises(ValueError, match="not reachable"):
+        accounting.gaussian_noise_multiplier(1e-7, 1e-5)
+    sigma = accounting.gaussian_noise_multiplier(1e-3, 1e-5, sensitivity=100.0)  # large, but reachable
+    assert accounting.MAX_NOISE_MULTIPLIER < sigma < 100 * accounting.MAX_NOISE_MULTIPLIER
+    assert accounting.gaussian_delta(1e-3, 100.0 / sigma) <= 1e-5
+    for eps in NON_FINITE:
+        with pytest.raises(ValueError, match="target epsilon must be a finite positive number"):
+            accounting.calibrate(lambda s: 1 / s, eps)
+        with pytest.raises(ValueError, match="target epsilon must be a finite positive number"):
+            accounting.gaussian_noise_multiplier(eps)
+
+
+def _config(**block):
+    return {"grid": [{"problems": ["P2"], "batch_sizes": [10], "epochs": [1], "epsilons": [1.0],
+                      "optimizers": {"dpsgd": {"lr": 0.1}}, **block}]}
+
+
+@pytest.mark.parametrize("value", NON_FINITE)
+def test_config_refuses_non_finite_numbers_naming_the_key(value):
+    with pytest.raises(ConfigError, match=r"config key grid\.0\.epsilons\.1: .* not a finite number"):
+        validate(_config(epsilons=[1.0, value]))
+    with pytest.raises(ConfigError, match=r"config key grid\.0\.optimizers\.dpsgd\.lr: .* not a finite number"):
+        validate(_config(optimizers={"dpsgd": {"lr": value}}))
+    with pytest.raises(ConfigError, match=r"config key grid\.0\.optimizers\.dpdisk\.kappa\.0: .* not a finite"):
+        validate(_config(optimizers={"dpdisk": {"lr": 0.1, "kappa": [value]}}))
+    with pytest.raises(ConfigError, match=r"config key train\.delta: .* not a finite number"):
+        validate({**_config(), "train": {"delta": value}})
