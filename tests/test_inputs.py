@@ -2,6 +2,7 @@
 a message naming the option, key or file, and no failure leaves a partial or stray file."""
 
 import math
+import re
 
 import pytest
 
@@ -107,3 +108,78 @@ def test_config_refuses_non_finite_numbers_naming_the_key(value):
         validate(_config(optimizers={"dpdisk": {"lr": 0.1, "kappa": [value]}}))
     with pytest.raises(ConfigError, match=r"config key train\.delta: .* not a finite number"):
         validate({**_config(), "train": {"delta": value}})
+
+
+# -- 7. cell ids: unique, exact, one per computation -----------------------------------------
+
+
+def test_number_format_of_ids_round_trips_and_keeps_the_short_forms():
+    from dpbench.grid import fmt
+
+    for x in (0.1, 0.1000001, 1 / 3, 1e-5, 2.5e-6, 10.0, 123456789.0, 1e300, 7, 123456789):
+        assert float(fmt(x)) == x, (x, fmt(x))
+    # the ids every existing config has: unchanged
+    assert [fmt(x) for x in (0.001, 1e-4, 1e-5, 10.0, 100.0, 0.5, 2)] == ["0.001", "0.0001", "1e-05", "10", "100",
+                                                                          "0.5", "2"]
+
+
+def test_values_that_print_alike_are_distinct_cells():
+    from dpbench.grid import expand
+
+    cells = expand(validate(_config(optimizers={"dpsgd": {"lr": [0.1, 0.1000001]}}, epsilons=[1.0, 1.0000001])))
+    assert len(cells) == 4 and len({c.id for c in cells}) == 4
+    assert {c.id.split("/")[-1] for c in cells} == {f"L10-E1-eps{e}-lr{lr}-s0" for e in ("1", "1.0000001")
+                                                    for lr in ("0.1", "0.1000001")}
+
+
+def test_a_hyperparameter_at_its_default_is_the_cell_without_it():
+    from dpbench.grid import expand
+
+    config = _config(optimizers={"dpdisk": {"lr": 0.1, "kappa": 0.7}})
+    config["grid"].append({**config["grid"][0], "optimizers": {"dpdisk": {"lr": 0.1}}})
+    config["grid"].append({**config["grid"][0], "optimizers": {"dpdisk": {"lr": 0.1, "kappa": [0.5, 0.7],
+                                                                          "gamma": 0.5}}})
+    cells = expand(validate(config))
+    assert [c.id for c in cells] == ["P2/dpdisk/L10-E1-eps1-lr0.1-kappa0.5-s0", "P2/dpdisk/L10-E1-eps1-lr0.1-s0"]
+
+
+def test_cells_whose_ids_collide_are_refused_naming_both_values():
+    from dpbench.grid import expand
+
+    # the string "8" and the integer 8 print alike but are different settings
+    with pytest.raises(ConfigError, match=r"grid\.0\.optimizers\.dpmatrix-band.*'8'.* 8\b"):
+        expand(validate(_config(optimizers={"dpmatrix-band": {"lr": 0.1, "bands": ["8", 8]}})))
+    with pytest.raises(ConfigError, match=r"grid\.0\.optimizers\.dpmatrix-band\.bands: .*'a/b'"):
+        expand(validate(_config(optimizers={"dpmatrix-band": {"lr": 0.1, "bands": "a/b"}})))
+
+
+def test_what_a_cell_passes_to_dpbench_train_is_exactly_its_values():
+    from dpbench.grid import expand
+
+    config = _config(optimizers={"dpsgd": {"lr": 0.1000001}, "d2p2sgd": {"lr": 1 / 3, "paper_sensitivity": True,
+                                                                        "projection_rate": 0.30000000000000004}},
+                     epsilons=[0.1 + 0.2])
+    for cell in expand(validate(config)):
+        args = cli.build_parser().parse_args(["train", *cell.train_args(config["train"]), "--out", "x.parquet"])
+        assert (args.lr, args.epsilon, args.seed) == (cell.lr, cell.epsilon, cell.seed)
+        given = dict(args.hp or [])
+        assert given == dict(cell.hyperparameters)
+        assert all(type(given[k]) is type(v) for k, v in cell.hyperparameters)  # True stays a bool
+
+
+@pytest.mark.parametrize("optimizer,hp,match", [
+    ("dpdisk", "kappa=abc", r"--hp kappa=abc: .*'kappa' of 'dpdisk' takes a finite number \(default 0\.7\)"),
+    ("dpdisk", "kappa=nan", r"'kappa' of 'dpdisk' takes a finite number"),
+    ("dpdisk", "kappa=true", r"'kappa' of 'dpdisk' takes a finite number"),
+    ("d2p2sgd", "paper_sensitivity=1", r"'paper_sensitivity' of 'd2p2sgd' takes true or false"),
+    ("dpsgd", "kappa=1", r"--hp kappa=1: optimizer 'dpsgd' has no hyperparameter 'kappa'"),
+])
+def test_hyperparameters_of_the_wrong_type_are_refused_up_front(tmp_path, capsys, optimizer, hp, match):
+    code, err = cli_error(train_argv(tmp_path, "--hp", hp, optimizer=optimizer), capsys)
+    assert code == 2 and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and re.search(match, err), err
+
+
+def test_config_hyperparameters_of_the_wrong_type_name_the_key():
+    with pytest.raises(ConfigError, match=r"grid\.0\.optimizers\.dpdisk: .*'kappa' of 'dpdisk' takes a finite"):
+        validate(_config(optimizers={"dpdisk": {"lr": 0.1, "kappa": [0.5, "abc"]}}))

@@ -96,6 +96,11 @@ def cmd_train(args) -> int:
     checkpoint = args.checkpoint or f"{args.out}.ckpt"
     # the optimizer and the hash of the code that trains it (a checkpoint of other code is stale)
     spec = get_optimizer(args.optimizer)
+    for key, value in args.hp or []:
+        try:
+            spec.hyperparameters({key: value})
+        except ValueError as exc:
+            raise ValueError(f"--hp {key}={value if isinstance(value, str) else json.dumps(value)}: {exc}") from None
     result = run(cfg, spec, checkpoint=checkpoint, checkpoint_every_s=args.checkpoint_every,
                  code_key=optimizer_fingerprint(spec.name))
     result.meta["run_id"] = args.run_id or Path(args.out).stem
