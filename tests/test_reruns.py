@@ -38,9 +38,9 @@ def snakemake(workdir, *args, timeout=600, **kw):
                           cwd=workdir, capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def dry_run(workdir) -> tuple[dict[str, int], str]:
+def dry_run(workdir, *args, **kw) -> tuple[dict[str, int], str]:
     """Jobs a dry run would execute, per rule (its first 'Job stats' table), and its output."""
-    proc = snakemake(workdir, "-n")
+    proc = snakemake(workdir, "-n", *args, **kw)
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts, lines = {}, iter(proc.stdout.splitlines())
     for line in lines:
@@ -55,8 +55,8 @@ def dry_run(workdir) -> tuple[dict[str, int], str]:
     return counts, proc.stdout
 
 
-def planned_jobs(workdir) -> dict[str, int]:
-    return dry_run(workdir)[0]
+def planned_jobs(workdir, *args, **kw) -> dict[str, int]:
+    return dry_run(workdir, *args, **kw)[0]
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +126,50 @@ def test_changing_a_grid_axis_touches_only_its_cells(workdir):
     finally:
         (workdir / "run.yaml").write_text(original)
     assert planned_jobs(workdir) == {}
+
+
+def test_moving_the_data_reruns_nothing(workdir, tmp_path):
+    """The dataset's identity is its checksum (verified by every job that reads it), not its
+    directory: data_dir pointing at a copy of the same files reruns nothing."""
+    config = yaml.safe_load((workdir / "run.yaml").read_text())
+    original = yaml.safe_dump(config)
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(config["data_dir"], copy)
+    try:
+        config["data_dir"] = str(copy)
+        (workdir / "run.yaml").write_text(yaml.safe_dump(config))
+        jobs, out = dry_run(workdir)
+        assert jobs == {}, out[-3000:]
+    finally:
+        (workdir / "run.yaml").write_text(original)
+
+
+FAKE_CONDA = """#!/bin/sh
+# just enough of conda for a dry run: Snakemake asks for its version, info and channel priority
+case "$1" in
+  info) echo '{"conda_version": "24.7.1", "platform": "linux-64", "root_prefix": "/nonexistent",
+               "conda_prefix": "/nonexistent", "envs_dirs": [], "pkgs_dirs": []}';;
+  --version) echo "conda 24.7.1";;
+  config) echo '{"get": {"channel_priority": "strict"}}';;
+  *) echo "fake conda: $*" >&2; exit 1;;
+esac
+"""
+
+
+def test_switching_to_conda_environments_reruns_nothing(workdir, tmp_path):
+    """Results made with the venv's interpreter are up to date under the profile with
+    --software-deployment-method conda (the interpreter's path is not a param, the environment
+    not a rerun trigger: what computes a result is the fingerprinted code at its pinned
+    versions, recorded in every run file). No conda here: a stand-in answers the queries a dry
+    run makes."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "conda").write_text(FAKE_CONDA)
+    (bin_dir / "conda").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    jobs, out = dry_run(workdir, "--profile", "workflow/profiles/default", "--software-deployment-method", "conda",
+                        env=env)
+    assert jobs == {}, out[-3000:]
 
 
 def test_a_killed_workflow_resumes_from_its_checkpoints(tmp_path, fmnist_dir):
