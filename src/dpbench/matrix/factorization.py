@@ -37,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 from scipy import linalg
 
+from dpbench.files import chmod_like_open
 from dpbench.matrix import sensitivity as sens
 from dpbench.matrix.dual import dual_ascent
 from dpbench.matrix.fixed_point import fixed_point
@@ -188,6 +189,7 @@ def _atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") ->
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        chmod_like_open(fd)
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()
