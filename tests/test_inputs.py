@@ -1,9 +1,17 @@
 """Inputs that fail loudly, and nothing lost: every bad value is refused before any work with
 a message naming the option, key or file, and no failure leaves a partial or stray file."""
 
+import errno
 import math
+import os
 import re
+import stat
+import tempfile
+import time
+import types
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from dpbench import accounting, cli
@@ -183,3 +191,186 @@ def test_hyperparameters_of_the_wrong_type_are_refused_up_front(tmp_path, capsys
 def test_config_hyperparameters_of_the_wrong_type_name_the_key():
     with pytest.raises(ConfigError, match=r"grid\.0\.optimizers\.dpdisk: .*'kappa' of 'dpdisk' takes a finite"):
         validate(_config(optimizers={"dpdisk": {"lr": 0.1, "kappa": [0.5, "abc"]}}))
+
+
+# -- 8. the output location is checked before any work ---------------------------------------
+
+
+def timed_cli_error(argv, capsys):
+    t0 = time.perf_counter()
+    code, err = cli_error(argv, capsys)
+    return code, err, time.perf_counter() - t0
+
+
+def test_out_that_is_a_directory_fails_in_the_first_second(tmp_path, capsys):
+    code, err, seconds = timed_cli_error(train_argv(tmp_path, "--out", tmp_path), capsys)
+    assert code == 2 and f"argument --out: {tmp_path} is a directory" in err and seconds < 1, (err, seconds)
+
+
+def test_out_under_a_file_fails_in_the_first_second(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    code, err, seconds = timed_cli_error(train_argv(tmp_path, "--out", tmp_path / "file" / "run.parquet"), capsys)
+    assert code == 2 and "argument --out" in err and "cannot create its directory" in err and seconds < 1, err
+
+
+def test_out_that_cannot_be_written_fails_in_the_first_second(tmp_path, capsys, monkeypatch):
+    if os.geteuid() != 0:  # root writes anywhere: there the refusal is simulated below
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o555)
+        code, err, seconds = timed_cli_error(train_argv(tmp_path, "--out", locked / "run.parquet"), capsys)
+        assert code == 2 and f"argument --out: cannot write in {locked}" in err and seconds < 1, err
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    code, err, seconds = timed_cli_error(train_argv(tmp_path), capsys)
+    assert code == 2 and f"argument --out: cannot write in {tmp_path}: Permission denied" in err and seconds < 1, err
+
+
+def test_out_on_a_full_file_system_fails_in_the_first_second(tmp_path, capsys, monkeypatch):
+    real = os.statvfs
+
+    def full(path):
+        st = real(path)
+        return types.SimpleNamespace(f_bavail=3, f_frsize=st.f_frsize, f_bsize=st.f_bsize)
+
+    monkeypatch.setattr(os, "statvfs", full)
+    code, err, seconds = timed_cli_error(train_argv(tmp_path), capsys)
+    assert code == 2 and "argument --out" in err and "free on its file system" in err and seconds < 1, err
+    assert list(tmp_path.iterdir()) == []  # the probe left nothing
+
+
+# -- 9. checkpoints: verified on load, a bad one moved aside, no temporary file left ----------
+
+
+def test_a_damaged_checkpoint_is_moved_aside_and_the_run_starts_afresh(tiny_fmnist, tmp_path, capsys):
+    from conftest import run_cell
+
+    cfg = RunConfig(problem="P2", optimizer="sgd", lr=0.1, batch_size=60, epochs=2, seed=3, train_subset=120,
+                    test_subset=50, progress_every_s=1e9)
+    ckpt = tmp_path / "run.parquet.ckpt"
+    reference = run_cell(cfg, checkpoint=ckpt)  # leaves its epoch-1 checkpoint (the CLI deletes it)
+    for damage in ("truncated", "zeroed", "middle"):
+        raw = ckpt.read_bytes()
+        half = len(raw) // 2
+        ckpt.write_bytes({"truncated": raw[:half], "zeroed": bytes(len(raw)),
+                          "middle": raw[:half] + bytes(64) + raw[half + 64:]}[damage])
+        capsys.readouterr()
+        fresh = run_cell(cfg, checkpoint=ckpt)
+        err = capsys.readouterr().err
+        aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.parquet.ckpt.damaged")]
+        assert len(aside) == 1, damage
+        assert f"checkpoint {ckpt} is damaged" in err and str(aside[0]) in err and "starting afresh" in err, err
+        assert fresh.meta["timing"]["resumes"] == 0
+        pd.testing.assert_frame_equal(fresh.metrics, reference.metrics)
+        aside[0].unlink()
+    assert ckpt.exists() and run_cell(cfg, checkpoint=ckpt).meta["timing"]["resumes"] == 1  # a sound one is used
+
+
+@pytest.mark.parametrize("where", ["torch.save", "os.fsync"])
+def test_a_checkpoint_that_cannot_be_written_leaves_no_temporary_file(tmp_path, monkeypatch, where):
+    import torch
+
+    from dpbench.train import Checkpoint
+
+    cfg = RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=2, seed=3, epsilon=2.0)
+    module, name = (torch, "save") if where == "torch.save" else (os, "fsync")
+    real = getattr(module, name)
+
+    def full_disk(*args, **kwargs):
+        real(*args, **kwargs)  # the bytes were written (or buffered), then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(module, name, full_disk)
+    ckpt = tmp_path / "run.parquet.ckpt"
+    with pytest.raises(OSError, match=rf"no space left on device while writing the checkpoint {ckpt}.*free space"):
+        Checkpoint(ckpt, cfg).save({"step": 1})
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- 10. friendly errors naming the option or the file ---------------------------------------
+
+
+@pytest.mark.parametrize("option,value,match", [
+    ("--seed", "-5", "argument --seed: expected an integer >= 0, got '-5'"),
+    ("--delta", "2", "argument --delta: expected a finite number in (0, 1), got '2'"),
+    ("--delta", "0", "argument --delta: expected a finite number in (0, 1), got '0'"),
+    ("--epsilon", "abc", "argument --epsilon: expected a finite positive number, got 'abc'"),
+])
+def test_bad_numbers_name_the_option(tmp_path, capsys, option, value, match):
+    code, err = cli_error(train_argv(tmp_path, option, value), capsys)
+    assert code == 2 and match in err, err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is available here")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_device_cuda_without_a_gpu_names_the_option(tmp_path, capsys, device):
+    code, err = cli_error(train_argv(tmp_path, "--device", device), capsys)
+    assert code == 2 and f"argument --device: {device}: no CUDA GPU is available" in err, err
+    with pytest.raises(ValueError, match="no CUDA GPU is available"):
+        __import__("dpbench.train").train.resolve_device(device)
+
+
+def test_a_damaged_run_file_is_refused_naming_it_and_the_fix(tmp_path):
+    from dpbench import results
+
+    n = 3000
+    metrics = pd.DataFrame({"split": "train", "step": np.arange(1, n + 1), "epoch": 1,
+                            "loss": np.random.default_rng(0).random(n), "accuracy": 0.5, "batch_size": 10})
+    path = results.write_run(tmp_path / "run.parquet", metrics, {"privacy": {}, "optimizer": {"private": True}})
+    assert results.read_run(path)[0]["loss"].tolist() == metrics["loss"].tolist()
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 3] + bytes(64) + raw[len(raw) // 3 + 64:])  # the middle of the losses
+    with pytest.raises(ValueError, match=rf"run file {path} is damaged .*delete it"):
+        results.read_run(path)
+
+
+def test_full_disk_while_writing_noise_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
+    from dpbench.matrix import factorization
+
+    fact = factorization.factorize("me-k2-b3")
+    factorization.save(fact, tmp_path / "f.npz")
+
+    def pwrite(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    out = tmp_path / "noise.npy"
+    code, err = cli_error(["noise", "--factorization", str(tmp_path / "f.npz"), "--dim", "100", "--seed", "1",
+                           "--out", str(out)], capsys)
+    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"dpbench noise: error: no space left on device while writing the noise file {out}" in err
+
+
+# -- 12. files honour the umask --------------------------------------------------------------
+
+
+@pytest.fixture(params=[0o022, 0o007])
+def umask(request):
+    old = os.umask(request.param)
+    yield request.param
+    os.umask(old)
+
+
+def test_every_file_written_honours_the_umask(tmp_path, umask):
+    import torch  # noqa: F401
+
+    from dpbench import results
+    from dpbench.matrix import factorization, noise_file
+    from dpbench.train import Checkpoint
+
+    metrics = pd.DataFrame({"split": ["train"], "step": [1], "epoch": [1], "loss": [1.0], "accuracy": [0.5],
+                            "batch_size": [3]})
+    written = [results.write_run(tmp_path / "run.parquet", metrics, {"privacy": {}}),
+               results.write_table(metrics, tmp_path / "table.parquet")]
+    fact = factorization.factorize("me-k2-b3")
+    factorization.save(fact, tmp_path / "f.npz")
+    written += [tmp_path / "f.npz", tmp_path / "f.json"]
+    noise_file.write_noise(tmp_path / "noise.npy", fact.noising, 10, 1)
+    written += [tmp_path / "noise.npy", noise_file.meta_path(tmp_path / "noise.npy")]
+    cfg = RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=2, seed=3, epsilon=2.0)
+    Checkpoint(tmp_path / "run.ckpt", cfg).save({"step": 1})
+    written.append(tmp_path / "run.ckpt")
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in written}
+    assert modes == {p.name: oct(0o666 & ~umask) for p in written}

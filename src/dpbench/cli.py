@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -73,7 +75,55 @@ def nonnegative_int(text: str) -> int:
 
 
 
+# Free space an output location must have before a run starts: a run file and its
+# checkpoint (model, optimizer state, per-step trace) take a few MB for every problem here.
+OUTPUT_SPACE = 64 * 2**20
+
+
+def check_output(path: str | Path, option: str, need: int = OUTPUT_SPACE) -> None:
+    """Fails at once, naming the option, where a file cannot be written at ``path``: it is a
+    directory, its directory cannot be made or written in, or its file system has less than
+    ``need`` bytes free. A probe file is made and removed, so nothing is left behind."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"argument {option}: {path} is a directory; give the file to write")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"argument {option}: cannot create its directory {path.parent}: "
+                         f"{exc.strerror or exc}") from None
+    try:
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"argument {option}: cannot write in {path.parent}: {exc.strerror or exc}") from None
+    st = os.statvfs(path.parent)
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        raise ValueError(f"argument {option}: only {free / 2**20:.1f} MiB free on its file system "
+                         f"({path.parent}); a run needs {need / 2**20:.0f} MiB for its file and checkpoint")
+
+
+def device(text: str) -> str:
+    """auto, cpu, or a device torch has here (cuda needs a CUDA GPU: checked now, not after
+    the data is loaded)."""
+    if text in ("auto", "cpu"):
+        return text
+    from dpbench.train import resolve_device
+
+    try:
+        resolve_device(text)
+    except (ValueError, RuntimeError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def cmd_train(args) -> int:
+    # the output location first: a run that cannot be written is refused before any work
+    check_output(args.out, "--out")
+    if args.checkpoint:
+        check_output(args.checkpoint, "--checkpoint")
     import torch
 
     from dpbench.fingerprint import optimizer_fingerprint
@@ -205,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--noise-file", help="matrix mechanisms: the correlated noise .npy (dpbench noise)")
     t.add_argument("--cache-dir", help="matrix mechanisms: where missing factorization/noise files are made "
                                        "(default $DPBENCH_CACHE_DIR or <tmp>/dpbench-cache)")
-    t.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    t.add_argument("--device", type=device, default="auto", help="auto, cpu, cuda, cuda:1, ...")
     t.add_argument("--threads", type=positive_int, help="torch CPU threads")
     t.add_argument("--progress-every", type=positive_float, default=10.0, help="seconds between progress lines")
     t.set_defaults(func=cmd_train)
@@ -264,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"dpbench {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        # the system refused (a full disk, a missing or unreadable file): one line naming the file
+        message = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror or str(exc)
+        print(f"dpbench {args.command}: error: {message}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
