@@ -133,6 +133,17 @@ def refuse_deployment_keys(config: dict[str, Any]) -> None:
                               f"{where} (see workflow/profiles and config/README.md)")
 
 
+def refuse_inherited_grid(configfiles, given: dict[str, Any]) -> None:
+    """Snakemake merges the configs given with --configfile (``given``: their merged content)
+    over the Snakefile's default config, config/config.yaml, so a config without ``grid:``
+    would silently train the default's cells: refused, naming the files."""
+    if configfiles and "grid" not in (given or {}):
+        names = ", ".join(map(str, configfiles))
+        raise ConfigError(f"config {names} has no grid: (the cells to train), so the default config's grid "
+                          "(config/config.yaml) would run in its place; give the grid (config/README.md), or "
+                          "leave out --configfile to run the default workflow")
+
+
 def refuse_non_finite(value: Any, path: str = "") -> None:
     """No key takes an infinite or NaN number (YAML's .inf, .nan), which JSON schema's bounds
     let through (NaN compares false with every bound): refused naming the key."""

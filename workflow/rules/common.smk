@@ -13,9 +13,11 @@ SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
 from dpbench import cluster  # noqa: E402
 from dpbench.fingerprint import figure_fingerprint, modules_fingerprint, optimizer_fingerprint  # noqa: E402
-from dpbench.grid import ConfigError, expand as expand_grid, precheck  # noqa: E402
+from dpbench.grid import ConfigError, expand as expand_grid, precheck, refuse_inherited_grid  # noqa: E402
 
 try:
+    # a --configfile without grid: would inherit the default config's grid
+    refuse_inherited_grid(workflow.overwrite_configfiles, workflow.config_settings.overwrite_config)
     precheck(config)  # deployment keys moved to the profiles, non-finite numbers
     validate(config, "../schemas/config.schema.yaml")
     CELLS = {cell.id: cell for cell in expand_grid(config)}
