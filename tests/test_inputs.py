@@ -1,14 +1,19 @@
 """Inputs that fail loudly, and nothing lost: every bad value is refused before any work with
 a message naming the option, key or file, and no failure leaves a partial or stray file."""
 
+import contextlib
 import errno
 import math
 import os
 import re
+import signal
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -374,3 +379,49 @@ def test_every_file_written_honours_the_umask(tmp_path, umask):
     written.append(tmp_path / "run.ckpt")
     modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in written}
     assert modes == {p.name: oct(0o666 & ~umask) for p in written}
+
+
+# -- 13. jobs die with the workflow that started them ----------------------------------------
+
+PARENT = """
+import os, subprocess, sys, time
+from dpbench import watch
+child = "from dpbench import watch; import time; watch.start(); print('ready', flush=True); time.sleep(120)"
+env = dict(os.environ)
+env.pop(watch.ENV, None)
+plain = subprocess.Popen([sys.executable, "-c", child], env=env, stdout=subprocess.PIPE, text=True)
+env[watch.ENV] = watch.token()  # as the workflow sets it for its jobs
+watched = subprocess.Popen([sys.executable, "-c", child], env=env, stdout=subprocess.PIPE, text=True)
+assert plain.stdout.readline() == watched.stdout.readline() == "ready\\n"
+print(plain.pid, watched.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux /proc needed to watch processes")
+def test_a_job_dies_with_the_workflow_process_that_started_it(tmp_path):
+    """kill -9 of the parent (Snakemake): its job whose environment names it stops within
+    seconds; a process not started by the workflow (no variable) is left alone."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], env=env, stdout=subprocess.PIPE, text=True)
+    plain, watched = map(int, parent.stdout.readline().split())
+    try:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.time() + 10
+        while not _gone(watched) and time.time() < deadline:
+            time.sleep(0.1)
+        assert _gone(watched), "the watched job outlived its parent"
+        assert not _gone(plain)
+    finally:
+        for pid in (plain, watched):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

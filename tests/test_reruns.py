@@ -2,12 +2,14 @@
 an optimizer's code change reruns only its cells, a figure's code change only that figure, a
 grid change only the cells it adds; a killed workflow resumes from its checkpoints."""
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import time
 
+import psutil
 import pytest
 import yaml
 
@@ -172,11 +174,21 @@ def test_switching_to_conda_environments_reruns_nothing(workdir, tmp_path):
     assert jobs == {}, out[-3000:]
 
 
+def training_jobs(workdir) -> list[psutil.Process]:
+    """The `dpbench train` processes working in ``workdir`` (as README's recovery steps find them)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "cwd"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "dpbench train" in cmd and p.info["cwd"] == str(workdir):
+            found.append(p)
+    return found
+
+
 def test_a_killed_workflow_resumes_from_its_checkpoints(tmp_path, fmnist_dir):
     copy_repo(tmp_path)
     config = {"data_dir": str(fmnist_dir), "results_dir": "results",
               "train": {"train_subset": 2000, "test_subset": 200, "accountant": "rdp"},
-              "grid": [{"problems": ["P2"], "batch_sizes": [100], "epsilons": [2], "epochs": [4],
+              "grid": [{"problems": ["P2"], "batch_sizes": [100], "epsilons": [2], "epochs": [6],
                         "optimizers": {"dpsgd": {"lr": [0.5]}}}]}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     proc = subprocess.Popen([snakemake_exe(), "--cores", "1", "--configfile", "run.yaml"], cwd=tmp_path,
@@ -185,9 +197,20 @@ def test_a_killed_workflow_resumes_from_its_checkpoints(tmp_path, fmnist_dir):
     deadline = time.time() + 300
     while not list(runs.rglob("*.ckpt")) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole workflow dies mid-training
+    jobs = training_jobs(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)  # Snakemake dies mid-training (kill -9: it cannot stop its jobs)
     proc.wait()
-    assert list(runs.rglob("*.ckpt")) and not list(runs.rglob("*.parquet")), "killed too late"
+    try:
+        # its training job notices (dpbench.watch) and stops within seconds; it neither goes on
+        # as an orphan nor finishes the run nobody waits for
+        assert jobs, "no training job found"
+        gone, alive = psutil.wait_procs(jobs, timeout=10)
+        assert not alive, f"orphaned training jobs: {alive}"
+        assert not list(runs.rglob("*.parquet")), "the orphaned job finished its run"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert list(runs.rglob("*.ckpt")), "no checkpoint to resume from"
     # a killed Snakemake leaves its lock: --unlock, then rerun. The run file is written
     # atomically, so the job is simply missing its output; its checkpoint is there.
     assert snakemake(tmp_path, "--unlock").returncode == 0

@@ -304,9 +304,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dpbench import watch
     from dpbench.data import DataError
 
     args = build_parser().parse_args(argv)
+    watch.start()  # started by the workflow: stop when it is gone (dpbench.watch)
     try:
         return args.func(args)
     except (ValueError, KeyError, DataError) as exc:
@@ -319,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         message = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror or str(exc)
         print(f"dpbench {args.command}: error: {message}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"dpbench {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ min_version("9.0")
 
 SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
-from dpbench import cluster  # noqa: E402
+from dpbench import cluster, watch  # noqa: E402
 from dpbench.fingerprint import figure_fingerprint, modules_fingerprint, optimizer_fingerprint  # noqa: E402
 from dpbench.grid import ConfigError, expand as expand_grid, precheck, refuse_inherited_grid  # noqa: E402
 
@@ -25,6 +25,10 @@ except ConfigError as exc:
     raise WorkflowError(str(exc))
 
 RESULTS = config["results_dir"]
+# Jobs stop when this Snakemake process is gone (kill -9 cannot be caught, and would leave
+# them running as orphans): every dpbench command watches the process named here
+# (dpbench.watch). Not a param: it changes with every invocation.
+os.environ[watch.ENV] = watch.token()
 # What each job runs (params.dpbench), namely the package from src/ with the interpreter
 # running Snakemake (the venv), or the job's conda environment under
 # --software-deployment-method conda; and where the data rule and training jobs look for the
