@@ -30,7 +30,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dpbench.files import chmod_like_open, is_no_space, no_space
+from dpbench.files import chmod_like_open, is_no_space, no_space, partial_prefix, remove_stale_partials
 
 META_KEY = b"dpbench"
 SCHEMA_VERSION = 1
@@ -137,7 +137,8 @@ def _atomic_write(table: pa.Table, path: Path) -> Path:
     """Writes with a CRC-32 on every data page (verified by ``read_table``), under a temporary
     name renamed into place, with the mode ``open()`` would give (``files.chmod_like_open``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_partials(path)
+    fd, tmp = tempfile.mkstemp(prefix=partial_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         chmod_like_open(fd)
         os.close(fd)
