@@ -89,6 +89,17 @@ def test_every_mechanism_refuses_a_non_finite_target_or_a_delta_outside_0_1(name
             mechanism.calibrate(None, 1.0, delta, "rdp")
 
 
+@pytest.mark.parametrize("sigma", [*NON_FINITE, -1.0])
+def test_the_shared_calibration_refuses_a_non_finite_noise_multiplier(sigma):
+    """harness.calibrate_noise is what every caller (a grid cell, the audit) gets sigma from."""
+    from dpbench.harness import calibrate_noise
+    from dpbench.mechanisms import Plan
+
+    with pytest.raises(ValueError, match="noise multiplier must be finite and >= 0"):
+        calibrate_noise(OPTIMIZERS["dpsgd"], Plan(10, 5, 0.1), target_epsilon=None, noise_multiplier=sigma,
+                        delta=1e-5, accountant="rdp")
+
+
 def test_sigma_searches_are_bounded():
     # a target no sigma <= MAX_NOISE_MULTIPLIER (per unit of sensitivity) reaches is an error, not a
     # search without end (the Gaussian at delta = 0 never gets there) or a sigma beyond the cap
