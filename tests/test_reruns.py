@@ -188,7 +188,7 @@ def test_a_killed_workflow_resumes_from_its_checkpoints(tmp_path, fmnist_dir):
     copy_repo(tmp_path)
     config = {"data_dir": str(fmnist_dir), "results_dir": "results",
               "train": {"train_subset": 2000, "test_subset": 200, "accountant": "rdp"},
-              "grid": [{"problems": ["P2"], "batch_sizes": [100], "epsilons": [2], "epochs": [6],
+              "grid": [{"problems": ["P2"], "batch_sizes": [100], "epsilons": [2], "epochs": [4],
                         "optimizers": {"dpsgd": {"lr": [0.5]}}}]}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     proc = subprocess.Popen([snakemake_exe(), "--cores", "1", "--configfile", "run.yaml"], cwd=tmp_path,
