@@ -11,8 +11,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+# read when cuBLAS first runs in this process, which may be before any test configures it
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-from dpbench import accounting, data  # noqa: E402
+from dpbench import accounting, cuda, data  # noqa: E402
 
 FMNIST_DIRS = [Path(os.environ["DPBENCH_DATA_DIR"]) / "fashion-mnist"] if os.environ.get("DPBENCH_DATA_DIR") else []
 FMNIST_DIRS += [REPO / "data" / "fashion-mnist", *data.SYSTEM_DIRS["fashion-mnist"]]
@@ -52,6 +54,18 @@ def tiny_fmnist(monkeypatch):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def device(request) -> torch.device:
+    """Each test that takes it runs on the CPU and, marked ``cuda`` (``pytest -m cuda`` selects
+    only those), on a CUDA GPU with the training harness's GPU numerics (dpbench.cuda: no TF32,
+    deterministic kernels); without a GPU the CUDA case skips with the reason."""
+    if request.param == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA GPU (torch.cuda.is_available() is False)")
+        cuda.configure()
+    return torch.device(request.param)
 
 
 @pytest.fixture(scope="session", autouse=True)

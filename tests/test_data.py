@@ -72,10 +72,10 @@ def cifar_batches(per_batch: int = 3, seed: int = 0) -> dict[str, dict]:
     }
 
 
-def cifar_tar(batches: dict[str, object]) -> bytes:
+def cifar_tar(batches: dict[str, object], compresslevel: int = 9) -> bytes:
     """A tarball with the real member names holding one pickle per batch."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=compresslevel) as tar:
         for name, batch in batches.items():
             raw = pickle.dumps(batch, protocol=2)  # like the official Python 2 pickles
             info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")

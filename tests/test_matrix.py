@@ -343,8 +343,8 @@ def test_sigma_is_the_exact_gaussian_calibration(tmp_path):
 class RowNoise:
     """I.i.d. noise from given rows (step t gets row t), shaped like the parameters."""
 
-    def __init__(self, rows):
-        self.rows, self.t = torch.from_numpy(np.asarray(rows)), 0
+    def __init__(self, rows, device="cpu"):
+        self.rows, self.t = torch.from_numpy(np.asarray(rows)).to(device), 0
 
     def sample(self, like):
         flat, self.t = self.rows[self.t], self.t + 1
@@ -362,10 +362,11 @@ class RowNoise:
 
 
 @pytest.mark.parametrize("optimizer,epochs", [("dpmatrix-se", 1), ("dpmatrix-me", 2)])
-def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_path, optimizer, epochs):
+def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_path, optimizer, epochs, device):
     """B = A, C = I: the matrix run equals DP-SGD on the same fixed batches with the same
     i.i.d. noise Z, step for step, and sigma is that of one Gaussian release of sensitivity
-    sqrt(k) (k participations of norm 1)."""
+    sqrt(k) (k participations of norm 1). On a GPU the noise rows travel from the memory-mapped
+    file to the device at every step."""
     from dpbench import data
     from dpbench.clipping import Clipping
     from dpbench.optimizers.base import SGD, Context, DPStep
@@ -384,23 +385,23 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
                            meta={"factorization_digest": fact.digest})
     res = run_cell(RunConfig(problem="P2", optimizer=optimizer, lr=lr, batch_size=L, epochs=epochs, seed=seed,
                         epsilon=eps, factorization=str(tmp_path / "identity.npz"),
-                        noise_file=str(tmp_path / "noise.npy"), progress_every_s=1e9))
+                        noise_file=str(tmp_path / "noise.npy"), device=str(device), progress_every_s=1e9))
     sigma = accounting.gaussian_noise_multiplier(eps, 1e-5, sensitivity=np.sqrt(epochs))
     assert res.meta["privacy"]["noise_multiplier"] == pytest.approx(sigma, rel=1e-12)
 
     # DP-SGD by hand: same model init, same fixed batches, same Z, no amplification
     problem = get_problem("P2")
     ds = data.load("fashion-mnist")
-    x, y = problem.preprocess(ds.train_images), torch.from_numpy(ds.train_labels)
+    x, y = problem.preprocess(ds.train_images).to(device), torch.from_numpy(ds.train_labels).to(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seeds["init"])
         model = problem.build()
-    model.train()
+    model.to(device).train()
     ctx = Context(model=model, loss_fn=lambda m, xb, yb: problem.per_sample_loss(m, xb, yb), lr=lr,
                   expected_batch_size=L, noise_multiplier=sigma, clipping=Clipping(1.0, True),
-                  noise=RowNoise(noise_file.standard_normal(seeds["noise"], steps, dim)), steps=steps)
+                  noise=RowNoise(noise_file.standard_normal(seeds["noise"], steps, dim), device), steps=steps)
     step = DPStep(ctx, SGD(lr))
-    sampler = FixedBatchSampler(600, L, seeds["sampler"])
+    sampler = FixedBatchSampler(600, L, seeds["sampler"], device)
     losses = []
     for _ in range(steps):
         idx = sampler.sample()

@@ -159,7 +159,7 @@ def _auto_clipped_mean(th, grad_fn, env):  # Jiang et al. 2025 (arXiv:2509.09485
 def ref_d2p2sgd(th, grad_fn, st, env):  # Jiang et al. 2025 Alg. 1 line 6 (noise off): P (P^T g)
     g = _auto_clipped_mean(th, grad_fn, env)
     p = round(env.h["projection_rate"] * th.numel())
-    P = proj.projection_matrix(env.projection_seeds(), th.numel(), p, dtype=th.dtype)
+    P = proj.projection_matrix(env.projection_seeds(), th.numel(), p, device=th.device, dtype=th.dtype)
     return th - env.lr * P @ (P.t() @ g)
 
 
@@ -226,12 +226,12 @@ def ce_loss(m, x, y):
     return F.cross_entropy(logits, y, reduction="none"), logits.argmax(1) == y
 
 
-def tiny(dtype=torch.float64, seed=0):
+def tiny(dtype=torch.float64, seed=0, device="cpu"):
     torch.manual_seed(seed)
     model = Tiny().to(dtype)
     x = torch.randn(8, 1, 6, 6, dtype=dtype) * 2
     y = torch.randint(0, 3, (8,))
-    return model, x, y
+    return model.to(device), x.to(device), y.to(device)
 
 
 def flat(model):
@@ -265,7 +265,7 @@ def make_context(name, model, *, clipping, sigma, L, lr, hp=None, seed=5, n_trai
     spec = get_optimizer(name)
     mech = spec.mechanism
     plan = mech.plan(n_train, L, max(1, round(steps * L / n_train)))
-    noise = mech.noise(plan, seed, "cpu")
+    noise = mech.noise(plan, seed, next(model.parameters()).device)
     ctx = Context(model=model, loss_fn=ce_loss, lr=lr, expected_batch_size=L, noise_multiplier=sigma,
                   clipping=clipping, noise=noise, steps=plan.steps, hyperparameters=spec.hyperparameters(hp))
     return spec.build(ctx), ctx, plan
@@ -273,7 +273,7 @@ def make_context(name, model, *, clipping, sigma, L, lr, hp=None, seed=5, n_trai
 
 def projection_seeds(ctx):
     """The seeds the step will draw, from a copy of its noise generator (noise off: nothing else)."""
-    gen = torch.Generator()
+    gen = torch.Generator(device=ctx.noise.generator.device)
     gen.set_state(ctx.noise.generator.get_state())
     return lambda: proj.step_seed(gen)
 
@@ -282,10 +282,10 @@ def projection_seeds(ctx):
 
 @pytest.mark.parametrize("normalize", [True, False], ids=["normalised", "flat"])
 @pytest.mark.parametrize("row", OPTIMIZERS_UNDER_TEST, ids=ROW_IDS)
-def test_reference_steps(row, normalize):
+def test_reference_steps(row, normalize, device):
     """Noise off, fixed batch: four steps equal the paper's pseudocode, and the logged losses
     are those at the parameters before each step."""
-    model, x, y = tiny()
+    model, x, y = tiny(device=device)
     grad_fn, losses_at = functional(model, x, y)
     theta = flat(model)
     C = float(grad_fn(theta).norm(dim=1).median())  # about half the examples are clipped
@@ -302,7 +302,7 @@ def test_reference_steps(row, normalize):
         moved = (theta - flat(model)).abs().max()
         torch.testing.assert_close(flat(model), theta, rtol=1e-6, atol=1e-9,
                                    msg=lambda m: f"step {k + 1}, max diff {moved}: {m}")
-    assert (flat(model) - flat(tiny()[0])).abs().max() > 1e-3  # it did move
+    assert (flat(model) - flat(tiny(device=device)[0])).abs().max() > 1e-3  # it did move
 
 
 # -- equivalences, noise on, same seed ------------------------------------------------------------
@@ -314,8 +314,9 @@ def batches(x, y, sizes=(8, 5, 0, 7, 8)):
         yield x[idx], y[idx]
 
 
-def run_steps(name, hp=None, sigma=1.3, clipping=Clipping(1.0), lr=0.1, capture=False, dtype=torch.float32):
-    model, x, y = tiny(dtype)
+def run_steps(name, hp=None, sigma=1.3, clipping=Clipping(1.0), lr=0.1, capture=False, dtype=torch.float32,
+              device="cpu"):
+    model, x, y = tiny(dtype, device=device)
     step, ctx, _ = make_context(name, model, clipping=clipping, sigma=sigma, L=10, lr=lr, hp=hp)
     seen = []
     if capture:  # the privatised gradient going into the update rule, and theta before it
@@ -338,9 +339,9 @@ def run_steps(name, hp=None, sigma=1.3, clipping=Clipping(1.0), lr=0.1, capture=
     ("dpdice", {"c2": 0.0}, "dpsgd"),
     ("dpadamw-bc", {"weight_decay": 0.0}, "dpadambc"),
 ])
-def test_equivalent_step_for_step(name, hp, twin):
-    a, _, _ = run_steps(name, hp, lr=0.01 if "adam" in name else 0.1)
-    b, _, _ = run_steps(twin, lr=0.01 if "adam" in name else 0.1)
+def test_equivalent_step_for_step(name, hp, twin, device):
+    a, _, _ = run_steps(name, hp, lr=0.01 if "adam" in name else 0.1, device=device)
+    b, _, _ = run_steps(twin, lr=0.01 if "adam" in name else 0.1, device=device)
     for k, (ta, tb) in enumerate(zip(a, b)):
         assert torch.equal(ta, tb), f"step {k + 1}: max diff {(ta - tb).abs().max()}"
 
@@ -419,15 +420,15 @@ def expected_noise_std(name, k, sigma, s, L, h, ctx, plan):
 
 
 @pytest.mark.parametrize("name", PRIVATE)
-def test_noise_std_on_zero_gradients(name):
+def test_noise_std_on_zero_gradients(name, device):
     sigma, L, C = 1.7, 32, 2.0  # flat clipping: sensitivity 2
     torch.manual_seed(0)
-    model = nn.Linear(100, 100)  # d = 10,100
+    model = nn.Linear(100, 100).to(device)  # d = 10,100
     spec = get_optimizer(name)
     plan = spec.mechanism.plan(1000, L, 2)
     ctx = Context(model=model, loss_fn=lambda m, xb, yb: ((m(xb) * 0).sum(1), None), lr=1.0, expected_batch_size=L,
                   noise_multiplier=sigma, clipping=Clipping(C, normalize=False),
-                  noise=spec.mechanism.noise(plan, 3, "cpu"), steps=plan.steps,
+                  noise=spec.mechanism.noise(plan, 3, device), steps=plan.steps,
                   hyperparameters=spec.hyperparameters(None))
     step = spec.build(ctx)
     seen = []
@@ -436,7 +437,7 @@ def test_noise_std_on_zero_gradients(name):
                                               update(params, grads))[1]
     ratios = []
     for k in range(1, 4):
-        step(torch.randn(L, 100), None)
+        step(torch.randn(L, 100, device=device), None)
         g = seen[-1].double()
         expect = expected_noise_std(name, k, sigma, C, L, ctx.hyperparameters, ctx, plan)
         assert abs(g.mean().item()) < 5 * expect / math.sqrt(g.numel())
@@ -622,9 +623,9 @@ def _plain(obj):
 
 
 @pytest.mark.parametrize("name", list(ROWS))
-def test_checkpoint_restores_the_run(name):
+def test_checkpoint_restores_the_run(name, device):
     def fresh():
-        model, x, y = tiny(torch.float32)
+        model, x, y = tiny(torch.float32, device=device)
         step, _, _ = make_context(name, model, clipping=Clipping(1.0), sigma=0.8, L=10,
                                   lr=0.01 if "adam" in name else 0.1)
         return model, step, x, y

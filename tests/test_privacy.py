@@ -1,19 +1,24 @@
 """Privacy-critical pieces: clipping, noise scale, sampling, sigma calibration, epsilon."""
 
+import copy
 import math
 import warnings
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
-from dpbench import accounting
+from dpbench import accounting, cuda
 from dpbench.clipping import Clipping
 from dpbench.mechanisms import PoissonSubsampledGaussian, geometric_buckets, inverse_sqrt_schedule
 from dpbench.noise import GaussianNoise
 from dpbench.optimizers import get_optimizer
 from dpbench.optimizers.base import Context
+from dpbench.per_sample import Tape
+from dpbench.problems import PROBLEMS
 from dpbench.sampling import PoissonSampler
 
 
@@ -33,27 +38,27 @@ def test_normalised_clipping_on_hand_made_norms():
     assert Clipping(2.0).sensitivity == 1.0 and Clipping(2.0, normalize=False).sensitivity == 2.0
 
 
-def _linear_ctx(clipping, sigma, L, lr=1.0, seed=0):
+def _linear_ctx(clipping, sigma, L, lr=1.0, seed=0, device="cpu"):
     torch.manual_seed(seed)
-    model = nn.Linear(4, 3)
+    model = nn.Linear(4, 3).to(device)
 
     def loss_fn(m, x, y):
         return (m(x) * y).sum(1), None
 
     return Context(model=model, loss_fn=loss_fn, lr=lr, expected_batch_size=L, noise_multiplier=sigma,
-                   clipping=clipping, noise=GaussianNoise(seed + 1), steps=1)
+                   clipping=clipping, noise=GaussianNoise(seed + 1, device), steps=1)
 
 
-def test_dpsgd_step_clips_each_example_exactly():
+def test_dpsgd_step_clips_each_example_exactly(device):
     """Noise off: the update is -lr/L * sum_i clip(g_i), with g_i = y_i x_i^T (exact by hand)."""
-    x = torch.tensor([[3.0, 0, 0, 0], [0, 0.3, 0, 0], [0, 0, 0, 0]])
-    y = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 2.0]])
+    x = torch.tensor([[3.0, 0, 0, 0], [0, 0.3, 0, 0], [0, 0, 0, 0]], device=device)
+    y = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 2.0]], device=device)
     # per-sample gradient of weight = y x^T, of bias = y: norms sqrt(9+1), sqrt(0.09+1), 2
     for C in (1.0, 0.5):
-        ctx = _linear_ctx(Clipping(C), sigma=0.0, L=3)
+        ctx = _linear_ctx(Clipping(C), sigma=0.0, L=3, device=device)
         w0, b0 = ctx.model.weight.detach().clone(), ctx.model.bias.detach().clone()
         get_optimizer("dpsgd").build(ctx)(x, y)
-        gw, gb = torch.zeros(3, 4), torch.zeros(3)
+        gw, gb = torch.zeros(3, 4, device=device), torch.zeros(3, device=device)
         for xi, yi in zip(x, y):
             norm = math.sqrt(float((yi ** 2).sum() * (xi ** 2).sum() + (yi ** 2).sum()))
             f = 1 / max(1.0, norm / C) / C
@@ -66,27 +71,95 @@ def test_dpsgd_step_clips_each_example_exactly():
 
 @pytest.mark.parametrize("clipping,sens", [(Clipping(1.0), 1.0), (Clipping(2.0), 1.0),
                                            (Clipping(2.0, normalize=False), 2.0)])
-def test_noise_std_on_zero_gradients(clipping, sens):
+def test_noise_std_on_zero_gradients(clipping, sens, device):
     """With all gradients zero, the update is pure noise of std sigma * sens / L per coordinate."""
     sigma, L = 1.7, 64
     torch.manual_seed(0)
-    model = nn.Linear(500, 400)  # d = 200,400 coordinates: std measured to ~0.3%
+    model = nn.Linear(500, 400).to(device)  # d = 200,400 coordinates: std measured to ~0.3%
     ctx = Context(model=model, loss_fn=lambda m, x, y: ((m(x) * 0).sum(1), None), lr=1.0,
-                  expected_batch_size=L, noise_multiplier=sigma, clipping=clipping, noise=GaussianNoise(3),
-                  steps=1)
+                  expected_batch_size=L, noise_multiplier=sigma, clipping=clipping,
+                  noise=GaussianNoise(3, device), steps=1)
     before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
-    get_optimizer("dpsgd").build(ctx)(torch.randn(L, 500), None)
+    get_optimizer("dpsgd").build(ctx)(torch.randn(L, 500, device=device), None)
     delta = torch.cat([p.detach().flatten() for p in model.parameters()]) - before
     assert abs(delta.mean().item()) < 4 * sigma * sens / L / math.sqrt(delta.numel())
     assert delta.std().item() == pytest.approx(sigma * sens / L, rel=0.01)
 
 
-def test_empty_batch_still_adds_noise():
-    ctx = _linear_ctx(Clipping(1.0), sigma=2.0, L=10)
+def test_empty_batch_still_adds_noise(device):
+    ctx = _linear_ctx(Clipping(1.0), sigma=2.0, L=10, device=device)
     before = ctx.model.weight.detach().clone()
-    out = get_optimizer("dpsgd").build(ctx)(torch.zeros(0, 4), torch.zeros(0, 3))
+    out = get_optimizer("dpsgd").build(ctx)(torch.zeros(0, 4, device=device), torch.zeros(0, 3, device=device))
     assert out.losses.numel() == 0
     assert not torch.equal(before, ctx.model.weight.detach())
+
+
+def _float64_per_sample_norms(model, loss_one, *batch):
+    """||g_i|| in float64 on the CPU, by autograd one example at a time: the norms clipping must bound."""
+    model = copy.deepcopy(model).double().cpu()
+    params = {k: v.detach().requires_grad_(True) for k, v in model.named_parameters()}
+    batch = [b.cpu().double() if b.is_floating_point() else b.cpu() for b in batch]
+    norms = []
+    for example in zip(*batch):
+        g = torch.autograd.grad(loss_one(model, params, *example), list(params.values()))
+        norms.append(torch.sqrt(sum(v.pow(2).sum() for v in g)))
+    return torch.stack(norms)
+
+
+def _classifier_one(model, p, x, y):
+    return F.cross_entropy(functional_call(model, p, (x[None],)), y[None])
+
+
+def _vae_one(model, p, x, y, n):
+    recon, mu, logvar = functional_call(model, p, (x[None], n[None]))
+    return (F.binary_cross_entropy(recon, x[None], reduction="sum")
+            - 0.5 * (1 + logvar - mu ** 2 - logvar.exp()).sum())
+
+
+@pytest.mark.parametrize("problem_id", ["P1", "P2", "P3"])
+def test_clipped_norms_stay_at_most_one_with_and_without_tf32(problem_id, device, record_property):
+    """Normalised clipping scales g_i by 1 / max(C, ||g_i||) with the norm computed on the device;
+    every example is clipped here (C far below the norms), so the true norms of the clipped
+    vectors (float64, torch.func on the CPU) are 1 up to the device's rounding. They must stay
+    <= 1 + 1e-5 in IEEE float32, the harness default on a GPU (dpbench.cuda); TF32 (cuBLAS and
+    cuDNN) is measured too and must stay within TF32's rounding (5e-3): the measured excess is
+    recorded (junit property) for docs/gpu.md."""
+    problem = PROBLEMS[problem_id]
+    torch.manual_seed(0)
+    model = problem.build().to(device)
+    n = 8
+    shape = (3, 32, 32) if problem_id == "P1" else (1, 28, 28)
+    x = torch.rand(n, *shape, device=device)
+    y = torch.randint(0, 10, (n,), device=device)
+    z = torch.randn(n, 32, device=device)
+    if problem.task == "classification":
+        batch_loss = lambda: F.cross_entropy(model(x), y, reduction="none")  # noqa: E731
+        reference = _float64_per_sample_norms(model, _classifier_one, x, y)
+    else:
+        def batch_loss():
+            recon, mu, logvar = model(x, z)
+            rec = F.binary_cross_entropy(recon, x, reduction="none").flatten(1).sum(1)
+            return rec - 0.5 * (1 + logvar - mu ** 2 - logvar.exp()).sum(1)
+        reference = _float64_per_sample_norms(model, _vae_one, x, y, z)
+    clipping = Clipping(clip_norm=1e-3 * reference.min().item())
+    tape = Tape(model)
+    try:
+        for tf32 in ((False, True) if device.type == "cuda" else (False,)):
+            if device.type == "cuda":
+                cuda.configure(tf32=tf32)
+            with tape:
+                losses = batch_loss()
+            coef = clipping.coefficients(tape.per_sample_gradients(losses).norms())
+            clipped = coef.double().cpu() * reference  # true norms of the clipped vectors
+            excess = clipped.max().item() - 1
+            record_property(f"{problem_id}_{device.type}_tf32_{'on' if tf32 else 'off'}_max_excess", excess)
+            assert clipped.min().item() > 1 - (5e-3 if tf32 else 1e-5)  # every example clipped, to ~1
+            assert excess <= (5e-3 if tf32 else 1e-5), f"TF32 {'on' if tf32 else 'off'}: max clipped norm 1 + {excess:.3g}"
+    finally:
+        if device.type == "cuda":
+            cuda.configure()
+    if device.type == "cuda":  # the harness default
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
 
 
 # -- sampling ---------------------------------------------------------------------------------

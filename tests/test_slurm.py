@@ -1,6 +1,7 @@
 """Cluster execution: the resource model (dpbench.cluster), the SLURM profiles, and (optional)
 a tiny grid through a real single-node SLURM cluster started on this machine."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -9,8 +10,9 @@ import time
 import pytest
 import yaml
 
-from conftest import REPO, snakemake_exe
+from conftest import REPO, run_cli, snakemake_exe
 from dpbench import cluster
+from dpbench.grid import expand, load_config
 
 PROFILES = REPO / "workflow" / "profiles"
 SCRIPTS = REPO / "scripts" / "slurm"
@@ -29,23 +31,82 @@ def test_steps_follow_the_training_loop():
 
 
 def test_resources_of_known_cells():
-    # P2, L 256, E 2 on a GPU: 469 steps x (10 ms + 256 x 30 us) = 8.3 s, plus 2 test passes
+    # the assumed GPU costs: P2, L 256, E 2: 469 steps x (10 ms + 256 x 30 us) = 8.3 s, plus 2 test passes
     seconds = 469 * (0.010 + 256 * 30e-6) + 2 * 10_000 * 30e-6 / 3
-    assert cluster.compute_seconds(cell(), TRAIN) == pytest.approx(seconds)
-    assert cluster.resources(cell(), TRAIN) == {"mem_mb": 5000, "runtime": 15}
+    assumed = cluster.ASSUMED
+    assert cluster.compute_seconds(cell(), TRAIN, costs=assumed) == pytest.approx(seconds)
+    assert cluster.resources(cell(), TRAIN, costs=assumed) == {"mem_mb": 5000, "runtime": 15}
     # the longest Setup 1 run: P1, L 256, E 500 (97,656 steps): about 34 minutes of compute
-    long = cluster.resources(cell("P1", "dpsgd", 256, 500), TRAIN)
+    long = cluster.resources(cell("P1", "dpsgd", 256, 500), TRAIN, costs=assumed)
     assert long["runtime"] == 65 and long["mem_mb"] == 6000
     # on the CPU (a profile without GPUs for training) the (slower) CPU costs apply
     cpu = cluster.resources(cell("P1", "dpsgd", 256, 500), TRAIN, on_gpu=False)
     assert cpu["runtime"] > 4 * long["runtime"] and cpu["mem_mb"] == long["mem_mb"]
 
 
+MEASURED = {"device": "Test GPU", "torch": "x",
+            "step_seconds": {"P2": {"dpsgd": {"256": 0.004, "1024": 0.010},
+                                    "sgd": {"256": 0.002, "1024": 0.005}}},
+            "eval_seconds_per_example": {"P2": 1e-6}, "startup_seconds": 20.0,
+            "concurrency_gain": {"P2": {"256": {"1": 1.0, "2": 1.7, "4": 2.5}, "1024": {"1": 1.0, "4": 1.2}},
+                                 "P1": {"256": {"1": 1.0, "4": 3.0}}}}
+
+
+def test_measured_gpu_costs(tmp_path):
+    (tmp_path / "costs.json").write_text(json.dumps(MEASURED))
+    costs = cluster.GpuCosts.from_file(tmp_path / "costs.json")
+    assert costs.source.startswith("measured on Test GPU")
+    # measured sizes exactly; linear in L between them; the smallest size's time below; per example above
+    assert costs.step("P2", "dpsgd", 256) == 0.004 and costs.step("P2", "dpsgd", 1024) == 0.010
+    assert costs.step("P2", "dpsgd", 512) == pytest.approx(0.004 + 0.006 * 256 / 768)
+    assert costs.step("P2", "dpsgd", 64) == 0.004 and costs.step("P2", "dpsgd", 2048) == pytest.approx(0.020)
+    # cost classes: DP-Adam and matrix variants, the non-private adam; unmeasured ones fall back
+    assert costs.step("P2", "adam", 256) == 0.002
+    assert cluster.cost_class("dpadamw-bc") == "dpadambc" and cluster.cost_class("dpmatrix-me-lambda") == "dpmatrix-se"
+    assert cluster.cost_class("d2p2sgd") is None and cluster.cost_class("d2psgd") == "dpsgd"
+    assert costs.step("P2", "dpdisk", 256) == cluster.ASSUMED.step("P2", "dpdisk", 256) == 0.010 + 256 * 30e-6
+    assert costs.step("P3", "dpsgd", 256) == cluster.ASSUMED.step("P3", "dpsgd", 256)
+    # P2, L 256, E 2: 469 steps of 4 ms and 2 test passes of 10,000 examples at 1 us
+    assert cluster.compute_seconds(cell(), TRAIN, costs=costs) == pytest.approx(469 * 0.004 + 2 * 10_000 * 1e-6)
+    # the gain of K cells per GPU: the nearest measured L, the largest measured K <= K; other
+    # problems the smallest gain measured
+    assert costs.gain("P2", 256, 1) == 1.0 and costs.gain("P2", 256, 3) == 1.7 and costs.gain("P2", 300, 16) == 2.5
+    assert costs.gain("P2", 2048, 8) == 1.2 and costs.gain("P2", 600, 8) == 1.2 and costs.gain("P2", 400, 8) == 2.5
+    assert costs.gain("P3", 256, 4) == 2.5 and costs.gain("P3", 1024, 4) == 1.2 and cluster.ASSUMED.gain("P2", 256, 8) == 1.0
+    assert costs.gain("P3", 256, 2) == 1.0  # P1's largest measured K <= 2 is 1: no gain claimed
+    cells = [cell(), cell(epochs=4)]
+    alone = (469 * 0.004 + 0.02 + 20) + (938 * 0.004 + 0.04 + 20)
+    assert cluster.gpu_hours(cells, TRAIN, 1, costs) == pytest.approx(alone / 3600)
+    assert cluster.gpu_hours(cells, TRAIN, 4, costs) == pytest.approx(alone / 2.5 / 3600)
+    (tmp_path / "bad.json").write_text(json.dumps({"device": "x"}))
+    with pytest.raises(ValueError, match="not a GPU cost file"):
+        cluster.GpuCosts.from_file(tmp_path / "bad.json")
+
+
+def test_default_costs_are_the_committed_measurement_or_assumed():
+    if cluster.COSTS_FILE.exists():
+        assert cluster.COSTS == cluster.GpuCosts.from_file(cluster.COSTS_FILE)
+        assert {"P1", "P2", "P3"} <= set(cluster.COSTS.step_seconds)
+    else:
+        assert cluster.COSTS is cluster.ASSUMED
+
+
+def test_cost_command_projects_gpu_hours(tmp_path):
+    (tmp_path / "costs.json").write_text(json.dumps(MEASURED))
+    proc = run_cli("cost", "config/setup2.yaml", "--costs", tmp_path / "costs.json", "--cells-per-gpu", "4")
+    costs = cluster.GpuCosts.from_file(tmp_path / "costs.json")
+    cells = expand(load_config(REPO / "config" / "setup2.yaml"))
+    one, four = (cluster.gpu_hours(cells, {}, k, costs) for k in (1, 4))
+    assert f"| config/setup2.yaml | 60 | {one:,.1f} | {four:,.1f} |" in proc.stdout
+    assert "measured on Test GPU" in proc.stdout and "P2 2.50x at L = 256, 1.20x at L = 2048" in proc.stdout
+
+
 def test_matrix_mechanisms_train_at_dp_sgd_cost():
     # correlated noise is one row of a memory-mapped file per step: no T x d history in memory
+    # (the assumed costs; measured ones time the matrix step on its own)
     for problem, size in (("P3", 1024), ("P1", 2048)):
-        dpsgd = cluster.resources(cell(problem, "dpsgd", size, 30), TRAIN)
-        assert cluster.resources(cell(problem, "dpmatrix-me-lambda", size, 30), TRAIN) == dpsgd
+        dpsgd = cluster.resources(cell(problem, "dpsgd", size, 30), TRAIN, costs=cluster.ASSUMED)
+        assert cluster.resources(cell(problem, "dpmatrix-me-lambda", size, 30), TRAIN, costs=cluster.ASSUMED) == dpsgd
 
 
 def test_retries_ask_for_more_and_estimates_grow_with_the_work():
@@ -75,16 +136,42 @@ def test_profiles():
     assert slurm["default-resources"]["slurm_account"].startswith("CHANGE-ME")
     assert slurm["default-resources"]["slurm_partition"].startswith("CHANGE-ME")
     train = slurm["set-resources"]["train"]
-    assert train["gpu"] == 1 and train["slurm_partition"].startswith("CHANGE-ME")
+    assert train["gres"] == "gpu:1" and "gpu" not in train and train["slurm_partition"].startswith("CHANGE-ME")
     assert "mem_mb" not in train and "runtime" not in train  # they come from dpbench.cluster via the rule
-    assert slurm["group-components"] == {cluster.SHORT_GROUP: 8}
-    assert slurm["set-resource-scopes"] == {"gpu": "local"} and slurm["resources"] == {"gpu": 1}
+    assert slurm["group-components"] == {cluster.SHORT_GROUP: 16}
+    assert slurm["set-resource-scopes"] == {"gpu_slots": "local"} and slurm["resources"] == {"gpu_slots": 4}
 
     local = yaml.safe_load((PROFILES / "slurm-local" / "config.yaml").read_text())
     assert local["slurm-status-command"] == "squeue" and local["slurm-no-account"] is True
     text = (PROFILES / "slurm-local" / "config.yaml").read_text()
     assert "slurm_partition" not in text and "slurm_account" not in text and "gres" not in text
     assert local["set-resources"]["train"] == {"gpu": 0}
+
+
+def test_a_bundle_shares_one_gpu_between_gpu_slots_runs():
+    """What the slurm profile makes Snakemake 9 ask SLURM for a bundle of 16 short runs: the
+    group's resources (Snakemake's own layering of a group job) with the profile's train
+    resources and threads. 4 slots: 4 runs at a time on ONE GPU, 4 rounds of runtime, the
+    memory and CPUs of 4 runs."""
+    from types import SimpleNamespace
+
+    from snakemake.resources import GroupResources, Resources
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    slurm = yaml.safe_load((PROFILES / "slurm" / "config.yaml").read_text())
+    threads = slurm["set-threads"]["train"]
+    per_run = {"mem_mb": 5000, "runtime": 15, "_cores": threads, "cpus_per_gpu": threads,  # rule train's
+               "slurm_partition": "gpu", **slurm["set-resources"]["train"]}
+    n = slurm["group-components"][cluster.SHORT_GROUP]
+    jobs = [SimpleNamespace(resources=dict(per_run), pipe_group=None) for _ in range(n)]
+    group = GroupResources.basic_layered([jobs], Resources.from_mapping(slurm["resources"]), run_local=False,
+                                         additive_resources=["runtime"], sortby=["runtime"])
+    slots = slurm["resources"]["gpu_slots"]
+    assert group["gres"] == "gpu:1" and group["gpu_slots"] == slots == 4
+    assert group["runtime"] == 15 * n // slots and group["mem_mb"] == 5000 * slots
+    assert group["cpus_per_gpu"] == group["_cores"] == threads * slots  # --cpus-per-gpu of the bundle's job
+    assert set_gres_string(SimpleNamespace(resources=SimpleNamespace(get=group.get, gres=group["gres"]))).strip() \
+        == "--gres=gpu:1"
 
 
 @pytest.mark.parametrize("profile,device,threads", [("slurm", "cuda", 4), ("slurm-local", "cpu", 1)])

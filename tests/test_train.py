@@ -53,8 +53,9 @@ def test_max_steps_reports_epsilon_for_steps_taken(tiny_fmnist):
     assert p["epsilon"] < p["epsilon_planned"] <= 1.0
 
 
-def test_same_seed_same_metrics_and_different_seed_differs(tiny_fmnist):
-    cfg = dict(problem="P2", optimizer="dpsgd", lr=0.5, batch_size=50, epochs=1, epsilon=5.0, progress_every_s=1e9)
+def test_same_seed_same_metrics_and_different_seed_differs(tiny_fmnist, device):
+    cfg = dict(problem="P2", optimizer="dpsgd", lr=0.5, batch_size=50, epochs=1, epsilon=5.0, device=str(device),
+               progress_every_s=1e9)
     a, b, c = run_cell(RunConfig(seed=1, **cfg)), run_cell(RunConfig(seed=1, **cfg)), run_cell(RunConfig(seed=2, **cfg))
     pd.testing.assert_frame_equal(a.metrics, b.metrics)
     assert not a.metrics.loss.equals(c.metrics.loss)
@@ -153,16 +154,17 @@ class FlakySampler:
 
 
 @pytest.mark.parametrize("optimizer", ["dpsgd", "dpadambc", "dpdisk", "sgd", "dpmatrix-me"])
-def test_killed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkeypatch, optimizer):
+def test_killed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkeypatch, optimizer, device):
     """Interrupt mid-epoch 1 and mid-epoch 2 (after mid-epoch checkpoints); the resumed run
     ends with exactly the metrics of an uninterrupted one: model, optimizer state, noise
-    stream (i.i.d. or correlated), sampler and metrics all continue where they stopped."""
+    stream (i.i.d. or correlated), sampler and metrics all continue where they stopped. On a
+    GPU this needs deterministic kernels (dpbench.cuda)."""
     from dpbench.optimizers import get_optimizer
 
     eps = None if optimizer == "sgd" else 3.0
     cfg = RunConfig(problem="P2", optimizer=optimizer, lr=1e-3 if "adam" in optimizer else 0.05, batch_size=60,
                     epochs=3, seed=4, epsilon=eps, validation_size=60, progress_every_s=1e9,
-                    cache_dir=str(tmp_path / "cache"))
+                    cache_dir=str(tmp_path / "cache"), device=str(device))
     reference = run_cell(cfg)
     mechanism = get_optimizer(optimizer).mechanism
     original = type(mechanism).sampler

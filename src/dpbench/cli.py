@@ -1,4 +1,4 @@
-"""Command line: ``dpbench train | data | aggregate | plot | grid``."""
+"""Command line: ``dpbench train | data | aggregate | plot | factorize | noise | cost | grid``."""
 
 from __future__ import annotations
 
@@ -220,6 +220,26 @@ def cmd_grid(args) -> int:
     return 0
 
 
+def cmd_cost(args) -> int:
+    from dpbench import cluster
+    from dpbench.grid import expand, load_config
+
+    costs = cluster.GpuCosts.from_file(args.costs) if args.costs else cluster.COSTS
+    k = args.cells_per_gpu
+    print(f"GPU cost model: {costs.source}; start-up {costs.startup_seconds:.0f} s per job; "
+          f"throughput gain with {k} cells per GPU: "
+          + ", ".join(f"{p} {costs.gain(p, 256, k):.2f}x at L = 256, {costs.gain(p, 2048, k):.2f}x at L = 2048"
+                      for p in ("P1", "P2", "P3")) + "\n")
+    print(f"| config | runs | GPU-hours, 1 cell per GPU | GPU-hours, {k} cells per GPU |")
+    print("| --- | ---: | ---: | ---: |")
+    for path in args.configs:
+        config = load_config(path)
+        cells = expand(config)
+        one, many = (cluster.gpu_hours(cells, config.get("train", {}), n, costs) for n in (1, k))
+        print(f"| {path} | {len(cells)} | {one:,.1f} | {many:,.1f} |")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpbench", description="Benchmark differentially private optimizers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -296,6 +316,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the run's noise seed (dpbench.seeds.stream_seeds)")
     n.add_argument("--out", required=True, help="output .npy (written atomically, JSON sidecar next to it)")
     n.set_defaults(func=cmd_noise)
+
+    c = sub.add_parser("cost", help="projected GPU-hours of workflow configs (dpbench.cluster's cost model)")
+    c.add_argument("configs", nargs="*", default=[f"config/{n}.yaml" for n in ("setup1", "setup2", "setup3", "thesis")],
+                   help="workflow configs (default: the three setups and the thesis grid)")
+    c.add_argument("--costs", help="a cost file of benchmarks/bench_gpu.py costs (default: src/dpbench/gpu_costs.json "
+                                   "if committed, else the assumed costs)")
+    c.add_argument("--cells-per-gpu", type=positive_int, default=8, help="cells sharing one GPU (measured gain)")
+    c.set_defaults(func=cmd_cost)
 
     g = sub.add_parser("grid", help="list the cells a workflow config expands to")
     g.add_argument("config")

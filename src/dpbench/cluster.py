@@ -5,12 +5,16 @@ The numbers are a deliberately conservative cost model, not a measurement of eac
 
 * steps T = round(E·N/L) (as ``dpbench train``), capped by ``max_steps``; N is capped by
   ``train_subset``, the test set by ``test_subset``;
-* time per step = ``STEP_OVERHEAD_S`` + L x per-example cost of the problem (``GPU_S_PER_EXAMPLE``
-  on a GPU, ``CPU_S_PER_EXAMPLE`` on the CPU; the profile decides, see workflow/rules/common.smk),
-  plus one test pass per epoch;
-  the GPU costs are 2-4x what a DP step of these small models takes on a current data-centre GPU
-  (P2, L = 256: 17.7 ms assumed), the CPU costs are the measured 2-thread P2 step of the README
-  (74.7 ms at L = 256, i.e. 0.29 ms per example) with P1 and P3 scaled by their FLOPs;
+* time per step on a GPU (the profile decides GPU or CPU, see workflow/rules/common.smk) comes
+  from ``GpuCosts``: the measured seconds per step of the problem and the optimizer's cost class
+  (``cost_class``) at the measured batch sizes, interpolated linearly in L (below the smallest
+  measured L: that step's time; above the largest: its time per example), read from
+  ``gpu_costs.json`` next to this module (written by ``benchmarks/bench_gpu.py costs`` on a GPU,
+  see docs/gpu.md); without that file, or for a problem or cost class it does not hold, the
+  assumed ``STEP_OVERHEAD_S`` + L x ``GPU_S_PER_EXAMPLE`` (2-4x what a DP step of these models
+  was expected to take; P2, L = 256: 17.7 ms). On the CPU: ``STEP_OVERHEAD_S`` + L x
+  ``CPU_S_PER_EXAMPLE``, the measured 2-thread P2 step of the README (74.7 ms at L = 256, i.e.
+  0.29 ms per example) with P1 and P3 scaled by their FLOPs; plus one test pass per epoch;
 * matrix mechanisms (optimizers named ``dpmatrix*``) read one d-vector of precomputed
   correlated noise per step from a memory-mapped file (``dpbench.matrix``), which costs
   neither memory nor time worth modelling; their factorization and noise files are made by
@@ -22,13 +26,18 @@ The numbers are a deliberately conservative cost model, not a measurement of eac
 
 ``resources(cell, train, attempt, on_gpu)`` is meant for ``rule train``'s resource callables,
 ``bundle(cell, train, on_gpu)`` for its ``group:`` (short runs share one SLURM job, see
-workflow/profiles/slurm), ``factorization_resources(steps)`` for the matrix rules.
+workflow/profiles/slurm), ``factorization_resources(steps)`` for the matrix rules, and
+``gpu_hours(cells, train, cells_per_gpu)`` (``dpbench cost``) projects what a grid costs on
+GPUs, one cell per GPU or several (the measured throughput gain of K processes sharing a GPU).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 N_TRAIN = {"P1": 50_000, "P2": 60_000, "P3": 60_000}
@@ -45,6 +54,103 @@ STARTUP_MIN = 10
 SAFETY = 1.5
 SHORT_RUN_MIN = 5  # estimated compute below this: bundle with other short runs
 SHORT_GROUP = "train_short"
+COSTS_FILE = Path(__file__).with_name("gpu_costs.json")
+ASSUMED_STARTUP_S = 60.0  # interpreter, CUDA context, data, sigma calibration of one job (assumed)
+
+
+def cost_class(optimizer: str) -> str | None:
+    """The measured step whose cost stands for ``optimizer``'s: the non-private step for sgd
+    and adam, one Adam variant for all DP-Adam variants, one matrix mechanism for all (their
+    steps differ only in the factorization behind the noise rows); None for the projected
+    optimizers (a d x p projection per step, not measured)."""
+    if optimizer in ("sgd", "adam"):
+        return "sgd"
+    if optimizer.startswith("dpmatrix"):
+        return "dpmatrix-se"
+    if optimizer.startswith("dpadam"):
+        return "dpadambc"
+    if optimizer.startswith("dpdice"):
+        return "dpdice"
+    if optimizer in ("dpsgd", "d2psgd", "dpdisk"):
+        return optimizer if optimizer != "d2psgd" else "dpsgd"
+    return None
+
+
+def _interpolate(table: Mapping[int, float], batch_size: int) -> float:
+    """Seconds per step at L from measured (L, seconds): linear between measured sizes, the
+    smallest size's time below them, the largest size's time per example above them."""
+    sizes = sorted(table)
+    if batch_size <= sizes[0]:
+        return table[sizes[0]]
+    if batch_size >= sizes[-1]:
+        return table[sizes[-1]] * batch_size / sizes[-1]
+    hi = next(i for i, size in enumerate(sizes) if size >= batch_size)
+    a, b = sizes[hi - 1], sizes[hi]
+    return table[a] + (table[b] - table[a]) * (batch_size - a) / (b - a)
+
+
+@dataclass(frozen=True)
+class GpuCosts:
+    """Measured GPU costs (``from_file``) or the assumed ones (``ASSUMED``): seconds per step
+    by problem, cost class and batch size, seconds per evaluated test example, start-up
+    seconds of one job, and the aggregate-throughput gain of K processes sharing one GPU."""
+
+    source: str
+    step_seconds: Mapping[str, Mapping[str, Mapping[int, float]]] = field(default_factory=dict)
+    eval_seconds_per_example: Mapping[str, float] = field(default_factory=dict)
+    startup_seconds: float = ASSUMED_STARTUP_S
+    concurrency_gain: Mapping[str, Mapping[int, Mapping[int, float]]] = field(default_factory=dict)  # problem, L, K
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "GpuCosts":
+        raw = json.loads(Path(path).read_text())
+        try:
+            return cls(
+                source=f"measured on {raw['device']} ({Path(path).name})",
+                step_seconds={p: {m: {int(L): float(s) for L, s in by_l.items()} for m, by_l in by_m.items()}
+                              for p, by_m in raw["step_seconds"].items()},
+                eval_seconds_per_example={p: float(s) for p, s in raw["eval_seconds_per_example"].items()},
+                startup_seconds=float(raw.get("startup_seconds") or ASSUMED_STARTUP_S),
+                concurrency_gain={p: {int(L): {int(k): float(g) for k, g in by_k.items()} for L, by_k in by_l.items()}
+                                  for p, by_l in raw.get("concurrency_gain", {}).items()})
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: not a GPU cost file of benchmarks/bench_gpu.py costs ({e!r})") from None
+
+    def step(self, problem: str, optimizer: str, batch_size: int) -> float:
+        table = self.step_seconds.get(problem, {}).get(cost_class(optimizer) or "")
+        if not table:
+            return STEP_OVERHEAD_S + batch_size * GPU_S_PER_EXAMPLE[problem]
+        return _interpolate(table, batch_size)
+
+    def eval_per_example(self, problem: str) -> float:
+        return self.eval_seconds_per_example.get(problem, GPU_S_PER_EXAMPLE[problem] * EVAL_FRACTION)
+
+    def gain(self, problem: str, batch_size: int, cells_per_gpu: int) -> float:
+        """Aggregate throughput of K processes on one GPU over one process's, measured for the
+        problem at the measured batch size nearest to L (by ratio) and the largest measured
+        K <= cells_per_gpu; for an unmeasured problem the smallest such gain of any problem;
+        1 without measurements (no gain is claimed that was not measured)."""
+        def at(by_l: Mapping[int, Mapping[int, float]]) -> float:
+            by_k = by_l[min(by_l, key=lambda size: abs(math.log(size / batch_size)))]
+            ks = [k for k in by_k if k <= cells_per_gpu]
+            return by_k[max(ks)] if ks else 1.0
+
+        if cells_per_gpu <= 1 or not self.concurrency_gain:
+            return 1.0
+        if problem in self.concurrency_gain:
+            return at(self.concurrency_gain[problem])
+        return min(map(at, self.concurrency_gain.values()))
+
+
+ASSUMED = GpuCosts(source="assumed (no measurement)")
+
+
+def default_costs() -> GpuCosts:
+    """The measured costs of ``gpu_costs.json`` next to this module, else ``ASSUMED``."""
+    return GpuCosts.from_file(COSTS_FILE) if COSTS_FILE.exists() else ASSUMED
+
+
+COSTS = default_costs()
 
 
 def _get(cell: Any, key: str, default=None):
@@ -71,18 +177,22 @@ def planned_steps(problem: str, batch_size: int, epochs: int, train: Mapping | N
     return min(steps, train["max_steps"]) if train.get("max_steps") else steps
 
 
-def compute_seconds(cell: Any, train: Mapping | None = None, on_gpu: bool = True) -> float:
+def compute_seconds(cell: Any, train: Mapping | None = None, on_gpu: bool = True,
+                    costs: GpuCosts | None = None) -> float:
     """Estimated seconds of training and evaluation of a cell on a GPU or on the CPU (no
-    start-up, no safety factor)."""
-    train = train or {}
+    start-up, no safety factor); on a GPU from ``costs`` (default: the measured ones if
+    committed, see ``GpuCosts``)."""
+    train, costs = train or {}, costs or COSTS
     problem, batch_size, epochs = _get(cell, "problem"), int(_get(cell, "batch_size")), int(_get(cell, "epochs"))
-    per_example = (GPU_S_PER_EXAMPLE if on_gpu else CPU_S_PER_EXAMPLE)[problem]
     steps = planned_steps(problem, batch_size, epochs, train)
     n_train = train_size(problem, train)
     evals = min(epochs, math.ceil(steps * batch_size / n_train))  # one test pass per epoch reached
     n_test = min(N_TEST[problem], train.get("test_subset") or N_TEST[problem])
-    seconds = steps * (STEP_OVERHEAD_S + batch_size * per_example) + evals * n_test * per_example * EVAL_FRACTION
-    return seconds
+    if not on_gpu:
+        per_example = CPU_S_PER_EXAMPLE[problem]
+        return steps * (STEP_OVERHEAD_S + batch_size * per_example) + evals * n_test * per_example * EVAL_FRACTION
+    step = costs.step(problem, _get(cell, "optimizer"), batch_size)
+    return steps * step + evals * n_test * costs.eval_per_example(problem)
 
 
 def memory_mb(cell: Any, train: Mapping | None = None) -> float:
@@ -95,21 +205,34 @@ def memory_mb(cell: Any, train: Mapping | None = None) -> float:
     return BASE_MB + data / 1e6
 
 
-def resources(cell: Any, train: Mapping | None = None, attempt: int = 1, on_gpu: bool = True) -> dict[str, int]:
+def resources(cell: Any, train: Mapping | None = None, attempt: int = 1, on_gpu: bool = True,
+              costs: GpuCosts | None = None) -> dict[str, int]:
     """Cluster resources of one training cell (a ``dpbench.grid.Cell`` or a mapping with
     problem, optimizer, batch_size, epochs) under the config's ``train`` section, on a GPU or
     on the CPU: ``mem_mb`` and ``runtime`` (minutes). The GPU request itself and the CPUs are
     the profile's (``set-resources: train: gpu``, ``set-threads: train``)."""
     train = train or {}
-    runtime = _round_up((SAFETY * compute_seconds(cell, train, on_gpu) / 60 + STARTUP_MIN) * attempt, 5)
+    runtime = _round_up((SAFETY * compute_seconds(cell, train, on_gpu, costs) / 60 + STARTUP_MIN) * attempt, 5)
     mem_mb = _round_up(SAFETY * memory_mb(cell, train) * attempt, 1000)
     return {"mem_mb": mem_mb, "runtime": runtime}
 
 
-def bundle(cell: Any, train: Mapping | None = None, on_gpu: bool = True) -> str | None:
+def bundle(cell: Any, train: Mapping | None = None, on_gpu: bool = True, costs: GpuCosts | None = None) -> str | None:
     """``SHORT_GROUP`` for a cell whose estimated compute is under ``SHORT_RUN_MIN`` minutes
     (Snakemake then packs ``group-components`` of them into one SLURM job), else None."""
-    return SHORT_GROUP if compute_seconds(cell, train, on_gpu) < 60 * SHORT_RUN_MIN else None
+    return SHORT_GROUP if compute_seconds(cell, train, on_gpu, costs) < 60 * SHORT_RUN_MIN else None
+
+
+def gpu_hours(cells: Iterable[Any], train: Mapping | None = None, cells_per_gpu: int = 1,
+              costs: GpuCosts | None = None) -> float:
+    """Projected GPU-hours of training the cells: per cell its compute plus one job's start-up,
+    divided by the measured throughput gain when ``cells_per_gpu`` cells share each GPU."""
+    costs = costs or COSTS
+    total = 0.0
+    for cell in cells:
+        seconds = compute_seconds(cell, train, True, costs) + costs.startup_seconds
+        total += seconds / costs.gain(_get(cell, "problem"), int(_get(cell, "batch_size")), cells_per_gpu)
+    return total / 3600
 
 
 def factorization_resources(steps: int, attempt: int = 1) -> dict[str, int]:

@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from dpbench import accounting, data
+from dpbench import accounting, cuda, data
 from dpbench.files import is_no_space, no_space, partial_prefix, remove_stale_partials
 from dpbench.harness import Assembly, assemble, build_model, calibrate_noise
 from dpbench.mechanisms import Plan
@@ -338,10 +338,27 @@ def checkpoint_state(calibration: Calibration, parts: Assembly, loss_gen: torch.
             "sampler": parts.sampler.state_dict(), "loss_gen": loss_gen.get_state(), **trace.state_dict()}
 
 
+def _to_device(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_device(v, device) for v in obj)
+    return obj
+
+
+def step_state_on(state: dict, device) -> dict:
+    """A checkpointed step's state (read to the CPU) with its optimizer state (moments,
+    residuals, filter state) on ``device``, next to the parameters; the noise source's state
+    stays on the CPU (generator states are CPU byte tensors, as ``set_state`` takes them)."""
+    return {k: v if k == "noise" else _to_device(v, device) for k, v in state.items()}
+
+
 def restore(saved: dict, parts: Assembly, loss_gen: torch.Generator, trace: Trace) -> None:
     """Puts a checkpoint's state back into a freshly assembled run."""
     parts.context.model.load_state_dict(saved["model"])
-    parts.step.load_state_dict(saved["step_fn"])
+    parts.step.load_state_dict(step_state_on(saved["step_fn"], next(parts.context.model.parameters()).device))
     parts.sampler.load_state_dict(saved["sampler"])
     loss_gen.set_state(saved["loss_gen"])
     trace.load_state_dict(saved)
@@ -478,6 +495,8 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
         "result": {"status": status, **summarize(metrics, problem.task)},
         "timing": timing,
         "environment": {**provenance(), "device": str(setup.device), "torch_threads": torch.get_num_threads(),
+                        **({"cuda": cuda.settings(), "gpu": torch.cuda.get_device_name(setup.device)}
+                           if setup.device.type == "cuda" else {}),
                         "seeds": setup.seeds},
     }
 
@@ -494,6 +513,8 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     started_at = pd.Timestamp.now(tz="UTC").isoformat()
     problem = get_problem(cfg.problem)
     device = resolve_device(cfg.device)
+    if device.type == "cuda":
+        cuda.configure()  # IEEE float32 (no TF32) and deterministic kernels: dpbench.cuda
     seeds = stream_seeds(cfg.seed)
     splits = load_splits(cfg, problem, seeds, device)
     n_train = splits.x_train.shape[0]

@@ -1,0 +1,45 @@
+"""The GPU numerics (dpbench.cuda) and what a checkpoint restores onto a GPU, checked on any
+machine; the GPU cases of the other test files run with ``pytest -m cuda`` (docs/gpu.md)."""
+
+import os
+
+import torch
+
+from conftest import run_cell
+from dpbench import cuda
+from dpbench.train import Checkpoint, RunConfig, step_state_on
+
+
+def test_configure_turns_tf32_off_and_kernels_deterministic(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+              torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic)
+    try:
+        torch.backends.cudnn.allow_tf32 = True  # PyTorch's default for convolutions
+        assert cuda.configure() == {"tf32_matmul": False, "tf32_cudnn": False, "deterministic": True,
+                                    "cudnn_deterministic": True, "cudnn_benchmark": False,
+                                    "cublas_workspace_config": ":4096:8"}
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # a user's own setting wins
+        s = cuda.configure(deterministic=False, tf32=True)
+        assert s["tf32_matmul"] and s["tf32_cudnn"] and not s["deterministic"] and s["cublas_workspace_config"] == ":16:8"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[:2]
+        torch.use_deterministic_algorithms(before[2])
+        torch.backends.cudnn.deterministic = before[3]
+
+
+def test_checkpoint_puts_optimizer_state_on_the_run_device(tiny_fmnist, tmp_path):
+    """A checkpoint is read to the CPU; when it is restored, the optimizer state (here Adam's
+    moments) goes to the run's device, the noise source's generator state stays a CPU byte
+    tensor (``set_state`` takes only those). The "meta" device stands in for a GPU."""
+    cfg = RunConfig(problem="P2", optimizer="dpadambc", lr=1e-3, batch_size=60, epochs=2, seed=0, epsilon=3.0,
+                    progress_every_s=1e9)
+    run_cell(cfg, checkpoint=tmp_path / "run.ckpt", checkpoint_every_s=1e9)  # completes: checkpoint after epoch 1
+    saved = Checkpoint(tmp_path / "run.ckpt", cfg).load()  # verified, read to the CPU
+    state = step_state_on(saved["step_fn"], "meta")
+    rule, noise = state["rule"], state["noise"]
+    assert rule["t"] == 10 and all(t.device.type == "meta" for t in rule["m"] + rule["v"])
+    assert noise["generator"].device.type == "cpu" and noise["generator"].dtype == torch.uint8
+    assert noise == saved["step_fn"]["noise"]
