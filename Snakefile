@@ -8,6 +8,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/matrix.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/audit.smk"
 include: "workflow/rules/plots.smk"
 
 
@@ -18,6 +19,7 @@ localrules:
 
 rule all:
     input:
-        rules.aggregate.output,
+        rules.aggregate.output if CELLS else [],
+        [AUDIT_TABLE] if AUDITS else [],
         expand(f"{RESULTS}/figures/{{figure}}.{{ext}}", figure=FIGURES, ext=("png", "pdf")),
     default_target: True

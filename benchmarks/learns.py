@@ -4,11 +4,12 @@ calibration, Poisson sampling, accounting), and the test accuracy after it.
 
 Learning rates are single picks from the thesis's grids (Setup 1: dpsgd {1e-3 .. 1},
 dpadambc {1e-6 .. 1e-3}, dpdice and dpdisk {1e-3 .. 10}), not tuned; override with
-``--lr NAME=VALUE``. d2p2sgd and dp2sgd draw a 225,034 x 157,524 Gaussian matrix every step
-(minutes per step on a CPU, 234 steps per epoch): leave them out with ``--optimizers`` or
-give them a GPU (``--device cuda``).
+``--lr NAME=VALUE``. d2p2sgd and dp2sgd use their default projection (srht); with
+``--hp projection=gaussian`` they draw a 225,034 x 157,524 Gaussian matrix every step (minutes
+per step on a CPU, 234 steps per epoch: give them a GPU, ``--device cuda``).
 
 Usage:  python benchmarks/learns.py [--threads 2] [--steps N] [--test-subset N] [--optimizers a,b]
+                                   [--hp NAME=VALUE (to every optimizer that takes it)]
         (--steps and --test-subset make a quick check; the default is the full epoch)
 Prints a Markdown table.
 """
@@ -32,6 +33,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--optimizers", help="comma-separated (default: every registered optimizer with an lr here)")
     parser.add_argument("--lr", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--hp", action="append", default=[], metavar="NAME=VALUE",
+                        help="a hyperparameter (string) for every optimizer that has it")
     parser.add_argument("--epsilon", type=float, default=10.0)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--steps", type=int, help="stop after this many steps (quick check)")
@@ -49,12 +52,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lrs = {**LR, **{k: float(v) for k, v in (s.split("=", 1) for s in args.lr)}}
     names = args.optimizers.split(",") if args.optimizers else [n for n in OPTIMIZERS if n in lrs]
+    hps = dict(s.split("=", 1) for s in args.hp)
     rows = []
     for name in names:
         spec = OPTIMIZERS[name]
         t = time.perf_counter()
+        hyper = {k: v for k, v in hps.items() if k in spec.defaults}
         res = run(RunConfig(problem="P2", optimizer=name, lr=lrs[name], batch_size=args.batch_size, epochs=1, seed=0,
-                            epsilon=args.epsilon if spec.private else None, max_steps=args.steps,
+                            epsilon=args.epsilon if spec.private else None, max_steps=args.steps, hyperparameters=hyper,
                             test_subset=args.test_subset, data_dir=args.data_dir, device=args.device,
                             progress_every_s=60), spec)
         p, r = res.meta["privacy"], res.meta["result"]
@@ -65,12 +70,13 @@ def main() -> None:
     print(f"P2, epsilon = {args.epsilon:g} (delta = 1e-5), L = {args.batch_size}, {steps}, seed 0, "
           f"{args.threads} threads, device {args.device}"
           + (f", test subset {args.test_subset}" if args.test_subset else "") + "\n")
-    print("| optimizer | lr | sigma | epsilon achieved | accountant | steps | s / step | test accuracy |")
-    print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
+    print("| optimizer | lr | sigma | epsilon achieved | accountant | steps | s / step | test loss | test accuracy |")
+    print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |")
     for name, lr, p, r, timing, wall in rows:
         eps = f"{p['epsilon']:.3f}" if p.get("accountant") else "—"
         print(f"| {name} | {lr:g} | {p['noise_multiplier']:.4g} | {eps} | {p.get('accountant') or '—'} | "
-              f"{p['steps']} | {1 / timing['steps_per_second']:.3f} | {r['final_test_accuracy']:.4f} |")
+              f"{p['steps']} | {1 / timing['steps_per_second']:.3f} | {r['final_test_loss']:.4g} | "
+              f"{r['final_test_accuracy']:.4f} |")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ vectors; the tests that apply to all optimizers run over it:
 
 Then equivalences with the same seed and noise on (DiSK kappa = 1, Dice C2 = 0, AdamW-BC
 lambda = 0, AdamW lambda = 0), the privacy constants (Phi, Dice's std, the projection bound s,
-delta_fail, the decaying schedule), and the fast RDP accountant against Opacus.
+delta_fail, the decaying schedule), and the fast RDP accountant against Opacus. The projections
+themselves are tested in test_projection.py.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable
 
 import pytest
@@ -159,7 +161,7 @@ def _auto_clipped_mean(th, grad_fn, env):  # Jiang et al. 2025 (arXiv:2509.09485
 def ref_d2p2sgd(th, grad_fn, st, env):  # Jiang et al. 2025 Alg. 1 line 6 (noise off): P (P^T g)
     g = _auto_clipped_mean(th, grad_fn, env)
     p = round(env.h["projection_rate"] * th.numel())
-    P = proj.projection_matrix(env.projection_seeds(), th.numel(), p, device=th.device, dtype=th.dtype)
+    P = proj.matrix(env.h["projection"], env.projection_seeds(), th.numel(), p, dtype=th.dtype).to(th.device)
     return th - env.lr * P @ (P.t() @ g)
 
 
@@ -190,6 +192,7 @@ OPTIMIZERS_UNDER_TEST = [
     Row("dpdisk", ref_dpdisk, 0.5),
     Row("dpdisk", ref_dpdisk, 0.5, lambda C: {"kappa": 0.6, "gamma": 0.4 / 0.6}, id="dpdisk-one-pass"),
     Row("dpdisk", ref_dpdisk, 0.3, lambda C: {"kappa": 0.5, "gamma": -1.0}, id="dpdisk-storm"),
+    Row("d2p2sgd", ref_d2p2sgd, 0.5, lambda C: {"projection": "gaussian"}, id="d2p2sgd-gaussian"),
     Row("d2p2sgd", ref_d2p2sgd, 0.5),
     Row("d2psgd", ref_d2psgd, 0.5),
     Row("dp2sgd", ref_d2p2sgd, 0.5),
@@ -264,7 +267,7 @@ def functional(model, x, y):
 def make_context(name, model, *, clipping, sigma, L, lr, hp=None, seed=5, n_train=1000, steps=20):
     spec = get_optimizer(name)
     mech = spec.mechanism
-    plan = mech.plan(n_train, L, max(1, round(steps * L / n_train)))
+    plan = mech.plan(n_train, L, max(1, round(steps * L / n_train)), SimpleNamespace(hyperparameters=hp, delta=DELTA))
     noise = mech.noise(plan, seed, next(model.parameters()).device)
     ctx = Context(model=model, loss_fn=ce_loss, lr=lr, expected_batch_size=L, noise_multiplier=sigma,
                   clipping=clipping, noise=noise, steps=plan.steps, hyperparameters=spec.hyperparameters(hp))
@@ -275,7 +278,7 @@ def projection_seeds(ctx):
     """The seeds the step will draw, from a copy of its noise generator (noise off: nothing else)."""
     gen = torch.Generator(device=ctx.noise.generator.device)
     gen.set_state(ctx.noise.generator.get_state())
-    return lambda: proj.step_seed(gen)
+    return lambda: proj.step_seeds(gen)[0]
 
 
 # -- reference steps ----------------------------------------------------------------------------
@@ -411,16 +414,19 @@ def expected_noise_std(name, k, sigma, s, L, h, ctx, plan):
         if name != "d2psgd":
             d = sum(p.numel() for p in ctx.model.parameters())
             p = round(0.7 * d)
-            t = math.sqrt(2 * math.log(2 * plan.steps / (DELTA / 10)))  # T * 2 exp(-t^2/2) = delta / 10
             # P (P^T 0 + e): each coordinate ~ N(0, tau^2 ||row of P||^2), E ||row||^2 = 1 (E[P P^T] = I)
-            base *= 1 + math.sqrt(d / p) + t / math.sqrt(p)
+            if h["projection"] == "gaussian":
+                t = math.sqrt(2 * math.log(2 * plan.steps / (DELTA / 10)))  # T * 2 exp(-t^2/2) = delta / 10
+                base *= 1 + math.sqrt(d / p) + t / math.sqrt(p)
+            else:  # srht: exactly sqrt(d'/p), d' the padded size
+                base *= math.sqrt(proj.fast_size(d) / p)
         if name != "dp2sgd":
             base /= math.sqrt(k)
     return base
 
 
 @pytest.mark.parametrize("name", PRIVATE)
-def test_noise_std_on_zero_gradients(name, device):
+def test_noise_std_on_zero_gradients(name, device):  # the Gaussian projection's noise: test_projection.py
     sigma, L, C = 1.7, 32, 2.0  # flat clipping: sensitivity 2
     torch.manual_seed(0)
     model = nn.Linear(100, 100).to(device)  # d = 10,100
@@ -446,40 +452,6 @@ def test_noise_std_on_zero_gradients(name, device):
     assert torch.cat(ratios).std().item() == pytest.approx(1.0, rel=0.03)
 
 
-def test_projection_is_isotropic_and_its_norm_bound_holds():
-    """E[P P^T] = I (P = A / sqrt(p)); ||P||_op <= s = 1 + sqrt(d/p) + t/sqrt(p) on every draw, and
-    the bound is not loose by more than its t term."""
-    d, p, n = 6, 4, 3000
-    acc = torch.zeros(d, d, dtype=torch.float64)
-    for seed in range(n):
-        P = proj.projection_matrix(seed, d, p, dtype=torch.float64)
-        acc += P @ P.t()
-    torch.testing.assert_close(acc / n, torch.eye(d, dtype=torch.float64), atol=0.06, rtol=0)
-    d, p = 300, 210
-    t = mechanisms.projection_tail(1, 1e-6)
-    assert 2 * math.exp(-t * t / 2) == pytest.approx(1e-6)
-    s = mechanisms.projection_sensitivity_factor(d, p, t)
-    assert s == pytest.approx(1 + math.sqrt(d / p) + t / math.sqrt(p))
-    norms = [torch.linalg.matrix_norm(proj.projection_matrix(seed, d, p, dtype=torch.float64), ord=2).item()
-             for seed in range(20)]
-    assert max(norms) <= s and min(norms) >= 0.95 * (1 + math.sqrt(d / p))
-
-
-def test_project_back_is_the_dense_product_in_blocks(monkeypatch):
-    d, p = 50, 35
-    g, e = torch.randn(d, dtype=torch.float64), torch.randn(p, dtype=torch.float64)
-    P = proj.projection_matrix(7, d, p, dtype=torch.float64)
-    torch.testing.assert_close(proj.project_back(g, p, 7, e), P @ (P.t() @ g + e))
-    monkeypatch.setattr(proj, "BLOCK_ELEMENTS", 3 * d)  # 12 blocks of 3 columns
-    assert proj.block_columns(d) == 3
-    P = proj.projection_matrix(7, d, p, dtype=torch.float64)
-    for workers in (1, 2, 5):  # blocks drawn ahead by threads: the same A
-        torch.testing.assert_close(proj.project_back(g, p, 7, e, workers=workers), P @ (P.t() @ g + e))
-    torch.testing.assert_close(proj.project_back(g, p, 7), P @ (P.t() @ g))
-    assert not torch.equal(P, proj.projection_matrix(8, d, p, dtype=torch.float64))
-    assert proj.block_columns(10**9) == 1 and proj.block_columns(225_034) * 225_034 <= 1 << 24
-
-
 # -- accounting ----------------------------------------------------------------------------------
 
 _epsilon = accounting.epsilon
@@ -499,10 +471,7 @@ def cached_accountant(monkeypatch):
 
 
 @pytest.mark.parametrize("name", list(ROWS))
-def test_run_meets_its_target_epsilon(name, tiny_fmnist, cached_accountant, monkeypatch):
-    if name in PROJECTED:  # the P2 model's d x p projection takes minutes per step on a CPU;
-        # the accounting does not depend on it (the projection is tested above)
-        monkeypatch.setattr("dpbench.optimizers.d2p2.project_back", lambda g, p, seed, e=None: g.clone())
+def test_run_meets_its_target_epsilon(name, tiny_fmnist, cached_accountant):
     spec = get_optimizer(name)
     res = run_cell(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=2, seed=0,
                         epsilon=2.0 if spec.private else None, max_steps=2, test_subset=50, progress_every_s=1e9))
@@ -517,11 +486,13 @@ def test_run_meets_its_target_epsilon(name, tiny_fmnist, cached_accountant, monk
     assert p["caveat"] == spec.caveat
     if name in ("d2p2sgd", "d2psgd"):
         assert p["accountant"] == "rdp" and p["noise_schedule"] == "inverse-sqrt"
-    if name in PROJECTED:
-        assert p["delta_fail"] == pytest.approx(DELTA / 10) and p["delta_fail"] <= DELTA / 10 * (1 + 1e-9)
-        assert p["dimension"] == 225_034 and p["projection_dim"] == round(0.7 * 225_034)
-        assert p["projection_sensitivity_factor"] == pytest.approx(
-            1 + math.sqrt(225_034 / 157_524) + p["projection_tail_t"] / math.sqrt(157_524))
+    if name in PROJECTED:  # srht (the default): an exact bound, no delta_fail
+        assert p["projection"] == "srht" and "delta_fail" not in p and "projection_tail_t" not in p
+        assert p["dimension"] == 225_034 and p["projection_dim"] == round(0.7 * 225_034) == 157_524
+        assert p["padded_dimension"] == 225_792 == 2**9 * 3**2 * 7**2  # the next 7-smooth size
+        assert p["projection_sensitivity_factor"] == pytest.approx(math.sqrt(225_792 / 157_524), rel=1e-12)
+        assert p["noise_std_mean_gradient"] == pytest.approx(
+            p["noise_multiplier"] * math.sqrt(225_792 / 157_524) / 60, rel=1e-12)
     if name == "dpdice":
         assert p["caveat"].startswith("not a valid DP guarantee")
         assert p["noise_std_mean_gradient"] == pytest.approx(p["noise_multiplier"] * math.sqrt(3) / 60)
@@ -531,8 +502,28 @@ def test_run_meets_its_target_epsilon(name, tiny_fmnist, cached_accountant, monk
         assert p["noise_std_mean_gradient"] == pytest.approx(p["noise_multiplier"] * (1 + 2 * 60) / 60)
 
 
-def test_paper_sensitivity_is_marked_invalid(tiny_fmnist, cached_accountant, monkeypatch):
-    monkeypatch.setattr("dpbench.optimizers.d2p2.project_back", lambda g, p, seed, e=None: g.clone())
+def test_gaussian_projection_run_records_its_bound(tiny_fmnist, cached_accountant, monkeypatch):
+    """projection: gaussian: s_P = 1 + sqrt(d/p) + t/sqrt(p), delta_fail = delta/10, recorded."""
+    name = "d2p2sgd"
+    # the P2 model's d x p Gaussian matrix takes a minute per step on a CPU; the accounting does
+    # not depend on it (the projection is tested in test_projection.py)
+    monkeypatch.setattr(proj.GaussianProjection, "back", lambda self, g, e=None: g.clone())
+    res = run_cell(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=2, seed=0, epsilon=2.0,
+                        max_steps=1, test_subset=50, hyperparameters={"projection": "gaussian"},
+                        progress_every_s=1e9))
+    p = res.meta["privacy"]
+    assert p["projection"] == "gaussian" and p["epsilon_planned"] <= 2.0
+    assert p["delta_fail"] == pytest.approx(DELTA / 10) and p["delta_fail"] <= DELTA / 10 * (1 + 1e-9)
+    assert p["delta_accounted"] == pytest.approx(0.9 * DELTA)
+    assert p["dimension"] == 225_034 and p["projection_dim"] == 157_524 and "padded_dimension" not in p
+    assert p["projection_sensitivity_factor"] == pytest.approx(
+        1 + math.sqrt(225_034 / 157_524) + p["projection_tail_t"] / math.sqrt(157_524))
+    with pytest.raises(ValueError, match="projection must be one of srht, gaussian, got 'dense'"):
+        run_cell(RunConfig(problem="P2", optimizer=name, lr=0.01, batch_size=60, epochs=1, seed=0, epsilon=2.0,
+                      max_steps=1, hyperparameters={"projection": "dense"}, progress_every_s=1e9))
+
+
+def test_paper_sensitivity_is_marked_invalid(tiny_fmnist, cached_accountant):
     res = run_cell(RunConfig(problem="P2", optimizer="d2p2sgd", lr=0.01, batch_size=60, epochs=2, seed=0, epsilon=2.0,
                         max_steps=1, test_subset=50, hyperparameters={"paper_sensitivity": True},
                         progress_every_s=1e9))
@@ -545,14 +536,20 @@ def test_paper_sensitivity_is_marked_invalid(tiny_fmnist, cached_accountant, mon
 
 
 def test_projection_accounts_at_delta_minus_the_bound_failure():
-    """dp2sgd (static noise, the run's accountant) and d2p2sgd (decaying, fast RDP): calibration
-    and report both use delta - delta_fail, which costs epsilon; T * 2 exp(-t^2/2) = delta / 10."""
+    """dp2sgd (static noise, the run's accountant) and d2p2sgd (decaying, fast RDP), Gaussian
+    projection: calibration and report both use delta - delta_fail, which costs epsilon;
+    T * 2 exp(-t^2/2) = delta / 10. srht's bound always holds: accounted at the full delta."""
     q, T = 0.01, 300
     for name, eps_of in [("dp2sgd", lambda s, d: accounting.epsilon([(s, q, T)], d, "rdp")),
                          ("d2p2sgd", lambda s, d: accounting.fast_rdp_epsilon(
                              [(s * inverse_sqrt_schedule(k), q, 1) for k in range(1, T + 1)], d))]:
         mech = get_optimizer(name).mechanism
-        plan = mech.plan(10_000, 100, 3)
+        plan = mech.plan(10_000, 100, 3)  # srht
+        assert mech.delta_fail(plan) == 0.0 and "tail_t" not in plan.extras
+        r = mech.report(plan, 1.0, T, DELTA, "rdp")
+        assert "delta_fail" not in r and r["projection"] == "srht"
+        assert eps_of(1.0, DELTA) * (1 - 1e-12) <= r["epsilon"] <= eps_of(1.0, DELTA) * 1.01
+        plan = mech.plan(10_000, 100, 3, SimpleNamespace(hyperparameters={"projection": "gaussian"}, delta=DELTA))
         t = plan.extras["tail_t"]
         assert T * 2 * math.exp(-t * t / 2) == pytest.approx(DELTA / 10, rel=1e-9)
         assert mech.delta_fail(plan) == pytest.approx(DELTA / 10, rel=1e-9)

@@ -226,8 +226,8 @@ def test_amplified_calibration_uses_rounds_and_rate_b_times_L_over_N(monkeypatch
     assert (rep["noise_multiplier"], rep["sample_rate"], rep["planned_steps"], rep["bands"], rep["rounds"]) == (
         sigma, 0.04, 100, 4, 25)
     assert rep["epsilon_rdp"] >= rep["epsilon"]
-    profile = mech.privacy_profile(plan, sigma, [rep["epsilon"] + 0.02])
-    assert profile[0] <= 1e-5
+    profile = mech.privacy_profile(plan, sigma, 1e-5, "prv")([rep["epsilon"]])
+    assert profile[0] == pytest.approx(1e-5, rel=1e-6)  # the claim at the recorded epsilon is delta
 
 
 def test_amplified_band_one_is_accounted_as_dpsgd():
@@ -283,7 +283,7 @@ def test_band_mechanism_plan_calibration_and_report():
     assert early["strategy_sensitivity_steps_taken"] == pytest.approx(
         dense_sensitivity.prefix_sensitivity(fact.matrix(), 3, 10, 12))
     assert 1 < early["strategy_sensitivity_steps_taken"] < math.sqrt(2) and early["epsilon"] < rep["epsilon"]
-    assert mech.privacy_profile(plan, sigma, [1.0])[0] == pytest.approx(1e-5, rel=1e-6)
+    assert mech.privacy_profile(plan, sigma, 1e-5, "prv")([1.0])[0] == pytest.approx(1e-5, rel=1e-6)
     with pytest.raises(ValueError, match="bands = 11 exceeds the steps per epoch b' = N // L = 10"):
         mech.plan(600, 60, 3, Cfg(bands=11))
     assert mech.plan(600, 60, 3, Cfg(bands=3)).extras["factorization"].bands == 3

@@ -58,8 +58,9 @@ def test_the_profile_chooses_device_threads_and_environments():
     # one conda environment per kind of rule; Snakemake names each as it prepares them (and
     # stops after that where conda is absent, as here)
     envs = snakemake("--containerize", "--profile", PROFILES / "gpu")
+    # (audits always run on the CPU, in float64, in the CPU training environment)
     assert set(re.findall(r"envs/([\w-]+)\.yaml", envs.stdout + envs.stderr)) == {"data", "matrix", "train-cuda",
-                                                                                  "analysis"}
+                                                                                  "train-cpu", "analysis"}
 
 
 @pytest.mark.slow
@@ -86,6 +87,14 @@ def test_tiny_grid_end_to_end(tmp_path, fmnist_dir):
     classifier = runs.problem == "P2"
     assert runs[classifier].test_accuracy_at_best_val.notna().all() and (runs.n_val == 100).all()
     assert runs[~classifier].test_loss_at_best_val.notna().all()  # the VAE: loss only
+    # the audits: DP-Dice refuted, DP-SGD not; the runs table says which optimizers were refuted
+    audits = pd.read_parquet(out / "audit" / "audits.parquet")
+    assert set(zip(audits.optimizer, audits.violation)) == {("dpsgd", False), ("dpdice", True)}
+    assert (audits.trials == 200).all()
+    assert runs.audit_violation.dtype == "boolean"
+    assert (runs.loc[runs.optimizer == "dpsgd", "audit_violation"] == False).all()  # noqa: E712
+    assert runs.loc[runs.optimizer == "sgd", "audit_violation"].isna().all()  # not private: not audited
+    assert (out / "figures" / "audit.png").stat().st_size > 10_000
     for figure, options in config["figures"].items():
         assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000
         assert (out / "figures" / f"{figure}.pdf").stat().st_size > 5_000

@@ -93,7 +93,11 @@ def epoch_rows(run_id: str, metrics: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def aggregate(paths: list[str | Path], out_runs: str | Path, out_epochs: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+def aggregate(paths: list[str | Path], out_runs: str | Path, out_epochs: str | Path,
+              audits: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The runs and per-epoch tables of ``paths``; with ``audits`` (the table of ``dpbench
+    audits``), the runs table's ``audit_violation``: True where an audit of the run's optimizer
+    refuted its claim, False where its audits found none, missing where it was not audited."""
     from dpbench.results import write_table
 
     paths = [Path(p) for p in paths]
@@ -107,6 +111,12 @@ def aggregate(paths: list[str | Path], out_runs: str | Path, out_epochs: str | P
     per_epoch = pd.concat(epochs, ignore_index=True).merge(runs[["run_id"] + RUN_KEYS], on="run_id")
     per_epoch = per_epoch[["run_id"] + RUN_KEYS + [c for c in per_epoch.columns if c not in RUN_KEYS + ["run_id"]]]
     runs["best_epoch"] = [_best_epoch(per_epoch[per_epoch.run_id == r], t) for r, t in zip(runs.run_id, runs.task)]
+    flagged = {}
+    if audits is not None:
+        from dpbench.audit.summary import violations
+
+        flagged = violations(pd.read_parquet(audits))
+    runs["audit_violation"] = pd.array([flagged.get(o) for o in runs["optimizer"]], dtype="boolean")
     write_table(runs, out_runs, RUNS_NOT_PRIVATE)
     write_table(per_epoch, out_epochs, EPOCHS_NOT_PRIVATE)
     return runs, per_epoch

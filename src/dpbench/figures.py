@@ -68,6 +68,7 @@ THESIS_FILTERS = {
 # ---------------------------------------------------------------------------- selection
 
 NO_GUARANTEE_MARK = " (not a valid DP guarantee)"
+AUDIT_MARK = " (audit: claim refuted)"
 
 
 def label(optimizer: str, labels: dict[str, str] | None = None) -> str:
@@ -77,12 +78,16 @@ def label(optimizer: str, labels: dict[str, str] | None = None) -> str:
 
 def legend_labels(runs: pd.DataFrame) -> dict[str, str]:
     """Each optimizer's name, marked NO_GUARANTEE_MARK if any of its private runs has no valid
-    DP guarantee (``dp_guarantee`` False; tables without the column mark nothing)."""
+    DP guarantee (``dp_guarantee`` False) and AUDIT_MARK if an empirical audit refuted its
+    claim (``audit_violation`` True); tables without these columns mark nothing."""
     out = {o: label(o) for o in runs["optimizer"].unique()} if "optimizer" in runs else {}
     if "dp_guarantee" in runs and len(runs):
         void = runs["private"].astype(bool) & ~runs["dp_guarantee"].astype(bool)
         for o in runs.loc[void, "optimizer"].unique():
-            out[o] = label(o) + NO_GUARANTEE_MARK
+            out[o] += NO_GUARANTEE_MARK
+    if "audit_violation" in runs and len(runs):
+        for o in runs.loc[runs["audit_violation"].fillna(False).astype(bool), "optimizer"].unique():
+            out[o] += AUDIT_MARK
     return out
 
 
@@ -503,6 +508,58 @@ def best_settings_figure(runs: pd.DataFrame, problem: str, epsilons: Iterable[fl
                               legend_labels(runs))
 
 
+def draw_audit(audits: pd.DataFrame, optimizers: list[str] | None = None) -> Figure:
+    """The empirical audit (dpbench audit): one panel per optimizer, claimed ε (x) against the
+    certified lower bound ε_lower (filled, a bar from 0) and the GDP estimate ε_GDP (hollow;
+    a heuristic under subsampling), the claim as the diagonal, and the largest ε any audit
+    with that many trials could certify (dotted). A violation of the claim turns the panel red."""
+    trials = audits[audits["mode"] == "trials"] if "mode" in audits else audits
+    if trials.empty:
+        return _empty("no audits")
+    names = ordered(trials["optimizer"].unique(), optimizers)
+    cols = min(4, len(names))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.4 * rows), squeeze=False, sharex=True)
+    top = float(np.nanmax(trials[["epsilon_claimed", "epsilon_lower"]].to_numpy())) * 1.15
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, names):
+        here = trials[trials["optimizer"] == name].sort_values("epsilon_claimed")
+        eps = here["epsilon_claimed"].to_numpy(float)
+        x = np.arange(len(eps))
+        flagged = bool(here["violation"].any())
+        ax.plot(x, eps, color="0.3", lw=1, marker="_", ms=14, label="claimed ε")
+        ax.bar(x, here["epsilon_lower"], width=0.5, color="#c0392b" if flagged else "#2e86c1", alpha=0.85,
+               label="ε_lower (certified)")
+        gdp = here["epsilon_gdp"].clip(upper=top)
+        ax.scatter(x, gdp, facecolors="none", edgecolors="k", s=22, zorder=3, label="ε_GDP (estimate)")
+        if "max_certifiable_epsilon" in here:
+            ax.axhline(here["max_certifiable_epsilon"].min(), color="0.5", ls=":", lw=1, label="max certifiable")
+        for xi, v in zip(x, here["violation"]):
+            if v:
+                ax.text(xi, 0.02 * top, "✗", ha="center", va="bottom", color="white", fontsize=9, fontweight="bold")
+        ax.set_xticks(x, [_fmt_tick(e) for e in eps])
+        ax.set_ylim(0, top)
+        ax.set_title(label(name) + ("  — VIOLATION" if flagged else ""), color="#c0392b" if flagged else "black")
+        if flagged:
+            ax.set_facecolor("#fdecea")
+    for ax in axes[-1]:
+        ax.set_xlabel("claimed ε")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("ε")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    r = int(trials["trials"].max())
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, frameon=False,
+               title=f"R = {r} trials, β = {trials['beta'].iloc[0]:g}, δ = {trials['delta'].iloc[0]:g}",
+               title_fontsize=7, bbox_to_anchor=(0.5, -0.02))
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig
+
+
+def audit_figure(audits: pd.DataFrame, optimizers: list[str] | None = None) -> Figure:
+    return draw_audit(audits, optimizers)
+
+
 @dataclass(frozen=True)
 class FigureSpec:
     build: Callable[..., Figure]
@@ -524,6 +581,8 @@ FIGURES = {
     "figB_1": FigureSpec(heatmap_figure, {"problem": "P2", "ys": ("batch_size", "epochs")},
                          "Setup 1, P2: best test accuracy over lr × batch size and lr × epochs"),
     "figB_2": FigureSpec(best_settings_figure, {"problem": "P2"}, "Setup 1, P2: best epochs and lr per batch size"),
+    # drawn from the audits table (results/audit/audits.parquet), not the runs table
+    "audit": FigureSpec(audit_figure, {}, "Empirical privacy audit: claimed ε against the measured lower bound"),
 }
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
@@ -18,13 +19,42 @@ from dpbench.sampling import PoissonSampler
 
 
 @dataclass(frozen=True)
+class AuditSpec:
+    """How the empirical audit (dpbench.audit) attacks a mechanism: which test statistic is
+    the most powerful for its release, under which neighbour relation its claim holds, and the
+    canary. A mechanism carries one; an optimizer whose step changes the release (DP-Dice)
+    overrides it in its spec. Statistics: ``lr`` (likelihood ratio of the Poisson-subsampled
+    Gaussian, per step), ``sum`` (sum of the releases), ``projected-lr`` (``lr`` on the
+    release projected on P_k^T e_c), ``matrix`` (the releases whitened by C: the mechanism
+    gives ``strategy_matrix(plan)`` and ``strategy_sensitivity(plan)``), ``banded-lr``
+    (``lr`` per round of the releases whitened by a banded C, cyclic Poisson sampling)."""
+
+    statistic: str
+    neighbours: str = "add/remove"  # or "zero-out"
+    others_zero: bool = False  # the other examples' gradients are 0 (projections mix coordinates)
+    canary_factor: float = 10.0  # M / C: the canary's gradient norm
+
+    def __post_init__(self):
+        if self.statistic not in ("lr", "sum", "projected-lr", "matrix", "banded-lr"):
+            raise ValueError(f"unknown audit statistic {self.statistic!r}")
+        if self.neighbours not in ("add/remove", "zero-out"):
+            raise ValueError(f"unknown neighbour relation {self.neighbours!r}")
+
+
+@dataclass(frozen=True)
 class Plan:
-    """The privacy setting of one run, fixed before training starts."""
+    """The privacy setting of one run, fixed before training starts and never changed after:
+    ``extras`` (a mechanism's own constants) is a read-only copy of the mapping given. What a
+    run fixes later (e.g. the parameter count d) reaches its privacy record through
+    ``DPStep.privacy_record``."""
 
     batch_size: int  # L: expected (Poisson) or exact (fixed batches)
     steps: int  # planned T
     sample_rate: float | None  # q, where sampling amplifies privacy
-    extras: dict[str, Any] = field(default_factory=dict)
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "extras", MappingProxyType(dict(self.extras)))
 
 
 class Sampler(Protocol):
@@ -34,6 +64,10 @@ class Sampler(Protocol):
 
 
 class NoiseSource(Protocol):
+    """Unit-variance noise shaped like ``like``. A source may also define ``record() -> dict``:
+    public facts it fixed while training (e.g. the noise file it read), for the run's privacy
+    record (``DPStep.privacy_record``)."""
+
     def sample(self, like: list[torch.Tensor]) -> list[torch.Tensor]: ...
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
@@ -54,6 +88,12 @@ class Mechanism(Protocol):
         ...
 
     def noise(self, plan: Plan, seed: int, device) -> NoiseSource: ...
+
+    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+        """delta*(eps) for an array of eps: the claim the empirical audit tests (dpbench.audit)."""
+        ...
+
+    # and an ``audit`` attribute: an AuditSpec saying how the audit attacks the mechanism
 
 
 def geometric_buckets(steps: int, factor: Callable[[int], float], rel: float = 0.01) -> list[tuple[float, int]]:
@@ -90,6 +130,7 @@ class PoissonSubsampledGaussian:
     which accountant was used."""
 
     name = "poisson-subsampled-gaussian"
+    audit = AuditSpec("lr")
 
     def __init__(self, schedule: Callable[[int], float] | None = None, schedule_name: str = "constant",
                  bucket_rel: float = 0.01, accountant: str | None = None):
@@ -135,6 +176,22 @@ class PoissonSubsampledGaussian:
         return accounting.calibrate(
             lambda s: self._epsilon(self.history(plan, s, plan.steps), delta, accountant), target_epsilon)
 
+    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+        """The claim at every epsilon at once, delta*(eps) (an upper bound, from the accountant
+        the run uses), which the empirical audit tests: the PRV profile of the history, or
+        the RDP one where this mechanism or the run accounts with RDP; plus delta_fail."""
+        from dpbench.audit import profiles
+
+        history = self.history(plan, noise_multiplier, plan.steps)
+        fail = self.delta_fail(plan)
+        if self.accountant == "rdp":
+            return profiles.rdp_profile(history, delta_fail=fail)
+        if accountant == "rdp":
+            return profiles.rdp_profile(history, orders=accounting.RDP_ORDERS, delta_fail=fail)
+        if accountant != "prv":
+            raise ValueError(f"unknown accountant {accountant!r}; choose one of {accounting.ACCOUNTANTS}")
+        return profiles.prv_profile(history, delta_fail=fail, accountant_delta=delta - fail)
+
     def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
         acc_delta = self._delta(plan, delta)
         planned = self._epsilon(self.history(plan, noise_multiplier, plan.steps), acc_delta, accountant)
@@ -168,80 +225,3 @@ class PoissonSubsampledGaussian:
 def inverse_sqrt_schedule(k: int) -> float:
     """sigma_k = sigma / sqrt(k) (D2P2-SGD's dynamic noise)."""
     return 1.0 / math.sqrt(k)
-
-
-# -- random projection (D2P2-SGD, DP2-SGD) --------------------------------------------------
-
-DELTA_FAIL_FRACTION = 0.1  # share of delta given to the projection's norm bound failing
-
-PAPER_SENSITIVITY_CAVEAT = (
-    "not a valid DP guarantee: paper_sensitivity=true scales the noise for sensitivity 1/L as the "
-    "D2P2 paper does, but the released vector P_k^T g has sensitivity ||P_k||_op / L, about "
-    "(1 + sqrt(d/p)) / L; the recorded epsilon does not hold for this run")
-
-
-def projection_tail(steps: int, failure_probability: float) -> float:
-    """t with steps * 2 exp(-t^2/2) = failure_probability: a d x p matrix A of i.i.d. N(0, 1)
-    has ||A||_op <= sqrt(d) + sqrt(p) + t except with probability 2 exp(-t^2/2) (Vershynin 2012,
-    Cor. 5.35), so with P = A / sqrt(p), ||P||_op <= 1 + sqrt(d/p) + t/sqrt(p) at every one of
-    the steps except with probability failure_probability in all."""
-    return math.sqrt(2.0 * math.log(2.0 * steps / failure_probability))
-
-
-def projection_sensitivity_factor(dimension: int, projection_dim: int, tail_t: float) -> float:
-    """s = 1 + sqrt(d/p) + t/sqrt(p): the bound on ||P_k||_op, P_k = A_k / sqrt(p)."""
-    return 1.0 + math.sqrt(dimension / projection_dim) + tail_t / math.sqrt(projection_dim)
-
-
-class ProjectionNoise(GaussianNoise):
-    """I.i.d. noise plus the public constants of the random projection fixed by the plan: the
-    tail parameter t of the operator-norm bound and whether the paper's (invalid) setting is
-    on. The step reports the projection it builds (d, p, s) back into the plan, so that the
-    run's privacy record has it."""
-
-    def __init__(self, seed: int, device, plan: Plan):
-        super().__init__(seed, device)
-        self.plan = plan
-        self.tail_t = plan.extras["tail_t"]
-        self.paper_sensitivity = plan.extras["paper_sensitivity"]
-
-    def record(self, **values) -> None:
-        self.plan.extras.setdefault("projection", {}).update(values)
-
-
-class RandomProjectionGaussian(PoissonSubsampledGaussian):
-    """The Poisson-subsampled Gaussian mechanism releasing P_k^T g + e_k with a fresh public
-    Gaussian projection P_k = A_k / sqrt(p) each step (D2P2-SGD, seed 001). The release's
-    sensitivity is ||P_k||_op / L; the step scales its noise by the bound s (see
-    ``projection_tail``), which fails with probability delta_fail = delta / 10 over the run,
-    and the accountant runs at delta - delta_fail.
-
-    The hyperparameter ``paper_sensitivity`` (read from the run's config) turns the bound off,
-    as in the paper; such runs are accounted at delta and marked "not a valid DP guarantee"."""
-
-    name = "poisson-subsampled-gaussian-random-projection"
-
-    def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> Plan:
-        base = super().plan(n_train, batch_size, epochs, run_config)
-        delta = getattr(run_config, "delta", accounting.DELTA)
-        paper = (getattr(run_config, "hyperparameters", None) or {}).get("paper_sensitivity", False)
-        if not isinstance(paper, bool):
-            raise ValueError(f"paper_sensitivity must be true or false, got {paper!r}")
-        t = projection_tail(base.steps, DELTA_FAIL_FRACTION * delta)
-        fail = 0.0 if paper else base.steps * 2.0 * math.exp(-t * t / 2.0)
-        return Plan(base.batch_size, base.steps, base.sample_rate,
-                    {"tail_t": t, "delta_fail": fail, "paper_sensitivity": paper})
-
-    def delta_fail(self, plan: Plan) -> float:
-        return plan.extras["delta_fail"]
-
-    def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
-        out = super().report(plan, noise_multiplier, steps, delta, accountant)
-        out["projection_tail_t"] = plan.extras["tail_t"]
-        out.update(plan.extras.get("projection", {}))
-        if plan.extras["paper_sensitivity"]:
-            out["caveat"] = PAPER_SENSITIVITY_CAVEAT
-        return out
-
-    def noise(self, plan: Plan, seed: int, device) -> ProjectionNoise:
-        return ProjectionNoise(seed, device, plan)

@@ -114,10 +114,15 @@ def write_run(path: str | Path, metrics: pd.DataFrame, meta: dict[str, Any]) -> 
     return _atomic_write(table, path)
 
 
-def write_table(df: pd.DataFrame, path: str | Path, not_private: dict[str, str] | None = None) -> Path:
+def write_table(df: pd.DataFrame, path: str | Path, not_private: dict[str, str] | None = None,
+                meta: dict[str, Any] | None = None) -> Path:
     """Any table, atomically, as Parquet; columns named in ``not_private`` get the field
-    metadata ``private: false`` and the note given."""
+    metadata ``private: false`` and the note given; ``meta`` (JSON) goes under the
+    ``dpbench`` key."""
     table = _mark_not_private(pa.Table.from_pandas(df, preserve_index=False), not_private or {})
+    if meta is not None:
+        payload = json.dumps({"schema_version": SCHEMA_VERSION, **_jsonable(meta)}, sort_keys=True)
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: payload.encode()})
     return _atomic_write(table, Path(path))
 
 

@@ -462,7 +462,8 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
     result, the timing and the environment."""
     cfg, spec, problem, plan, splits = setup.cfg, setup.spec, setup.problem, setup.plan, setup.splits
     ctx, sigma, private = parts.context, setup.calibration.sigma, spec.private
-    privacy = spec.mechanism.report(plan, sigma, trace.step, cfg.delta, cfg.accountant) if private else {}
+    privacy = ({**spec.mechanism.report(plan, sigma, trace.step, cfg.delta, cfg.accountant),
+                **parts.step.privacy_record()} if private else {})
     return {
         "config": asdict(cfg),
         "problem": {"id": problem.id, "dataset": problem.dataset, "task": problem.task, "metric": problem.metric,

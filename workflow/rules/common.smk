@@ -15,6 +15,7 @@ from dpbench import cluster, watch  # noqa: E402
 from dpbench.fingerprint import figure_fingerprint, modules_fingerprint, optimizer_fingerprint  # noqa: E402
 from dpbench.grid import ConfigError, expand as expand_grid, precheck, refuse_inherited_grid  # noqa: E402
 
+FIGURES_GIVEN = "figures" in config  # else the schema's default, {fig5_1: {}}, fills it in
 try:
     # a --configfile without grid: would inherit the default config's grid
     refuse_inherited_grid(workflow.overwrite_configfiles, workflow.config_settings.overwrite_config)
@@ -176,3 +177,64 @@ def figure_options(figure):
         else:
             options.append(f"{key}={join(value)}")
     return " ".join(f"-o {shlex.quote(o)}" for o in options)
+
+
+# Empirical privacy audits (config key `audit`, rules in audit.smk): one job per optimizer and
+# claimed epsilon; "grid" audits the private optimizers of this config's grid.
+def _audited_optimizers(names):
+    from dpbench.optimizers import OPTIMIZERS, get_optimizer
+
+    if names == "all":
+        return sorted(n for n, spec in OPTIMIZERS.items() if spec.private)
+    if names == "grid":
+        return sorted({c.optimizer for c in CELLS.values() if get_optimizer(c.optimizer).private})
+    for name in names:
+        if not get_optimizer(name).private:
+            raise WorkflowError(f"audit.optimizers: {name!r} is not private: there is no claim to audit")
+    return sorted(set(names))
+
+
+def _audited_epsilons(epsilons):
+    if epsilons == "grid":
+        return sorted({c.epsilon for c in CELLS.values() if c.epsilon is not None})
+    return sorted(set(epsilons))
+
+
+AUDIT = config.get("audit")
+AUDITS = (
+    [
+        f"{o}-eps{float(e):g}"
+        for o in _audited_optimizers(AUDIT["optimizers"])
+        for e in _audited_epsilons(AUDIT["epsilons"])
+    ]
+    if AUDIT
+    else []
+)
+if not CELLS and not AUDITS:
+    raise WorkflowError("the config has an empty grid and no audit section: nothing to run")
+AUDIT_TABLE = f"{RESULTS}/audit/audits.parquet"
+if AUDITS:
+    FIGURES.setdefault("audit", {})  # a config with audits draws them
+elif "audit" in FIGURES:
+    raise WorkflowError("figures: 'audit' needs audits (the config key `audit`)")
+if not CELLS:  # an audit-only config: no runs table, so only the audit figure
+    if not FIGURES_GIVEN:
+        FIGURES = {"audit": {}}
+    extra = sorted(set(FIGURES) - {"audit"})
+    if extra:
+        raise WorkflowError(f"figures {extra} need training runs, but the grid is empty")
+
+
+def audit_file(name):
+    return f"{RESULTS}/audit/runs/{name}.parquet"
+
+
+def audit_code(wildcards):
+    return modules_fingerprint(("dpbench.audit.run",)) + optimizer_fingerprint(
+        wildcards.optimizer
+    )
+
+
+def figure_input(figure):
+    """The table a figure is drawn from: the audits for `audit`, the runs for the others."""
+    return AUDIT_TABLE if figure == "audit" else f"{RESULTS}/aggregate/runs.parquet"

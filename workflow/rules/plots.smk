@@ -5,7 +5,7 @@ for _figure in FIGURES:
         name:
             f"plot_{_figure}"
         input:
-            runs=rules.aggregate.output.runs,
+            runs=figure_input(_figure),
         output:
             png=report(
                 f"{RESULTS}/figures/{_figure}.png",

@@ -32,7 +32,7 @@ from dpbench.matrix import cache, factorization
 from dpbench.matrix.noise_file import NoiseFile, read_meta, row_variances
 from dpbench.matrix.participation import FixedBatchSampler
 from dpbench.matrix.sensitivity import prefix_sensitivity
-from dpbench.mechanisms import Plan
+from dpbench.mechanisms import AuditSpec, Plan
 
 
 def _log(message: str) -> None:
@@ -67,6 +67,10 @@ class CorrelatedNoise:
             i += t.numel()
         return out
 
+    def record(self) -> dict:
+        """The noise file read (known once the first step gave d), for the run's privacy record."""
+        return {"noise_file": None if self.path is None else str(self.path)}
+
     def state_dict(self) -> dict:
         return {"step": self.step, "path": None if self.path is None else str(self.path)}
 
@@ -77,6 +81,8 @@ class CorrelatedNoise:
 class MatrixMechanism:
     """Mechanism (dpbench.mechanisms) for the single-epoch (``single_epoch=True``) and the
     multi-epoch matrix mechanisms, optionally convergence-aware (Lambda_tau objective)."""
+
+    audit = AuditSpec("matrix", neighbours="zero-out")
 
     def __init__(self, single_epoch: bool, convergence_aware: bool):
         self.single_epoch, self.convergence_aware = single_epoch, convergence_aware
@@ -118,6 +124,19 @@ class MatrixMechanism:
         return accounting.gaussian_noise_multiplier(target_epsilon, delta,
                                                     sensitivity=plan.extras["factorization"].sensitivity)
 
+    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+        """The claim at every epsilon: one Gaussian release with mu = sens(C) / sigma (exact)."""
+        from dpbench.audit import profiles
+
+        return profiles.gaussian_profile(plan.extras["factorization"].sensitivity / noise_multiplier)
+
+    def strategy_matrix(self, plan: Plan):
+        """C, the dense T x T strategy the release C G + sigma s Z uses."""
+        return plan.extras["factorization"].strategy
+
+    def strategy_sensitivity(self, plan: Plan) -> float:
+        return plan.extras["factorization"].sensitivity
+
     def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
         fact = plan.extras["factorization"]
         k, b = fact.epochs, fact.batches
@@ -146,7 +165,6 @@ class MatrixMechanism:
                 "tau": r.get("tau"), "objective": r.get("objective"), "prefix_sum_error": r.get("prefix_sum_error"),
                 "relative_duality_gap": r.get("relative_duality_gap"), "method": r.get("method"),
                 "digest": fact.digest, "factorization_file": plan.extras["factorization_file"],
-                "noise_file": plan.extras.get("noise_file"),
                 "common_random_numbers": "noise depends only on (factorization, d, run seed): runs that differ "
                                          "only in learning rate or epsilon share it",
             },
@@ -178,7 +196,6 @@ class MatrixMechanism:
             file.verify(meta)
             _log(f"verified {path} ({file.steps} rows x {file.dim}: checksums and norms) in "
                  f"{time.perf_counter() - t0:.1f} s")
-            plan.extras["noise_file"] = str(path)
-            return file
+            return file  # the run record reads its path from the noise source (CorrelatedNoise.path)
 
         return CorrelatedNoise(resolve, device)

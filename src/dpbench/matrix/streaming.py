@@ -40,7 +40,7 @@ from dpbench import accounting, pld
 from dpbench.matrix import banded, blt, cyclic_poisson
 from dpbench.matrix.participation import FixedBatchSampler
 from dpbench.matrix.streaming_noise import BandedNoise, BLTNoise
-from dpbench.mechanisms import Plan
+from dpbench.mechanisms import AuditSpec, Plan
 
 KINDS = ("band", "blt")
 DEFAULT_BANDS = 64  # dpmatrix-band's "auto": min(64, b', n)
@@ -71,37 +71,11 @@ def _size(hyper: dict, name: str) -> int | None:
     return int(value)
 
 
-class _LaneSamplers:
-    """``lanes`` independent samplers over lane-major blocks of n_train examples: lane l's
-    indices are offset by l n_train."""
-
-    def __init__(self, samplers: list, n_train: int):
-        self.samplers, self.n_train = samplers, n_train
-
-    def sample(self) -> torch.Tensor:
-        return torch.cat([s.sample() + lane * self.n_train for lane, s in enumerate(self.samplers)])
-
-    def state_dict(self) -> dict:
-        return {"lanes": [s.state_dict() for s in self.samplers]}
-
-    def load_state_dict(self, state: dict) -> None:
-        for s, st in zip(self.samplers, state["lanes"], strict=True):
-            s.load_state_dict(st)
-
-
-def fixed_batches(n_train: int, batch_size: int, seed: int, device, lanes: int = 1):
-    """Fixed epoch order, one independent schedule per lane (lane 0 uses the run's seed)."""
-    if lanes == 1:
-        return FixedBatchSampler(n_train, batch_size, seed, device)
-    seeds = [seed] + [int(s.generate_state(1, np.uint64)[0] >> np.uint64(1))
-                      for s in np.random.SeedSequence(seed).spawn(lanes - 1)]
-    return _LaneSamplers([FixedBatchSampler(n_train, batch_size, s, device) for s in seeds], n_train)
-
-
 class _FixedOrderMechanism:
     """The part the two unamplified mechanisms share: fixed epoch order, one Gaussian release."""
 
     kind: str
+    audit = AuditSpec("matrix", neighbours="zero-out")
 
     def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> Plan:
         if not 1 <= batch_size <= n_train:
@@ -121,11 +95,18 @@ class _FixedOrderMechanism:
         accounting.check_target(target_epsilon, delta)
         return accounting.gaussian_noise_multiplier(target_epsilon, delta, sensitivity=plan.extras["sensitivity"])
 
-    def privacy_profile(self, plan: Plan, noise_multiplier: float, epsilons) -> np.ndarray:
-        """delta(eps) of the Gaussian release: Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2),
-        mu = sens / sigma."""
-        mu = plan.extras["sensitivity"] / noise_multiplier
-        return np.array([accounting.gaussian_delta(float(e), mu) for e in np.atleast_1d(epsilons)])
+    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+        """delta(eps) of the one Gaussian release (the claim the audit tests), mu = sens / sigma."""
+        from dpbench.audit import profiles
+
+        return profiles.gaussian_profile(plan.extras["sensitivity"] / noise_multiplier)
+
+    def strategy_matrix(self, plan: Plan) -> np.ndarray:
+        """The dense T x T strategy C the release C G + sigma s Z uses (small T: the audit)."""
+        return plan.extras["factorization"].matrix()
+
+    def strategy_sensitivity(self, plan: Plan) -> float:
+        return plan.extras["sensitivity"]
 
     def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
         fact, k, b = plan.extras["factorization"], plan.extras["epochs"], plan.extras["batches"]
@@ -155,7 +136,7 @@ class _FixedOrderMechanism:
     def sampler(self, plan: Plan, n_train: int, seed: int, device, lanes: int = 1):
         """Fixed epoch order; with ``lanes`` > 1, one independent schedule per lane of n_train
         examples (lane-major indices)."""
-        return fixed_batches(n_train, plan.batch_size, seed, device, lanes)
+        return FixedBatchSampler(n_train, plan.batch_size, seed, device, lanes)
 
 
 class BandedMechanism(_FixedOrderMechanism):
@@ -305,6 +286,7 @@ class AmplifiedBandedMechanism:
     """``dpmatrix-band-amp``: BandMF with cyclic Poisson sampling (module docstring)."""
 
     name = "amplified-banded-matrix-factorization"
+    audit = AuditSpec("banded-lr")
 
     def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> Plan:
         if not 1 <= batch_size <= n_train:
@@ -343,19 +325,32 @@ class AmplifiedBandedMechanism:
                                                       accountant)
         return sigma * plan.extras["max_column_norm"]
 
-    def privacy_profile(self, plan: Plan, noise_multiplier: float, epsilons) -> np.ndarray:
-        """delta(eps) of the accounted event (DP-SGD with ceil(T / b) steps at rate p), add/remove,
-        from the pessimistic PLD (dpbench.pld): an upper bound on the true profile."""
-        return pld.delta(epsilons, plan.sample_rate, self.accounted_sigma(plan, noise_multiplier), plan.extras["rounds"])
+    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+        """delta(eps) of the accounted event (DP-SGD with ceil(T / b) steps at rate p), from the
+        accountant the run is calibrated with (PRV, both directions; or RDP): the claim the
+        audit tests."""
+        from dpbench.audit import profiles
+
+        history = self.history(plan, noise_multiplier, plan.steps)
+        if accountant == "rdp":
+            return profiles.rdp_profile(history, orders=accounting.RDP_ORDERS)
+        return profiles.prv_profile(history, accountant_delta=delta)
+
+    def strategy_matrix(self, plan: Plan) -> np.ndarray:
+        """The dense T x T (column-normalised, banded) strategy the release whitens by."""
+        return plan.extras["factorization"].matrix()
 
     def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
         fact, bands = plan.extras["factorization"], plan.extras["bands"]
         planned = accounting.epsilon(self.history(plan, noise_multiplier, plan.steps), delta, accountant)
         done_history = self.history(plan, noise_multiplier, steps)
         done = planned if steps == plan.steps else accounting.epsilon(done_history, delta, accountant)
+        (sigma_acc, rate, rounds_done), = done_history or [(0.0, plan.sample_rate, 0)]
         return {
             "epsilon": done, "epsilon_planned": planned,
             "epsilon_rdp": accounting.epsilon(done_history, delta, "rdp"),
+            # an independent cross-check: our own pessimistic PLD of the same event (dpbench.pld)
+            "epsilon_pld": pld.epsilon(delta, rate, sigma_acc, rounds_done) if rounds_done else 0.0,
             "noise_multiplier": self.accounted_sigma(plan, noise_multiplier),
             "noise_multiplier_streamed": noise_multiplier,
             "sample_rate": plan.sample_rate, "planned_steps": plan.steps, "bands": bands,

@@ -117,6 +117,14 @@ class DPStep:
             return grads
         return [g.add_(z, alpha=self.noise_std) for g, z in zip(grads, self.ctx.noise.sample(grads))]
 
+    # -- the run's privacy record ----------------------------------------------------------
+    def privacy_record(self) -> dict:
+        """Public facts fixed after the privacy plan (once the step saw the model, or while it
+        trained), for the run's privacy record; the plan itself stays frozen. Here those of the
+        noise source (``record()``, which a source may define)."""
+        record = getattr(self.ctx.noise, "record", None)
+        return record() if record is not None else {}
+
     # -- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"rule": self.rule.state_dict(), "noise": self.ctx.noise.state_dict()}

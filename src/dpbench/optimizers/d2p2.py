@@ -1,21 +1,29 @@
-"""D2P2-SGD (seed 001 Alg. 1) and its two degenerate cases, D2P-SGD and DP2-SGD (Algs. 2, 3).
+"""D2P2-SGD and its two ablations, D2P-SGD (no projection) and DP2-SGD (static noise), from
+Jiang, Hasan, Saadati, Balu, Liu & Sarkar 2025, "Balancing Utility and Privacy: Dynamically
+Private SGD with Random Projection", arXiv:2509.09485 (Alg. 1; the ablations are Algs. 2 and 3
+of its ICLR 2025 submission, "D2P2-SGD: Dynamically Differentially Private Projected
+Stochastic Gradient Descent").
 
 Per step k, with automatic clipping and the released vector in the projected space::
 
     g_hat_i = g_i / (||g_i|| + gamma)                          every per-sample norm < 1
     g_bar   = (1/L) sum_i g_hat_i
-    e_k     ~ N(0, (sigma_k s / L)^2 I_p),  sigma_k = sigma / sqrt(k)   (static: sigma_k = sigma)
-    theta  <- theta - lr P_k (P_k^T g_bar + e_k),  P_k = A_k / sqrt(p),  p = round(rate d)
+    e_k     ~ N(0, (sigma_k s_P / L)^2 I_p),  sigma_k = sigma / sqrt(k)   (static: sigma_k = sigma)
+    theta  <- theta - lr P_k (P_k^T g_bar + e_k),  p = round(rate d)
 
-P_k is fresh public randomness every step (its seed is drawn from the noise generator); the
-release P_k^T g_bar + e_k has sensitivity ||P_k||_op / L, bounded by
-s = 1 + sqrt(d/p) + t/sqrt(p) except with probability delta/10 over the run (see
-``mechanisms.RandomProjectionGaussian``), which is accounted. Without projection (D2P-SGD)
-s = 1. The decaying schedule is accounted step by step with the fast integer-order RDP
-accountant; the paper's setting without s is the explicit option ``paper_sensitivity=true``,
-whose runs are marked "not a valid DP guarantee".
+P_k is fresh public randomness every step (its seed is drawn from the noise generator): the
+subsampled randomized Hartley transform by default (``projection: srht``, s_P = sqrt(d'/p)
+exactly) or the paper's Gaussian matrix (``projection: gaussian``, s_P a bound that fails with
+probability delta/10 over the run, which is accounted); the release P_k^T g_bar + e_k has
+sensitivity ||P_k||_op / L <= s_P / L. Everything about the projection, its sensitivity and its
+mechanism is in ``dpbench.optimizers.projection``. Without projection (D2P-SGD) s_P = 1. The
+decaying schedule is accounted step by step with the fast integer-order RDP accountant; the
+paper's setting without s_P is the explicit option ``paper_sensitivity=true``, whose runs are
+marked "not a valid DP guarantee".
 
-Only the noise stage changes (``add_noise``); automatic clipping is a clipping rule.
+Only the noise stage changes (``add_noise``); automatic clipping is a clipping rule. With
+``Context.lanes`` > 1, d is the parameter count per lane and each lane draws its own
+projection and noise.
 """
 
 from __future__ import annotations
@@ -24,10 +32,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dpbench.mechanisms import (PoissonSubsampledGaussian, RandomProjectionGaussian, inverse_sqrt_schedule,
-                                projection_sensitivity_factor)
+from dpbench.mechanisms import PoissonSubsampledGaussian, inverse_sqrt_schedule
+from dpbench.optimizers import projection
 from dpbench.optimizers.base import SGD, Context, DPStep
-from dpbench.optimizers.projection import project_back, step_seed
 from dpbench.optimizers.registry import OptimizerSpec
 
 
@@ -48,35 +55,58 @@ class AutomaticClipping:
 
 
 class ProjectedStep(DPStep):
-    """A DP step whose noise stage projects: theta <- theta - lr P (P^T g_bar + e_k)."""
+    """A DP step whose noise stage projects: theta <- theta - lr P (P^T g_bar + e_k).
+
+    For the auditor (public randomness): after each step, ``last_seeds`` holds one projection
+    seed per lane (``projection.transpose(kind, seed, v, projection_dim)`` is P_k^T v), ``k`` the
+    step number and ``noise_std_at(k)`` the std of e_k on the released sum."""
 
     def __init__(self, ctx: Context, rule, auto_clip_gamma: float, decay: bool,
                  projection_rate: float | None = None):
         ctx = replace(ctx, clipping=AutomaticClipping(auto_clip_gamma, ctx.clipping.sensitivity))
         super().__init__(ctx, rule)
         self.decay, self.k = decay, 0
-        self.dimension = sum(p.numel() for p in self.params)
-        self.projection_dim, self.factor = None, 1.0  # factor: s, the bound on ||P_k||_op
+        total = sum(p.numel() for p in self.params)
+        if total % ctx.lanes:
+            raise ValueError(f"{total} parameters do not split into {ctx.lanes} lanes")
+        self.dimension = total // ctx.lanes  # d, per lane
+        self.kind, self.projection_dim, self.factor = None, None, 1.0  # factor: s_P
+        self.last_seeds: list[int] = []
         if projection_rate is not None:
             if not 0 < projection_rate <= 1:
                 raise ValueError(f"projection_rate must be in (0, 1], got {projection_rate}")
-            tail_t = getattr(ctx.noise, "tail_t", None)
-            if tail_t is None:
+            noise = ctx.noise
+            if not isinstance(noise, projection.ProjectionNoise):
                 raise TypeError("a projected step needs its mechanism's noise source "
-                                "(mechanisms.RandomProjectionGaussian.noise), which carries the norm bound")
+                                "(projection.RandomProjectionGaussian.noise), which carries the plan's projection")
+            given = ctx.hyperparameters.get("projection", noise.kind)
+            if given != noise.kind:
+                raise ValueError(f"projection {given!r} differs from the privacy plan's {noise.kind!r}: "
+                                 "build the plan from the same run config")
+            self.kind = noise.kind
             self.projection_dim = max(1, round(projection_rate * self.dimension))
-            if not ctx.noise.paper_sensitivity:  # the privacy plan's setting (checked there)
-                self.factor = projection_sensitivity_factor(self.dimension, self.projection_dim, tail_t)
-            ctx.noise.record(dimension=self.dimension, projection_dim=self.projection_dim,
-                             projection_sensitivity_factor=self.factor)
+            if not noise.paper_sensitivity:  # the privacy plan's setting (checked there)
+                self.factor = projection.sensitivity_factor(self.kind, self.dimension, self.projection_dim,
+                                                            noise.tail_t)
 
     @property
     def noise_std(self) -> float:
-        """Std of the noise on the (projected) sum at step 1: sigma s_clip s_proj."""
+        """Std of the noise on the (projected) sum at step 1: sigma s_clip s_P."""
         return self.ctx.noise_multiplier * self.ctx.clipping.sensitivity * self.factor
 
     def noise_std_at(self, k: int) -> float:
+        """Std of e_k, the noise on the released sum P_k^T sum_i g_hat_i + e_k at step k:
+        sigma_k s_clip s_P (the mean's is this / L)."""
         return self.noise_std * (inverse_sqrt_schedule(k) if self.decay else 1.0)
+
+    def privacy_record(self) -> dict:
+        out = super().privacy_record()
+        if self.kind is not None:
+            out.update(dimension=self.dimension, projection_dim=self.projection_dim,
+                       projection_sensitivity_factor=self.factor)
+            if self.kind == "srht":
+                out["padded_dimension"] = projection.fast_size(self.dimension)
+        return out
 
     @torch.no_grad()
     def add_noise(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -86,13 +116,16 @@ class ProjectedStep(DPStep):
             if std == 0:
                 return grads
             return [g.add_(z, alpha=std) for g, z in zip(grads, self.ctx.noise.sample(grads))]
-        seed = step_seed(self.ctx.noise.generator)
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        lanes = self.ctx.lanes
+        self.last_seeds = projection.step_seeds(self.ctx.noise.generator, lanes)
+        flat = self.ctx.per_lane(grads)  # (lanes, d)
         e = None
         if std != 0:
-            e = self.ctx.noise.sample([flat.new_empty(self.projection_dim)])[0].mul_(std)
-        out = project_back(flat, self.projection_dim, seed, e)
-        return [t.view_as(g) for t, g in zip(out.split([g.numel() for g in grads]), grads)]
+            e = self.ctx.noise.sample([flat.new_empty(lanes, self.projection_dim)])[0].mul_(std)
+        p = projection.draw(self.kind, self.last_seeds, self.dimension, self.projection_dim, flat.device,
+                            flat.dtype)
+        out = p.back(flat, e)
+        return [t.reshape(g.shape) for t, g in zip(out.split([g.numel() // lanes for g in grads], dim=1), grads)]
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "k": self.k}
@@ -102,46 +135,47 @@ class ProjectedStep(DPStep):
         self.k = state["k"]
 
 
-def _build(ctx: Context, decay: bool, projection: bool) -> ProjectedStep:
+def _build(ctx: Context, decay: bool, projected: bool) -> ProjectedStep:
     h = ctx.hyperparameters
     return ProjectedStep(ctx, SGD(ctx.lr), float(h["auto_clip_gamma"]), decay,
-                         float(h["projection_rate"]) if projection else None)
+                         float(h["projection_rate"]) if projected else None)
 
 
-PROJECTION_DEFAULTS = {"auto_clip_gamma": 0.01, "projection_rate": 0.7, "paper_sensitivity": False}
+PROJECTION_DEFAULTS = {"auto_clip_gamma": 0.01, "projection_rate": 0.7, **projection.PLAN_HYPERPARAMETERS}
 # sigma_k varies by at most 0.3% within an accounted segment: the bucketed epsilon is within
 # about 0.6% of the exact per-step composition (an upper bound), at a few seconds of calibration
 BUCKET_REL = 0.003
-REFERENCE = "seed 001 (D2P2-SGD)"
+REFERENCE = "Jiang et al. 2025 (arXiv:2509.09485)"
 
 D2P2SGD = OptimizerSpec(
     name="d2p2sgd",
-    build=lambda ctx: _build(ctx, decay=True, projection=True),
+    build=lambda ctx: _build(ctx, decay=True, projected=True),
     private=True,
-    description="D2P2-SGD: automatic clipping, Gaussian random projection P_k = A_k/sqrt(p) drawn every step, "
-                "noise sigma/sqrt(k) * s / L in the projected space, s = 1 + sqrt(d/p) + t/sqrt(p)",
-    reference=REFERENCE + ", Alg. 1",
+    description="D2P2-SGD: automatic clipping, random projection P_k drawn every step (srht: sqrt(d'/p) S H D, "
+                "or the paper's Gaussian A_k/sqrt(p)), noise sigma/sqrt(k) * s_P / L in the projected space",
+    reference=REFERENCE + " Alg. 1",
     defaults=PROJECTION_DEFAULTS,
-    mechanism=RandomProjectionGaussian(inverse_sqrt_schedule, "inverse-sqrt", BUCKET_REL, accountant="rdp"),
+    mechanism=projection.RandomProjectionGaussian(inverse_sqrt_schedule, "inverse-sqrt", BUCKET_REL,
+                                                  accountant="rdp"),
 )
 
 D2PSGD = OptimizerSpec(
     name="d2psgd",
-    build=lambda ctx: _build(ctx, decay=True, projection=False),
+    build=lambda ctx: _build(ctx, decay=True, projected=False),
     private=True,
     description="D2P-SGD: automatic clipping and decaying noise sigma/sqrt(k) / L, no projection",
-    reference=REFERENCE + ", Alg. 2",
+    reference=REFERENCE + " Alg. 2 (D2P-SGD: no projection)",
     defaults={"auto_clip_gamma": 0.01},
     mechanism=PoissonSubsampledGaussian(inverse_sqrt_schedule, "inverse-sqrt", BUCKET_REL, accountant="rdp"),
 )
 
 DP2SGD = OptimizerSpec(
     name="dp2sgd",
-    build=lambda ctx: _build(ctx, decay=False, projection=True),
+    build=lambda ctx: _build(ctx, decay=False, projected=True),
     private=True,
-    description="DP2-SGD: automatic clipping, Gaussian random projection, static noise sigma s / L "
+    description="DP2-SGD: automatic clipping, random projection (srht or Gaussian), static noise sigma s_P / L "
                 "in the projected space",
-    reference=REFERENCE + ", Alg. 3",
+    reference=REFERENCE + " Alg. 3 (DP2-SGD: static noise)",
     defaults=PROJECTION_DEFAULTS,
-    mechanism=RandomProjectionGaussian(),
+    mechanism=projection.RandomProjectionGaussian(),
 )

@@ -35,6 +35,7 @@ import math
 import torch
 
 from dpbench.optimizers.base import SGD, Context, DPStep
+from dpbench.mechanisms import AuditSpec
 from dpbench.optimizers.registry import OptimizerSpec
 
 CAVEAT = (
@@ -102,4 +103,6 @@ DPDICE = OptimizerSpec(
     reference="Zhang et al. 2024 (DiceSGD); thesis Alg. 3",
     defaults={"c2": 1.0},
     caveat=CAVEAT,
+    # the clipped-away part of a large gradient returns later through clip(e, C2): sum the releases
+    audit=AuditSpec("sum", canary_factor=100.0),
 )

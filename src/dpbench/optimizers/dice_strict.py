@@ -58,7 +58,7 @@ from __future__ import annotations
 import math
 
 from dpbench import accounting
-from dpbench.mechanisms import Plan, PoissonSubsampledGaussian
+from dpbench.mechanisms import AuditSpec, Plan, PoissonSubsampledGaussian
 from dpbench.optimizers.base import SGD
 from dpbench.optimizers.dice import DiceStep
 from dpbench.optimizers.registry import OptimizerSpec
@@ -90,6 +90,12 @@ class UnamplifiedGaussian(PoissonSubsampledGaussian):
         accounting.check_target(target_epsilon, delta)
         return accounting.gaussian_noise_multiplier(target_epsilon, delta, sensitivity=math.sqrt(plan.steps))
 
+    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+        """The claim at every epsilon: one Gaussian release with mu = sqrt(T) / sigma."""
+        from dpbench.audit import profiles
+
+        return profiles.gaussian_profile(math.sqrt(plan.steps) / noise_multiplier)
+
     def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
         def eps(t: int) -> float:
             if t == 0:
@@ -116,4 +122,5 @@ DPDICE_STRICT = OptimizerSpec(
     reference="Zhang et al. 2024 (DiceSGD); thesis Alg. 3; calibration: dpbench.optimizers.dice_strict",
     defaults={"c2": 1.0},
     mechanism=UnamplifiedGaussian(),
+    audit=AuditSpec("sum", canary_factor=100.0),  # as dpdice: the same release, honest noise
 )

@@ -7,7 +7,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dpbench.mechanisms import Mechanism, PoissonSubsampledGaussian
+from dpbench.mechanisms import AuditSpec, Mechanism, PoissonSubsampledGaussian
 from dpbench.optimizers.base import Context, DPStep
 
 
@@ -22,6 +22,7 @@ class OptimizerSpec:
     # how batches are drawn, where noise comes from, how sigma and epsilon are computed
     mechanism: Mechanism = field(default_factory=PoissonSubsampledGaussian)
     caveat: str | None = None  # a limit of the privacy guarantee, recorded in every run
+    audit: AuditSpec | None = None  # how dpbench.audit attacks it (None: its mechanism's AuditSpec)
 
     def hyperparameters(self, given: dict[str, Any] | None) -> dict[str, Any]:
         """The defaults overridden by ``given``; an unknown name, or a value of another kind than

@@ -1,0 +1,203 @@
+"""One audit, end to end: trials through the harness -> scores -> bounds -> a Parquet file.
+
+The statistics are pre-registered before any trial runs: the primary statistic of the
+mechanism's family (``AuditSpec.statistic``) and S_diff, at the quantile levels of
+``bounds.levels``; R, beta and the seed are fixed by the caller. Nothing is tuned on the
+scores (no optional stopping, no threshold from a simulation of the claimed mechanism).
+
+Two modes:
+
+* ``trials`` (default): R independent runs, R/2 with the canary; reports (A) epsilon_lower,
+  (B) the violation test against the claim's whole privacy profile (false alarm <= beta),
+  (C) epsilon_gdp (a tightness estimate; sound only for exactly Gaussian mechanisms).
+* ``one-run`` (Steinke, Nasr & Jagielski 2023, arXiv 2305.08846, App. D): ONE run with m
+  canaries on distinct coordinates, each in with probability 1/2; the top k+ scores are
+  guessed "in", the bottom k- "out". A smoke test with a weaker bound: it never flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dpbench.audit import bounds, statistics
+from dpbench.audit.trials import (AuditProblem, Trials, audit_spec, make_claim, participation_check,
+                                  postprocessing_check, problem_size, run_chunk, run_trials)
+from dpbench.matrix.cache import default_cache_dir
+from dpbench.optimizers.registry import OptimizerSpec
+
+MODES = ("trials", "one-run")
+
+
+def _mf_scores(y: np.ndarray, strategy: np.ndarray, pattern: np.ndarray) -> np.ndarray:
+    """S_MF per trial with each trial's own participation v (columns of ``pattern``):
+    <C y, C v> / ||C v||."""
+    cy, cv = strategy @ y, strategy @ pattern
+    norms = np.linalg.norm(cv, axis=0)
+    if np.any(norms == 0):
+        raise ValueError("a canary never participated (C v = 0)")
+    return (cy * cv).sum(axis=0) / norms
+
+
+def _banded_lr_scores(y: np.ndarray, strategy: np.ndarray, groups: np.ndarray, sensitivity: float,
+                      noise_std: np.ndarray, rate: float, bands: int) -> np.ndarray:
+    """Amplified BandMF (cyclic Poisson over b groups, banded C): whitened, w = C y = C G +
+    sigma s Z. The canary (group g, public partition) may join at the steps t = g mod b, each
+    with probability p, adding s C e_t; with b bands the columns of different such steps do
+    not overlap, so the rounds are independent and the Neyman-Pearson statistic is
+        S = sum_{t = g mod b} log(1 - p + p exp((2 s (C^T w)_t - s^2 ||C e_t||^2) / (2 sigma^2 s^2))),
+    since <s C e_t, w> = s (C^T w)_t."""
+    steps = strategy.shape[0]
+    ctw = strategy.T @ (strategy @ y)  # (T, R)
+    col2 = (strategy ** 2).sum(axis=0)[:, None]
+    var = (np.asarray(noise_std, float) ** 2)[:, None]
+    log_ratio = (2 * sensitivity * ctw - sensitivity ** 2 * col2) / (2 * var)
+    terms = np.logaddexp(np.log1p(-rate), np.log(rate) + log_ratio)
+    mine = (np.arange(steps)[:, None] % bands) == (np.asarray(groups)[None, :] % bands)
+    return (terms * mine).sum(axis=0)
+
+
+def primary_name(trials: Trials) -> str:
+    return {"lr": "S_LR", "sum": "S_sum", "projected-lr": "S_LR", "matrix": "S_MF",
+            "banded-lr": "S_LR"}[trials.audit.statistic]
+
+
+def scores(trials: Trials) -> dict[str, np.ndarray]:
+    """The pre-registered statistics of every trial: {primary, S_diff} -> (R,) scores."""
+    family, claim = trials.audit.statistic, trials.claim
+    y = trials.y.T  # (R, T)
+    s = claim.clip_sensitivity
+    strategy = None
+    if family in ("lr", "projected-lr"):
+        signal = trials.signal.T if trials.signal is not None else s  # (R, T) where projected
+        primary = statistics.s_lr(y, signal, trials.noise_std, claim.plan.sample_rate)
+    elif family == "sum":
+        primary = statistics.s_sum(y)
+    elif family == "matrix":
+        strategy = claim.strategy
+        primary = _mf_scores(trials.y, strategy, trials.pattern)
+    elif family == "banded-lr":
+        strategy = claim.strategy
+        primary = _banded_lr_scores(trials.y, strategy, trials.extras["groups"], s, trials.noise_std,
+                                    claim.plan.sample_rate, claim.plan.extras["bands"])
+    else:
+        raise ValueError(f"unknown audit statistic {family!r}")
+    return {primary_name(trials): primary, "S_diff": statistics.s_diff(y, strategy)}
+
+
+def claim_record(spec: OptimizerSpec, trials_or_claim, hyper: dict, problem: AuditProblem) -> dict[str, Any]:
+    claim = getattr(trials_or_claim, "claim", trials_or_claim)
+    plan = claim.plan
+    record = {
+        "optimizer": spec.name, "hyperparameters": hyper, "mechanism": getattr(spec.mechanism, "name", None),
+        "noise_multiplier": claim.noise_multiplier, "sample_rate": plan.sample_rate, "steps": plan.steps,
+        "batch_size": plan.batch_size, "clip_sensitivity": claim.clip_sensitivity, "accountant": claim.accountant,
+        "caveat": spec.caveat,
+        "problem": {"dimension": problem.dimension, "examples": problem_size(spec, problem)[0],
+                    "epochs": problem_size(spec, problem)[1], "batch_size": problem.batch_size,
+                    "steps": problem.steps},
+    }
+    if claim.strategy is not None:
+        fact = plan.extras.get("factorization")
+        record.update({"factorization": getattr(fact, "key", type(fact).__name__),
+                       "strategy_sensitivity": claim.strategy_sensitivity})
+    return record
+
+
+def audit(spec: OptimizerSpec, epsilon: float, trials: int = 2000, mode: str = "trials", beta: float = 0.05,
+          seed: int = 0, hyper: dict | None = None, delta: float = 1e-5, accountant: str = "prv",
+          problem: AuditProblem | None = None, canaries: int = 1000, lanes: int = 128,
+          cache_dir: str | None = None, log=None) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Audit ``spec`` at the claim (epsilon, delta). Returns the per-trial scores (columns
+    trial, canary_in, statistic, score) and the audit record (the ``audit`` metadata)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown audit mode {mode!r}; choose one of {MODES}")
+    if not 0 < beta < 1:
+        raise ValueError(f"beta must be in (0, 1), got {beta}")
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be a positive finite number, got {epsilon}")
+    hyper = spec.hyperparameters(hyper)
+    if mode == "one-run":
+        return one_run(spec, epsilon, canaries, beta, seed, hyper, delta, accountant, problem, cache_dir)
+    problem = problem or AuditProblem()
+    tr = run_trials(spec, epsilon, trials, seed, hyper, problem, delta, accountant, lanes=lanes,
+                    cache_dir=cache_dir, log=log)
+    t0 = time.perf_counter()
+    scored = scores(tr)
+    profile = spec.mechanism.privacy_profile(tr.claim.plan, tr.claim.noise_multiplier, delta, accountant)
+    result = bounds.analyse({k: (v[tr.canary_in], v[~tr.canary_in]) for k, v in scored.items()}, profile,
+                            beta=beta, delta=delta, rng=np.random.default_rng([seed, 1]))
+    checks = {"postprocessing": postprocessing_check(spec, tr.claim, hyper, problem, seed)}
+    if tr.audit.neighbours == "zero-out" and tr.claim.strategy is not None:
+        n, _ = problem_size(spec, problem)
+        sampler = spec.mechanism.sampler(tr.claim.plan, n, seed, "cpu")
+        checks["participation"] = participation_check(tr.claim.strategy, sampler, tr.claim.plan.steps,
+                                                      tr.claim.strategy_sensitivity)
+    participation_ok = checks.get("participation", {}).get("ok", True)
+    rows = pd.concat([pd.DataFrame({"trial": np.arange(trials, dtype=np.int64), "canary_in": tr.canary_in,
+                                    "statistic": name, "score": values.astype(np.float64)})
+                      for name, values in scored.items()], ignore_index=True)
+    record = {
+        "epsilon_claimed": float(epsilon), "delta": delta, "beta": beta, "trials": trials, "mode": mode,
+        "seed": seed, "statistics": list(result.statistics), "levels": list(result.levels),
+        "epsilon_lower": result.epsilon_lower, "epsilon_lower_at": result.epsilon_lower_at,
+        # (B) the statistical test, or the deterministic participation check, failed
+        "violation": bool(result.violation or not participation_ok),
+        "violation_statistical": result.violation, "violation_at": result.violation_at,
+        "epsilon_gdp": result.epsilon_gdp, "mu_lower": result.mu_lower,
+        "epsilon_gdp_sound": tr.claim.plan.sample_rate is None,  # exactly Gaussian: q = 1 / matrix
+        "canary_norm": tr.canary_norm, "family": dataclasses.asdict(tr.audit),
+        "n_in": result.n_in, "n_out": result.n_out, "per_bound_level": result.per_bound_level,
+        "max_certifiable_epsilon": bounds.max_certifiable_epsilon(trials, beta, delta, len(scored)),
+        "checks": checks, "claim": claim_record(spec, tr, hyper, problem),
+        "seconds": {"trials": tr.seconds, "analysis": time.perf_counter() - t0},
+        "bounds": result.table.to_dict(orient="list"),
+    }
+    return rows, record
+
+
+def one_run(spec: OptimizerSpec, epsilon: float, canaries: int, beta: float, seed: int, hyper: dict,
+            delta: float, accountant: str, problem: AuditProblem | None, cache_dir: str | None):
+    """Steinke et al.'s one-run audit: m canaries in one run, half of them in at random.
+
+    The problem keeps the claim's (q, T) (and factorization) but has room for the canaries:
+    d = m + 8 coordinates, and N = 2 m examples with L = N q (so that q and the matrix
+    mechanisms' b = N / L are unchanged). Guesses: the top and bottom m/10 scores each."""
+    base = problem or AuditProblem()
+    scale = max(1, math.ceil(2 * canaries / base.examples))
+    problem = dataclasses.replace(base, dimension=canaries + 8, examples=base.examples * scale,
+                                  batch_size=base.batch_size * scale)
+    audit_ = audit_spec(spec)
+    claim = make_claim(spec, epsilon, hyper, problem, delta, accountant, 1.0, str(cache_dir or default_cache_dir()))
+    rng = np.random.default_rng([seed, 2])
+    canary_in = rng.random(canaries) < 0.5
+    out = run_chunk(spec, audit_, claim, hyper, problem, canary_in[None, :], int(rng.integers(2**62)),
+                    audit_.canary_factor * claim.clip_sensitivity)
+    y = out["y"][:, 0, :]  # (T, m)
+    tr = Trials(y, canary_in, out["noise_std"], claim, audit_, audit_.canary_factor * claim.clip_sensitivity,
+                out["participation"][:, 0, :].astype(float) if audit_.neighbours == "zero-out" else None,
+                claim.clip_sensitivity * out["projected_norms"][:, 0, :]
+                if audit_.statistic == "projected-lr" else None)
+    primary = scores(tr)[primary_name(tr)]
+    k = max(1, canaries // 10)
+    order = np.argsort(primary)
+    guesses = np.concatenate([order[-k:], order[:k]])
+    guessed_in = np.concatenate([np.ones(k, bool), np.zeros(k, bool)])
+    correct = int((canary_in[guesses] == guessed_in).sum())
+    eps_lb = bounds.one_run_epsilon(canaries, 2 * k, correct, delta, beta)
+    rows = pd.DataFrame({"trial": np.arange(canaries, dtype=np.int64), "canary_in": canary_in,
+                         "statistic": primary_name(tr), "score": primary.astype(np.float64)})
+    record = {
+        "epsilon_claimed": float(epsilon), "delta": delta, "beta": beta, "trials": 1, "mode": "one-run",
+        "seed": seed, "statistics": [primary_name(tr)], "levels": [], "canaries": canaries,
+        "guesses": 2 * k, "correct": correct, "epsilon_lower": eps_lb, "violation": False,
+        "epsilon_gdp": math.nan, "canary_norm": tr.canary_norm, "family": dataclasses.asdict(audit_),
+        "claim": claim_record(spec, claim, hyper, problem),
+        "note": "one-run mode is a smoke test: its bound is weaker and it never flags a violation",
+    }
+    return rows, record

@@ -1,0 +1,100 @@
+"""Test statistics of the audit: one score per trial from the canary coordinate of the releases.
+
+Every function takes the observed releases of many trials at once, ``y`` of shape
+(trials, T), with y_t = L <r_t, e_c> the release in the canary's coordinate c in sum units (the
+release r_t is in mean units, L the expected batch size), and returns one score per trial,
+larger meaning "the canary was in". The claim fixes the per-step canary signal a_t and noise
+std s_t (DP-SGD family: a_t = s, s_t = sigma s with s the clipped-sum sensitivity; D2P2: the
+projected a_k = s ||P_k^T e_c||, s_k = sigma_k s s_P, per trial where the projection is).
+
+- ``s_lr``: the log-likelihood ratio of the Poisson families, Nasr et al. 2023 (arXiv
+  2302.07956), "Dirac canary": with every other example 0 in coordinate c the y_t are
+  independent, y_t ~ (1 - q) N(0, s_t^2) + q N(a_t, s_t^2) in in-trials and N(0, s_t^2) in
+  out-trials, so by Neyman-Pearson the most powerful test thresholds
+      S_LR = sum_t log(1 - q + q exp((2 a_t y_t - a_t^2) / (2 s_t^2))),
+  computed as logaddexp(log(1 - q), log q + ...) (no overflow when a release is far out).
+- ``s_sum``: S_sum = sum_t y_t (DP-Dice, whose clipped-away canary mass returns in later
+  steps through its error feedback, so the total, not the per-step pattern, carries it).
+- ``s_mf``: matrix mechanisms, one release C G + sigma s Z with C known: C y is the canary's
+  contribution s C v plus white noise, so the projection on C v,
+      S_MF = <C y, C v> / ||C v||  ~  N(s ||C v|| 1[in], sigma^2 s^2),
+  is the Neyman-Pearson statistic (v the canary's signed participation vector, 0 where the
+  canary is not in the batch).
+- ``s_diff``: the secondary statistic S_diff = sum_t |w_t - w_{t-1}| (w = y, or C y for
+  matrix mechanisms): a mechanism that reuses one noise draw gives constant out-trial
+  releases, which S_LR does not see (S_LR only weighs each release by its own likelihood
+  ratio, and a constant release is as likely as any single one).
+
+Any function of the releases and public quantities is a sound statistic (post-processing);
+reading hidden state (Dice's residual e) is not. ``jitter`` breaks ties: the bounds assume a
+continuous score distribution (the j-th largest of n0 continuous out-scores has an exact Beta
+law), and a score with atoms, e.g. S_diff = 0 for every reused-noise out-trial, would make the
+false-positive bound wrong; adding independent U(0, 1e-9 range) noise makes the score a
+randomised statistic with a continuous law whose order only differs from the raw one at ties.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+
+def _releases(y: ArrayLike) -> np.ndarray:
+    y = np.asarray(y, dtype=np.float64)
+    if y.ndim != 2:
+        raise ValueError(f"releases must have shape (trials, T), got {y.shape}")
+    return y
+
+
+def s_lr(y: ArrayLike, signal: ArrayLike, noise: ArrayLike, sample_rate: float) -> np.ndarray:
+    """S_LR per trial. ``signal`` (a_t) and ``noise`` (s_t > 0) broadcast against y: scalars,
+    shape (T,), or (trials, T); ``sample_rate`` is q in (0, 1]."""
+    y = _releases(y)
+    a, s = np.asarray(signal, dtype=np.float64), np.asarray(noise, dtype=np.float64)
+    if np.any(s <= 0):
+        raise ValueError("the claimed noise std s_t must be positive")
+    if not 0 < sample_rate <= 1:
+        raise ValueError(f"sample rate must be in (0, 1], got {sample_rate}")
+    log_ratio = (2 * a * y - a * a) / (2 * s * s)
+    with np.errstate(divide="ignore"):  # log(1 - q) = -inf at q = 1: logaddexp gives log_ratio
+        return np.logaddexp(np.log1p(-sample_rate), np.log(sample_rate) + log_ratio).sum(axis=1)
+
+
+def s_sum(y: ArrayLike) -> np.ndarray:
+    """S_sum = sum_t y_t per trial."""
+    return _releases(y).sum(axis=1)
+
+
+def s_mf(y: ArrayLike, strategy: ArrayLike, signs: ArrayLike) -> np.ndarray:
+    """S_MF = <C y, C v> / ||C v|| per trial, y in sum units, C the T x T strategy matrix and
+    v the canary's (T,) signed participation (entries in {-1, 0, 1})."""
+    y = _releases(y)
+    c = np.asarray(strategy, dtype=np.float64)
+    v = np.asarray(signs, dtype=np.float64)
+    if c.shape != (y.shape[1], y.shape[1]) or v.shape != (y.shape[1],):
+        raise ValueError(f"strategy must be T x T and signs (T,) for T = {y.shape[1]}, "
+                         f"got {c.shape} and {v.shape}")
+    cv = c @ v
+    norm = np.linalg.norm(cv)
+    if norm == 0:
+        raise ValueError("C v = 0: the canary never participates")
+    return y @ (c.T @ (cv / norm))  # <C y, u> = <y, C^T u>
+
+
+def s_diff(y: ArrayLike, strategy: ArrayLike | None = None) -> np.ndarray:
+    """S_diff = sum_t |w_t - w_{t-1}| per trial, w = y, or w = C y given the strategy C."""
+    w = _releases(y)
+    if strategy is not None:
+        w = w @ np.asarray(strategy, dtype=np.float64).T
+    return np.abs(np.diff(w, axis=1)).sum(axis=1)
+
+
+def jitter(scores: ArrayLike, rng: np.random.Generator, scale: float = 1e-9) -> np.ndarray:
+    """scores + U(0, scale * range) drawn from ``rng``, range = max - min of the scores (all
+    trials of one statistic, in and out together; 1 if all are equal, so ties still break)."""
+    x = np.asarray(scores, dtype=np.float64)
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{np.count_nonzero(~np.isfinite(x))} scores are not finite")
+    spread = float(x.max() - x.min()) if x.size else 0.0
+    width = scale * spread if spread > 0 else 1.0
+    return x + rng.uniform(0.0, width, size=x.shape)

@@ -1,0 +1,58 @@
+"""Audit files -> one table, and what the benchmark's other tables and figures need from it.
+
+Torch-free (the aggregation and figure rules run in an environment without torch): it reads
+only the ``audit`` metadata of each file written by ``dpbench audit``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from dpbench.results import read_meta, write_table
+
+COLUMNS = ("optimizer", "epsilon_claimed", "delta", "beta", "trials", "mode", "epsilon_lower", "epsilon_gdp",
+           "epsilon_gdp_sound", "mu_lower", "violation", "violation_statistical", "participation_ok",
+           "postprocessing", "max_certifiable_epsilon", "noise_multiplier", "sample_rate", "steps", "family",
+           "hyperparameters", "caveat", "seconds", "file")
+
+
+def audit_row(path: str | Path) -> dict:
+    meta = read_meta(path)
+    if "audit" not in meta:
+        raise ValueError(f"{path} is not a dpbench audit file (no 'audit' metadata)")
+    a = meta["audit"]
+    claim, checks = a["claim"], a.get("checks", {})
+    return {
+        "optimizer": claim["optimizer"], "epsilon_claimed": a["epsilon_claimed"], "delta": a["delta"],
+        "beta": a["beta"], "trials": a["trials"], "mode": a["mode"], "epsilon_lower": a["epsilon_lower"],
+        "epsilon_gdp": a["epsilon_gdp"], "epsilon_gdp_sound": a.get("epsilon_gdp_sound", False),
+        "mu_lower": a.get("mu_lower", float("nan")), "violation": bool(a["violation"]),
+        "violation_statistical": bool(a.get("violation_statistical", a["violation"])),
+        "participation_ok": checks.get("participation", {}).get("ok", True),
+        "postprocessing": checks.get("postprocessing"),
+        "max_certifiable_epsilon": a.get("max_certifiable_epsilon", float("nan")),
+        "noise_multiplier": claim["noise_multiplier"], "sample_rate": claim["sample_rate"], "steps": claim["steps"],
+        "family": a["family"]["statistic"], "hyperparameters": json.dumps(claim["hyperparameters"], sort_keys=True),
+        "caveat": claim.get("caveat"), "seconds": sum(a.get("seconds", {}).values()), "file": str(path),
+    }
+
+
+def collect(paths: Iterable[str | Path]) -> pd.DataFrame:
+    rows = [audit_row(p) for p in paths]
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    return df.sort_values(["optimizer", "epsilon_claimed"], ignore_index=True)
+
+
+def aggregate(paths: Iterable[str | Path], out: str | Path) -> pd.DataFrame:
+    df = collect(paths)
+    write_table(df, out)
+    return df
+
+
+def violations(audits: pd.DataFrame) -> dict[str, bool]:
+    """optimizer -> whether any of its audits flagged a violation (optimizers not audited absent)."""
+    return {str(o): bool(v) for o, v in audits.groupby("optimizer")["violation"].any().items()}
