@@ -301,7 +301,8 @@ def _projected_canary_norms(step, canaries: int) -> np.ndarray:
 
     if step.kind is None:  # no projection (D2P-SGD)
         return np.ones((len(step.last_seeds) or 1, canaries))
-    proj = projection.draw(step.kind, step.last_seeds, step.dimension, step.projection_dim, "cpu", torch.float64)
+    proj = getattr(step, "last_projection", None) or projection.draw(
+        step.kind, step.last_seeds, step.dimension, step.projection_dim, "cpu", torch.float64)
     if canaries == 1:
         basis = torch.zeros(len(step.last_seeds), step.dimension, dtype=torch.float64)
         basis[:, 0] = 1.0

@@ -124,6 +124,7 @@ class ProjectedStep(DPStep):
             e = self.ctx.noise.sample([flat.new_empty(lanes, self.projection_dim)])[0].mul_(std)
         p = projection.draw(self.kind, self.last_seeds, self.dimension, self.projection_dim, flat.device,
                             flat.dtype)
+        self.last_projection = p  # public randomness, as last_seeds (the auditor reads P_k^T e_c from it)
         out = p.back(flat, e)
         return [t.reshape(g.shape) for t, g in zip(out.split([g.numel() // lanes for g in grads], dim=1), grads)]
 
