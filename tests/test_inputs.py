@@ -436,3 +436,12 @@ def test_a_job_dies_with_the_workflow_process_that_started_it(tmp_path):
         for pid in (plain, watched):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("option,value", [("--epsilon", "inf"), ("--epsilon", "nan"), ("--delta", "2"),
+                                          ("--beta", "nan"), ("--beta", "1"), ("--seed", "-5"), ("--trials", "0")])
+def test_audit_refuses_bad_numbers_with_the_same_argument_types(tmp_path, capsys, option, value):
+    argv = ["audit", "--optimizer", "dpsgd", "--epsilon", "1", "--trials", "20", "--out", str(tmp_path / "a.parquet"),
+            option, value]
+    code, err = cli_error(argv, capsys)
+    assert code == 2 and f"argument {option}: expected" in err, err

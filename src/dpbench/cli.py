@@ -221,6 +221,8 @@ def cmd_noise(args) -> int:
 
 
 def cmd_audit(args) -> int:
+    if args.out:
+        check_output(args.out, "--out")
     import torch
 
     if args.threads:
@@ -405,20 +407,20 @@ def build_parser() -> argparse.ArgumentParser:
                                       "violation test)", description=AUDIT_HELP,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     au.add_argument("--optimizer", help="a private optimizer of the registry")
-    au.add_argument("--epsilon", type=float, help="the claimed epsilon (sigma is calibrated for it)")
+    au.add_argument("--epsilon", type=positive_float, help="the claimed epsilon (sigma is calibrated for it)")
     au.add_argument("--hp", type=_hp, action="append", metavar="KEY=VALUE", help="optimizer hyperparameter")
-    au.add_argument("--trials", type=_positive_int, default=2000, help="R: trials, half with the canary (even)")
+    au.add_argument("--trials", type=positive_int, default=2000, help="R: trials, half with the canary (even)")
     au.add_argument("--mode", default="trials", choices=["trials", "one-run"],
                     help="trials (default) or one-run (Steinke et al. 2023: 1000 canaries in one run; a smoke "
                          "test, never flags)")
-    au.add_argument("--beta", type=float, default=0.05, help="false-alarm probability of the audit")
-    au.add_argument("--delta", type=float, default=1e-5)
+    au.add_argument("--beta", type=probability, default=0.05, help="false-alarm probability of the audit")
+    au.add_argument("--delta", type=probability, default=1e-5)
     au.add_argument("--accountant", default="prv", choices=["prv", "rdp"],
                     help="the accountant sigma is calibrated with and whose privacy profile is tested")
-    au.add_argument("--seed", type=int, default=0)
+    au.add_argument("--seed", type=nonnegative_int, default=0)
     au.add_argument("--out", help="output .parquet (written atomically)")
     au.add_argument("--cache-dir", help="where matrix factorizations are cached (as for dpbench train)")
-    au.add_argument("--threads", type=_positive_int, help="torch CPU threads")
+    au.add_argument("--threads", type=positive_int, help="torch CPU threads")
     au.add_argument("--self-test", action="store_true", help="audit the built-in mutants and correct mechanisms")
     au.set_defaults(func=cmd_audit)
 
