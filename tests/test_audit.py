@@ -220,7 +220,10 @@ def test_cli_refuses_non_private_and_missing_arguments(tmp_path, capsys):
     assert "not private" in capsys.readouterr().err
     assert main(["audit", "--optimizer", "dpsgd", "--out", str(tmp_path / "x.parquet")]) == 2
     assert "--epsilon" in capsys.readouterr().err
-    assert main(["audit", "--optimizer", "dpsgd", "--epsilon", "inf", "--out", str(tmp_path / "x.parquet")]) == 2
+    with pytest.raises(SystemExit) as refused:  # refused by the argument's type, as by dpbench train
+        main(["audit", "--optimizer", "dpsgd", "--epsilon", "inf", "--out", str(tmp_path / "x.parquet")])
+    assert refused.value.code == 2
+    assert "argument --epsilon: expected a finite positive number" in capsys.readouterr().err
 
 
 def test_one_run_mode(cache):

@@ -7,7 +7,7 @@ import torch
 
 from conftest import run_cell
 from dpbench import cuda
-from dpbench.train import RunConfig, step_state_on
+from dpbench.train import Checkpoint, RunConfig, step_state_on
 
 
 def test_configure_turns_tf32_off_and_kernels_deterministic(monkeypatch):
@@ -37,7 +37,7 @@ def test_checkpoint_puts_optimizer_state_on_the_run_device(tiny_fmnist, tmp_path
     cfg = RunConfig(problem="P2", optimizer="dpadambc", lr=1e-3, batch_size=60, epochs=2, seed=0, epsilon=3.0,
                     progress_every_s=1e9)
     run_cell(cfg, checkpoint=tmp_path / "run.ckpt", checkpoint_every_s=1e9)  # completes: checkpoint after epoch 1
-    saved = torch.load(tmp_path / "run.ckpt", map_location="cpu", weights_only=False)
+    saved = Checkpoint(tmp_path / "run.ckpt", cfg).load()  # verified, read to the CPU
     state = step_state_on(saved["step_fn"], "meta")
     rule, noise = state["rule"], state["noise"]
     assert rule["t"] == 10 and all(t.device.type == "meta" for t in rule["m"] + rule["v"])

@@ -530,7 +530,7 @@ def test_paper_sensitivity_is_marked_invalid(tiny_fmnist, cached_accountant):
     p = res.meta["privacy"]
     assert p["caveat"].startswith("not a valid DP guarantee")
     assert "delta_fail" not in p and p["projection_sensitivity_factor"] == 1.0
-    with pytest.raises(ValueError, match="paper_sensitivity must be true or false"):
+    with pytest.raises(ValueError, match="'paper_sensitivity' of 'dp2sgd' takes true or false"):
         run_cell(RunConfig(problem="P2", optimizer="dp2sgd", lr=0.01, batch_size=60, epochs=1, seed=0, epsilon=2.0,
                       max_steps=1, hyperparameters={"paper_sensitivity": "yes"}, progress_every_s=1e9))
 

@@ -3,11 +3,13 @@ after the tiny workflow of .test/config/config.yaml has run in it (conftest.tiny
 optimizer's code change reruns only its cells, a figure's code change only the figures it
 draws, a grid change only the cells it adds; a killed workflow resumes from its checkpoints."""
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
 
+import psutil
 import pytest
 import yaml
 
@@ -21,9 +23,9 @@ def snakemake(workdir, *args, timeout=600, **kw):
                           cwd=workdir, capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def dry_run(workdir) -> tuple[dict[str, int], str]:
+def dry_run(workdir, *args, **kw) -> tuple[dict[str, int], str]:
     """Jobs a dry run would execute, per rule (its first 'Job stats' table), and its output."""
-    proc = snakemake(workdir, "-n")
+    proc = snakemake(workdir, "-n", *args, **kw)
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts, lines = {}, iter(proc.stdout.splitlines())
     for line in lines:
@@ -38,8 +40,8 @@ def dry_run(workdir) -> tuple[dict[str, int], str]:
     return counts, proc.stdout
 
 
-def planned_jobs(workdir) -> dict[str, int]:
-    return dry_run(workdir)[0]
+def planned_jobs(workdir, *args, **kw) -> dict[str, int]:
+    return dry_run(workdir, *args, **kw)[0]
 
 
 PLOTS = {"plot_fig5_1": 1, "plot_fig5_2": 1, "plot_fig5_6": 1}  # the figures of the config
@@ -109,6 +111,60 @@ def test_undoing_every_edit_reruns_nothing(workdir):
     assert planned_jobs(workdir) == {}
 
 
+def test_moving_the_data_reruns_nothing(workdir, tmp_path):
+    """The dataset's identity is its checksum (verified by every job that reads it), not its
+    directory: data_dir pointing at a copy of the same files reruns nothing."""
+    config = yaml.safe_load((workdir / "run.yaml").read_text())
+    original = yaml.safe_dump(config)
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(config["data_dir"], copy)
+    try:
+        config["data_dir"] = str(copy)
+        (workdir / "run.yaml").write_text(yaml.safe_dump(config))
+        jobs, out = dry_run(workdir)
+        assert jobs == {}, out[-3000:]
+    finally:
+        (workdir / "run.yaml").write_text(original)
+
+
+FAKE_CONDA = """#!/bin/sh
+# just enough of conda for a dry run: Snakemake asks for its version, info and channel priority
+case "$1" in
+  info) echo '{"conda_version": "24.7.1", "platform": "linux-64", "root_prefix": "/nonexistent",
+               "conda_prefix": "/nonexistent", "envs_dirs": [], "pkgs_dirs": []}';;
+  --version) echo "conda 24.7.1";;
+  config) echo '{"get": {"channel_priority": "strict"}}';;
+  *) echo "fake conda: $*" >&2; exit 1;;
+esac
+"""
+
+
+def test_switching_to_conda_environments_reruns_nothing(workdir, tmp_path):
+    """Results made with the venv's interpreter are up to date under the profile with
+    --software-deployment-method conda (the interpreter's path is not a param, the environment
+    not a rerun trigger: what computes a result is the fingerprinted code at its pinned
+    versions, recorded in every run file). No conda here: a stand-in answers the queries a dry
+    run makes."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "conda").write_text(FAKE_CONDA)
+    (bin_dir / "conda").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    jobs, out = dry_run(workdir, "--profile", "workflow/profiles/default", "--software-deployment-method", "conda",
+                        env=env)
+    assert jobs == {}, out[-3000:]
+
+
+def training_jobs(workdir) -> list[psutil.Process]:
+    """The `dpbench train` processes working in ``workdir`` (as README's recovery steps find them)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "cwd"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "dpbench train" in cmd and p.info["cwd"] == str(workdir):
+            found.append(p)
+    return found
+
+
 def test_a_killed_workflow_resumes_from_its_checkpoints(tmp_path, fmnist_dir):
     copy_repo(tmp_path)
     config = {"data_dir": str(fmnist_dir), "results_dir": "results",
@@ -122,9 +178,20 @@ def test_a_killed_workflow_resumes_from_its_checkpoints(tmp_path, fmnist_dir):
     deadline = time.time() + 300
     while not list(runs.rglob("*.ckpt")) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole workflow dies mid-training
+    jobs = training_jobs(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)  # Snakemake dies mid-training (kill -9: it cannot stop its jobs)
     proc.wait()
-    assert list(runs.rglob("*.ckpt")) and not list(runs.rglob("*.parquet")), "killed too late"
+    try:
+        # its training job notices (dpbench.watch) and stops within seconds; it neither goes on
+        # as an orphan nor finishes the run nobody waits for
+        assert jobs, "no training job found"
+        gone, alive = psutil.wait_procs(jobs, timeout=10)
+        assert not alive, f"orphaned training jobs: {alive}"
+        assert not list(runs.rglob("*.parquet")), "the orphaned job finished its run"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert list(runs.rglob("*.ckpt")), "no checkpoint to resume from"
     # a killed Snakemake leaves its lock: --unlock, then rerun. The run file is written
     # atomically, so the job is simply missing its output; its checkpoint is there.
     assert snakemake(tmp_path, "--unlock").returncode == 0

@@ -30,7 +30,7 @@ def test_round_trip_keeps_nonfinite_values(tmp_path):
 def test_crash_during_write_leaves_no_file(tmp_path, monkeypatch):
     target = tmp_path / "run.parquet"
 
-    def crash(table, where):
+    def crash(table, where, **kwargs):
         with open(where, "wb") as f:
             f.write(b"PAR1 partial")
         raise KeyboardInterrupt

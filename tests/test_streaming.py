@@ -345,7 +345,7 @@ class _Interrupt(Exception):
 def test_streamed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkeypatch, optimizer):
     """Killed mid-epoch after a checkpoint, the run resumes with the noise state, sampler and
     model of the checkpoint and ends with the metrics of an uninterrupted run."""
-    from dpbench.train import RunConfig
+    from dpbench.train import Checkpoint, RunConfig
 
     cfg = RunConfig(problem="P2", optimizer=optimizer, lr=0.1, batch_size=60, epochs=2, seed=4, noise_multiplier=1.1,
                     hyperparameters={"bands": 3} if "band" in optimizer else {"buffers": 1}, progress_every_s=1e9)
@@ -374,7 +374,7 @@ def test_streamed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkey
     ckpt = tmp_path / "run.ckpt"
     with pytest.raises(_Interrupt):
         run_cell(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
-    state = torch.load(ckpt, weights_only=False)
+    state = Checkpoint(ckpt, cfg).load()  # verified (its SHA-256), read to the CPU
     assert state["step_fn"]["noise"]["state"] is not None  # the noise state travels in the checkpoint
     resumed = run_cell(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
     import pandas as pd

@@ -36,6 +36,17 @@ def test_bad_config_value_stops_with_the_key(tmp_path):
     assert "batch_sizes" in proc.stdout + proc.stderr
 
 
+def test_a_config_without_a_grid_is_refused_not_given_the_default_grid(tmp_path):
+    """Snakemake merges a --configfile over the default config (config/config.yaml): a config
+    without grid: would silently train the default's 6 cells."""
+    (tmp_path / "nogrid.yaml").write_text(yaml.safe_dump({"results_dir": str(tmp_path / "out"),
+                                                          "train": {"max_steps": 2}}))
+    proc = snakemake("-n", "--configfile", tmp_path / "nogrid.yaml")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-2000:]
+    assert f"{tmp_path / 'nogrid.yaml'} has no grid" in out and "config/config.yaml" in out, out[-2000:]
+
+
 def test_the_gpu_profile_trains_in_the_cuda_environment():
     """Deployment is the profile's: the GPU it gives rule train sets --device and the training
     environment (one variable, common.smk's TRAIN_DEVICE). One conda environment per kind of

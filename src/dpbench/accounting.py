@@ -26,6 +26,16 @@ MAX_NOISE_MULTIPLIER = 1e4
 History = list[tuple[float, float, int]]
 
 
+def check_target(target_epsilon: float, delta: float | None = None) -> None:
+    """Raises ValueError unless 0 < target_epsilon < inf (and 0 < delta < 1 when given): every
+    sigma calibration calls this first, so that no search starts on a target it cannot meet
+    (epsilon = inf would drive sigma to 0 and the PRV accountant's grid without bound)."""
+    if not (isinstance(target_epsilon, (int, float)) and 0 < target_epsilon < math.inf):
+        raise ValueError(f"target epsilon must be a finite positive number, got {target_epsilon}")
+    if delta is not None and not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+
+
 def epsilon(history: History, delta: float = DELTA, accountant: str = "prv") -> float:
     """The epsilon spent by a composition of Poisson-subsampled Gaussian mechanisms."""
     history = [(float(s), float(q), int(n)) for s, q, n in history if n > 0]
@@ -60,10 +70,9 @@ def calibrate(epsilon_of: Callable[[float], float], target_epsilon: float, rel_t
     for any epsilon_of that decreases in sigma.
 
     Bisection keeps the invariant epsilon_of(hi) <= target < epsilon_of(lo), so the returned
-    value always meets the target.
+    value always meets the target; sigma above MAX_NOISE_MULTIPLIER is an error.
     """
-    if not target_epsilon > 0:
-        raise ValueError(f"target epsilon must be positive, got {target_epsilon}")
+    check_target(target_epsilon)
     lo, hi = 0.0, 1.0
     while epsilon_of(hi) > target_epsilon:
         lo, hi = hi, 2 * hi
@@ -115,11 +124,16 @@ def gaussian_epsilon(mu: float, delta: float = DELTA) -> float:
 def gaussian_noise_multiplier(target_epsilon: float, delta: float = DELTA, sensitivity: float = 1.0) -> float:
     """The smallest sigma (std / sensitivity units) making one Gaussian release (eps, delta)-DP.
 
-    delta(eps) decreases as sigma grows, so bisection on sigma is exact to float precision.
+    delta(eps) decreases as sigma grows, so bisection on sigma is exact to float precision. A
+    target needing sigma > MAX_NOISE_MULTIPLIER * sensitivity is an error.
     """
+    check_target(target_epsilon, delta)
     lo, hi = 0.0, 1.0
     while gaussian_delta(target_epsilon, sensitivity / hi) > delta:
         lo, hi = hi, 2 * hi
+        if hi > MAX_NOISE_MULTIPLIER * max(sensitivity, 1.0):
+            raise ValueError(f"epsilon={target_epsilon} at delta={delta} is not reachable with sigma <= "
+                             f"{MAX_NOISE_MULTIPLIER:g} x sensitivity {sensitivity:g}")
     for _ in range(200):
         mid = (lo + hi) / 2
         if gaussian_delta(target_epsilon, sensitivity / mid) > delta:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -18,14 +21,109 @@ def _hp(text: str) -> tuple[str, object]:
         return key, value
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+# Argument types shared by every command (argparse names the option in its message:
+# "argument --epsilon: expected a finite positive number, got 'inf'"). Each refuses what no
+# run can use, before any work starts.
+
+
+def _number(text: str, ok, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not (math.isfinite(value) and ok(value)):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
 
 
+def finite_float(text: str) -> float:
+    return _number(text, lambda x: True, "a finite number")
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (epsilon, learning rate, clipping norm, seconds)."""
+    return _number(text, lambda x: x > 0, "a finite positive number")
+
+
+def nonnegative_float(text: str) -> float:
+    """A finite number >= 0 (a noise multiplier)."""
+    return _number(text, lambda x: x >= 0, "a finite number >= 0")
+
+
+def probability(text: str) -> float:
+    """A number in the open interval (0, 1) (delta)."""
+    return _number(text, lambda x: 0 < x < 1, "a finite number in (0, 1)")
+
+
+def _integer(text: str, ok, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _integer(text, lambda n: n > 0, "a positive integer")
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0 (a seed: numpy's SeedSequence takes no negative entropy)."""
+    return _integer(text, lambda n: n >= 0, "an integer >= 0")
+
+
+
+# Free space an output location must have before a run starts: a run file and its
+# checkpoint (model, optimizer state, per-step trace) take a few MB for every problem here.
+OUTPUT_SPACE = 64 * 2**20
+
+
+def check_output(path: str | Path, option: str, need: int = OUTPUT_SPACE) -> None:
+    """Fails at once, naming the option, where a file cannot be written at ``path``: it is a
+    directory, its directory cannot be made or written in, or its file system has less than
+    ``need`` bytes free. A probe file is made and removed, so nothing is left behind."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"argument {option}: {path} is a directory; give the file to write")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"argument {option}: cannot create its directory {path.parent}: "
+                         f"{exc.strerror or exc}") from None
+    try:
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"argument {option}: cannot write in {path.parent}: {exc.strerror or exc}") from None
+    st = os.statvfs(path.parent)
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        raise ValueError(f"argument {option}: only {free / 2**20:.1f} MiB free on its file system "
+                         f"({path.parent}); a run needs {need / 2**20:.0f} MiB for its file and checkpoint")
+
+
+def device(text: str) -> str:
+    """auto, cpu, or a device torch has here (cuda needs a CUDA GPU: checked now, not after
+    the data is loaded)."""
+    if text in ("auto", "cpu"):
+        return text
+    from dpbench.train import resolve_device
+
+    try:
+        resolve_device(text)
+    except (ValueError, RuntimeError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def cmd_train(args) -> int:
+    # the output location first: a run that cannot be written is refused before any work
+    check_output(args.out, "--out")
+    if args.checkpoint:
+        check_output(args.checkpoint, "--checkpoint")
     import torch
 
     from dpbench.fingerprint import optimizer_fingerprint
@@ -48,6 +146,11 @@ def cmd_train(args) -> int:
     checkpoint = args.checkpoint or f"{args.out}.ckpt"
     # the optimizer and the hash of the code that trains it (a checkpoint of other code is stale)
     spec = get_optimizer(args.optimizer)
+    for key, value in args.hp or []:
+        try:
+            spec.hyperparameters({key: value})
+        except ValueError as exc:
+            raise ValueError(f"--hp {key}={value if isinstance(value, str) else json.dumps(value)}: {exc}") from None
     result = run(cfg, spec, checkpoint=checkpoint, checkpoint_every_s=args.checkpoint_every,
                  code_key=optimizer_fingerprint(spec.name))
     result.meta["run_id"] = args.run_id or Path(args.out).stem
@@ -118,6 +221,8 @@ def cmd_noise(args) -> int:
 
 
 def cmd_audit(args) -> int:
+    if args.out:
+        check_output(args.out, "--out")
     import torch
 
     if args.threads:
@@ -214,35 +319,37 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train one grid cell and write one Parquet file")
     t.add_argument("--problem", required=True, choices=["P1", "P2", "P3"])
     t.add_argument("--optimizer", required=True)
-    t.add_argument("--lr", type=float, required=True, help="learning rate")
-    t.add_argument("--batch-size", type=_positive_int, required=True, help="expected batch size L (q = L/N)")
-    t.add_argument("--epsilon", type=float, help="target epsilon (private optimizers)")
-    t.add_argument("--epochs", type=_positive_int, required=True, help="E; T = round(E N / L) steps")
-    t.add_argument("--seed", type=int, required=True)
+    t.add_argument("--lr", type=positive_float, required=True, help="learning rate")
+    t.add_argument("--batch-size", type=positive_int, required=True, help="expected batch size L (q = L/N)")
+    t.add_argument("--epsilon", type=positive_float, help="target epsilon (private optimizers)")
+    t.add_argument("--epochs", type=positive_int, required=True, help="E; T = round(E N / L) steps")
+    t.add_argument("--seed", type=nonnegative_int, required=True)
     t.add_argument("--out", required=True, help="output .parquet file (written atomically)")
     t.add_argument("--run-id", help="name recorded in the run (default: the output file's stem)")
-    t.add_argument("--noise-multiplier", type=float, help="use this sigma instead of calibrating it from epsilon")
-    t.add_argument("--delta", type=float, default=1e-5)
-    t.add_argument("--clip-norm", type=float, default=1.0, help="C")
+    t.add_argument("--noise-multiplier", type=nonnegative_float,
+                   help="use this sigma instead of calibrating it from epsilon")
+    t.add_argument("--delta", type=probability, default=1e-5)
+    t.add_argument("--clip-norm", type=positive_float, default=1.0, help="C")
     t.add_argument("--flat-clipping", action="store_true", help="g/max(1,|g|/C) instead of normalised clipping")
     t.add_argument("--accountant", default="prv", choices=["prv", "rdp"])
     t.add_argument("--hp", type=_hp, action="append", metavar="KEY=VALUE", help="optimizer hyperparameter")
-    t.add_argument("--max-steps", type=_positive_int, help="stop after N steps (epsilon is reported for them)")
-    t.add_argument("--train-subset", type=_positive_int, help="train on a random subset of N examples")
-    t.add_argument("--test-subset", type=_positive_int, help="evaluate on a random subset of N examples")
-    t.add_argument("--validation-size", type=int, default=0,
+    t.add_argument("--max-steps", type=positive_int, help="stop after N steps (epsilon is reported for them)")
+    t.add_argument("--train-subset", type=positive_int, help="train on a random subset of N examples")
+    t.add_argument("--test-subset", type=positive_int, help="evaluate on a random subset of N examples")
+    t.add_argument("--validation-size", type=nonnegative_int, default=0,
                    help="hold N training examples out as a validation split for model selection")
     t.add_argument("--checkpoint", help="checkpoint file (default OUT.ckpt): saved every epoch and every "
                                         "--checkpoint-every seconds; a killed run resumes from it")
-    t.add_argument("--checkpoint-every", type=float, default=600.0, help="seconds between mid-epoch checkpoints")
+    t.add_argument("--checkpoint-every", type=nonnegative_float, default=600.0,
+                   help="seconds between mid-epoch checkpoints")
     t.add_argument("--data-dir", help="directory with the official dataset files")
     t.add_argument("--factorization", help="matrix mechanisms: the factorization .npz (dpbench factorize)")
     t.add_argument("--noise-file", help="matrix mechanisms: the correlated noise .npy (dpbench noise)")
     t.add_argument("--cache-dir", help="matrix mechanisms: where missing factorization/noise files are made "
                                        "(default $DPBENCH_CACHE_DIR or <tmp>/dpbench-cache)")
-    t.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    t.add_argument("--threads", type=_positive_int, help="torch CPU threads")
-    t.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines")
+    t.add_argument("--device", type=device, default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    t.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    t.add_argument("--progress-every", type=positive_float, default=10.0, help="seconds between progress lines")
     t.set_defaults(func=cmd_train)
 
     d = sub.add_parser("data", help="find (or download) a dataset, verify its checksums, write a manifest")
@@ -277,13 +384,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "se, se-lambda, me, me-lambda, identity")
     f.add_argument("--out", required=True, help="output .npz (written atomically)")
     f.add_argument("--report", help="the report as JSON (default: next to --out)")
-    f.add_argument("--tol", type=float, help="relative duality gap to stop at")
+    f.add_argument("--tol", type=positive_float, help="relative duality gap to stop at")
     f.set_defaults(func=cmd_factorize)
 
     n = sub.add_parser("noise", help="matrix mechanisms: write the correlated noise C^-1 Z (T x d, float32)")
     n.add_argument("--factorization", required=True, help="the factorization .npz")
-    n.add_argument("--dim", type=_positive_int, required=True, help="d, the number of model parameters")
-    n.add_argument("--seed", type=int, required=True, help="the run's noise seed (dpbench.seeds.stream_seeds)")
+    n.add_argument("--dim", type=positive_int, required=True, help="d, the number of model parameters")
+    n.add_argument("--seed", type=nonnegative_int, required=True,
+                   help="the run's noise seed (dpbench.seeds.stream_seeds)")
     n.add_argument("--out", required=True, help="output .npy (written atomically, JSON sidecar next to it)")
     n.set_defaults(func=cmd_noise)
 
@@ -292,27 +400,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="workflow configs (default: the three setups and the thesis grid)")
     c.add_argument("--costs", help="a cost file of benchmarks/bench_gpu.py costs (default: src/dpbench/gpu_costs.json "
                                    "if committed, else the assumed costs)")
-    c.add_argument("--cells-per-gpu", type=_positive_int, default=8, help="cells sharing one GPU (measured gain)")
+    c.add_argument("--cells-per-gpu", type=positive_int, default=8, help="cells sharing one GPU (measured gain)")
     c.set_defaults(func=cmd_cost)
 
     au = sub.add_parser("audit", help="empirical privacy audit of an optimizer (lower bound on epsilon, "
                                       "violation test)", description=AUDIT_HELP,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     au.add_argument("--optimizer", help="a private optimizer of the registry")
-    au.add_argument("--epsilon", type=float, help="the claimed epsilon (sigma is calibrated for it)")
+    au.add_argument("--epsilon", type=positive_float, help="the claimed epsilon (sigma is calibrated for it)")
     au.add_argument("--hp", type=_hp, action="append", metavar="KEY=VALUE", help="optimizer hyperparameter")
-    au.add_argument("--trials", type=_positive_int, default=2000, help="R: trials, half with the canary (even)")
+    au.add_argument("--trials", type=positive_int, default=2000, help="R: trials, half with the canary (even)")
     au.add_argument("--mode", default="trials", choices=["trials", "one-run"],
                     help="trials (default) or one-run (Steinke et al. 2023: 1000 canaries in one run; a smoke "
                          "test, never flags)")
-    au.add_argument("--beta", type=float, default=0.05, help="false-alarm probability of the audit")
-    au.add_argument("--delta", type=float, default=1e-5)
+    au.add_argument("--beta", type=probability, default=0.05, help="false-alarm probability of the audit")
+    au.add_argument("--delta", type=probability, default=1e-5)
     au.add_argument("--accountant", default="prv", choices=["prv", "rdp"],
                     help="the accountant sigma is calibrated with and whose privacy profile is tested")
-    au.add_argument("--seed", type=int, default=0)
+    au.add_argument("--seed", type=nonnegative_int, default=0)
     au.add_argument("--out", help="output .parquet (written atomically)")
     au.add_argument("--cache-dir", help="where matrix factorizations are cached (as for dpbench train)")
-    au.add_argument("--threads", type=_positive_int, help="torch CPU threads")
+    au.add_argument("--threads", type=positive_int, help="torch CPU threads")
     au.add_argument("--self-test", action="store_true", help="audit the built-in mutants and correct mechanisms")
     au.set_defaults(func=cmd_audit)
 
@@ -323,9 +431,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dpbench import watch
     from dpbench.data import DataError
 
     args = build_parser().parse_args(argv)
+    watch.start()  # started by the workflow: stop when it is gone (dpbench.watch)
     try:
         return args.func(args)
     except (ValueError, KeyError, DataError) as exc:
@@ -333,6 +443,14 @@ def main(argv: list[str] | None = None) -> int:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"dpbench {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        # the system refused (a full disk, a missing or unreadable file): one line naming the file
+        message = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror or str(exc)
+        print(f"dpbench {args.command}: error: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"dpbench {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from typing import BinaryIO, Mapping
 
 import numpy as np
 
+from dpbench.files import umask
+
 
 class DataError(RuntimeError):
     """A dataset file is missing, corrupt, or not the official one."""
@@ -430,7 +432,7 @@ def download(
                 out.flush()
                 os.fsync(out.fileno())
             _read_checked(name, Path(tmp), filename, expected)
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600; data dirs are often shared
+            os.chmod(tmp, 0o666 & ~umask())  # mkstemp creates 0600; data dirs are often shared
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):

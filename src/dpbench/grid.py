@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +29,24 @@ class ConfigError(ValueError):
 
 
 def fmt(x: float) -> str:
-    """Canonical short form of a number for cell ids: 0.001 -> 1e-03, 10.0 -> 10."""
-    return f"{x:g}"
+    """The form of a number in cell ids: the short ``%g`` form where it reads back as the same
+    number (0.001, 1e-05, 10.0 -> 10), else the shortest exact one (0.1000001), so that two
+    values never share an id and an id's number is exactly the cell's."""
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    short = f"{x:g}"
+    return short if float(short) == x else repr(x)
+
+
+def _hp_text(value: Any) -> str:
+    """A hyperparameter value as ``dpbench train --hp KEY=VALUE`` reads it back exactly (JSON,
+    so true stays a bool and 0.30000000000000004 a float; a plain word as itself)."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return json.dumps(value)
 
 
 @dataclass(frozen=True, order=True)
@@ -62,7 +81,7 @@ class Cell:
         if self.epsilon is not None:
             args += ["--epsilon", repr(self.epsilon)]
         for key, value in self.hyperparameters:
-            args += ["--hp", f"{key}={value}"]
+            args += ["--hp", f"{key}={_hp_text(value)}"]
         for key, flag in (("delta", "--delta"), ("clip_norm", "--clip-norm"), ("accountant", "--accountant"),
                           ("max_steps", "--max-steps"), ("train_subset", "--train-subset"),
                           ("test_subset", "--test-subset"), ("validation_size", "--validation-size")):
@@ -114,11 +133,39 @@ def refuse_deployment_keys(config: dict[str, Any]) -> None:
                               f"{where} (see workflow/profiles and config/README.md)")
 
 
+def refuse_inherited_grid(configfiles, given: dict[str, Any]) -> None:
+    """Snakemake merges the configs given with --configfile (``given``: their merged content)
+    over the Snakefile's default config, config/config.yaml, so a config without ``grid:``
+    would silently train the default's cells: refused, naming the files."""
+    if configfiles and "grid" not in (given or {}):
+        names = ", ".join(map(str, configfiles))
+        raise ConfigError(f"config {names} has no grid: (the cells to train), so the default config's grid "
+                          "(config/config.yaml) would run in its place; give the grid (config/README.md; `grid: []` in a config that only audits), or "
+                          "leave out --configfile to run the default workflow")
+
+
+def refuse_non_finite(value: Any, path: str = "") -> None:
+    """No key takes an infinite or NaN number (YAML's .inf, .nan), which JSON schema's bounds
+    let through (NaN compares false with every bound): refused naming the key."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"config key {path or '<top level>'}: {value} is not a finite number")
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        refuse_non_finite(item, f"{path}.{key}" if path else str(key))
+
+
+def precheck(config: dict[str, Any]) -> None:
+    """The checks that come before schema validation, whose messages would be less precise:
+    deployment keys (where each went) and non-finite numbers."""
+    refuse_deployment_keys(config)
+    refuse_non_finite(config)
+
+
 def validate(config: dict[str, Any]) -> dict[str, Any]:
     """Schema validation with defaults filled in, then the checks a schema cannot express."""
     import jsonschema
 
-    refuse_deployment_keys(config)
+    precheck(config)
 
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
     validator_cls = jsonschema.validators.extend(
@@ -150,7 +197,7 @@ def expand(config: dict[str, Any]) -> list[Cell]:
     from dpbench.optimizers import OPTIMIZERS
     from dpbench.problems import PROBLEMS
 
-    cells: set[Cell] = set()
+    cells: dict[str, Cell] = {}
     for b, block in enumerate(config.get("grid", [])):
         where = f"grid.{b}"
         n_seeds = block.get("seeds", 1)
@@ -168,16 +215,45 @@ def expand(config: dict[str, Any]) -> list[Cell]:
             settings = dict(settings)
             lrs = _as_list(settings.pop("lr"))
             hp_axes = {k: _as_list(v) for k, v in sorted(settings.items())}
-            try:
-                spec.hyperparameters({k: v[0] for k, v in hp_axes.items()})
-            except ValueError as exc:
-                raise ConfigError(f"config key {where}.optimizers.{name}: {exc}") from None
+            for key, values in hp_axes.items():
+                for value in values:
+                    try:
+                        spec.hyperparameters({key: value})
+                    except ValueError as exc:
+                        raise ConfigError(f"config key {where}.optimizers.{name}: {exc}") from None
+                    if isinstance(value, str) and not _ID_WORD.fullmatch(value):
+                        raise ConfigError(f"config key {where}.optimizers.{name}.{key}: {value!r} cannot be part of "
+                                          f"a cell id (letters, digits and _ . + - only)")
             epsilons = [None] if not spec.private else [float(e) for e in block.get("epsilons", [])]
             if not epsilons:
                 raise ConfigError(f"config key {where}.epsilons: private optimizer {name!r} needs at least one epsilon")
             for problem, L, E, eps, lr, s, hp in itertools.product(
                     block["problems"], block["batch_sizes"], block["epochs"], epsilons, lrs, seed_indices,
                     itertools.product(*hp_axes.values())):
-                cells.add(Cell(problem, name, int(L), int(E), eps, float(lr), s, seeds[s],
-                               tuple(zip(hp_axes, hp))))
-    return sorted(cells, key=lambda c: c.id)
+                # a hyperparameter at its default is the cell that leaves it out: one cell, one id
+                given = tuple((k, v) for k, v in zip(hp_axes, hp) if not _same(v, spec.defaults[k]))
+                cell = Cell(problem, name, int(L), int(E), eps, float(lr), s, seeds[s], given)
+                other = cells.setdefault(cell.id, cell)
+                if other != cell:
+                    raise ConfigError(f"config key {where}.optimizers.{name}: {_difference(other, cell)} give the "
+                                      f"same cell id {cell.id!r}; give values that differ in the id")
+    return sorted(cells.values(), key=lambda c: c.id)
+
+
+_ID_WORD = re.compile(r"[A-Za-z0-9_.+-]+")
+
+
+def _same(value: Any, default: Any) -> bool:
+    """Whether a given hyperparameter value is its default (1 and 1.0 are; 1 and true are not)."""
+    if isinstance(value, bool) or isinstance(default, bool):
+        return value is default
+    numbers = isinstance(value, (int, float)) and isinstance(default, (int, float))
+    return (numbers or type(value) is type(default)) and value == default
+
+
+def _difference(a: Cell, b: Cell) -> str:
+    """The values in which two cells with the same id differ, e.g. "bands values '8' and 8"."""
+    pairs = [("lr", a.lr, b.lr), ("epsilon", a.epsilon, b.epsilon)]
+    ha, hb = dict(a.hyperparameters), dict(b.hyperparameters)
+    pairs += [(k, ha.get(k), hb.get(k)) for k in sorted(set(ha) | set(hb))]
+    return ", ".join(f"{k} values {x!r} and {y!r}" for k, x, y in pairs if x != y or type(x) is not type(y))

@@ -19,6 +19,7 @@ source and sampler seeded from the same streams. Both build them here:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,8 @@ def calibrate_noise(spec: OptimizerSpec, plan: Plan, *, target_epsilon: float | 
     if not spec.private:
         return 0.0, SOURCE_NON_PRIVATE
     if noise_multiplier is not None:
+        if not 0 <= noise_multiplier < math.inf:
+            raise ValueError(f"noise multiplier must be finite and >= 0, got {noise_multiplier}")
         return float(noise_multiplier), SOURCE_GIVEN
     if target_epsilon is None:
         raise ValueError(f"optimizer {spec.name!r} is private: give a target epsilon or a noise multiplier")

@@ -171,6 +171,7 @@ class PoissonSubsampledGaussian:
         return accounting.epsilon(history, delta, accountant)
 
     def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float:
+        accounting.check_target(target_epsilon, delta)
         delta = self._delta(plan, delta)
         return accounting.calibrate(
             lambda s: self._epsilon(self.history(plan, s, plan.steps), delta, accountant), target_epsilon)

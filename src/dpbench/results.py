@@ -3,7 +3,8 @@
 Rows are the metrics in long form (``split`` = "train" rows per step, "test" rows per
 epoch); the run's metadata (every setting, the privacy promised and delivered, timing,
 provenance) is JSON in the file's key-value metadata under ``dpbench``. Files are written
-atomically: a crash never leaves a partial file under the final name.
+atomically: a crash never leaves a partial file under the final name. Every data page carries
+a CRC-32, verified on reading: a damaged file is refused naming it, never read as wrong numbers.
 
 What is private. A DP run releases its sequence of models; anything computed from those and
 from public data (the test set) is post-processing and covered by the run's (epsilon, delta).
@@ -28,6 +29,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from dpbench.files import chmod_like_open, is_no_space, no_space, partial_prefix, remove_stale_partials
 
 META_KEY = b"dpbench"
 SCHEMA_VERSION = 1
@@ -136,24 +139,59 @@ def not_private_columns(path: str | Path) -> dict[str, str]:
 
 
 def _atomic_write(table: pa.Table, path: Path) -> Path:
+    """Writes with a CRC-32 on every data page (verified by ``read_table``), under a temporary
+    name renamed into place, with the mode ``open()`` would give (``files.chmod_like_open``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    remove_stale_partials(path)
+    fd, tmp = tempfile.mkstemp(prefix=partial_prefix(path), suffix=".tmp", dir=path.parent)
     try:
-        pq.write_table(table, tmp)
+        chmod_like_open(fd)
+        os.close(fd)
+        pq.write_table(table, tmp, write_page_checksum=True)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if is_no_space(exc):
+            raise no_space(exc, "the table", path, "free space and run again") from exc
         raise
     return path
 
 
+class DamagedFileError(ValueError):
+    """A Parquet file that cannot be read back as written; the message names it and the fix."""
+
+
+def _damaged(path: str | Path, exc: BaseException) -> DamagedFileError:
+    return DamagedFileError(f"run file {path} is damaged ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                            "delete it and run the workflow again, which retrains that cell")
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """A Parquet file written here, its page checksums verified: a damaged file is an error
+    naming it, never a table of wrong numbers. (Files written before checksums were stored
+    are read unverified.)"""
+    try:
+        return pd.read_parquet(path, page_checksum_verification=True)
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        raise _damaged(path, exc) from None
+
+
 def read_meta(path: str | Path) -> dict[str, Any]:
-    raw = pq.read_schema(path).metadata or {}
+    try:
+        raw = pq.read_schema(path).metadata or {}
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        raise _damaged(path, exc) from None
     if META_KEY not in raw:
         raise ValueError(f"{path} is not a dpbench run file (no {META_KEY.decode()!r} metadata)")
-    return _restore(json.loads(raw[META_KEY]))
+    try:
+        return _restore(json.loads(raw[META_KEY]))
+    except ValueError as exc:
+        raise _damaged(path, exc) from None
 
 
 def read_run(path: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
-    return pd.read_parquet(path), read_meta(path)
+    return read_table(path), read_meta(path)

@@ -10,6 +10,8 @@ its sampler, built exactly as the empirical audit builds them), ``Checkpoint``/`
 
 from __future__ import annotations
 
+import hashlib
+import io
 import math
 import os
 import sys
@@ -24,6 +26,7 @@ import torch
 from torch import nn
 
 from dpbench import accounting, cuda, data
+from dpbench.files import is_no_space, no_space, partial_prefix, remove_stale_partials
 from dpbench.harness import Assembly, assemble, build_model, calibrate_noise
 from dpbench.mechanisms import Plan
 from dpbench.optimizers.registry import OptimizerSpec
@@ -65,17 +68,17 @@ class RunConfig:
         if spec.name != self.optimizer:
             raise ValueError(f"optimizer {self.optimizer!r} was given the spec of {spec.name!r}")
         get_problem(self.problem)
-        for name in ("lr", "batch_size", "epochs", "delta", "clip_norm"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("lr", "batch_size", "epochs", "clip_norm") + (("epsilon",) if self.epsilon is not None else ()):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be positive and finite, got {getattr(self, name)}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
         if spec.private and self.noise_multiplier is None and self.epsilon is None:
             raise ValueError(f"optimizer {self.optimizer!r} is private: give --epsilon or --noise-multiplier")
-        if self.noise_multiplier is not None and self.noise_multiplier < 0:
-            raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier}")
+        if self.noise_multiplier is not None and not 0 <= self.noise_multiplier < math.inf:
+            raise ValueError(f"noise_multiplier must be >= 0 and finite, got {self.noise_multiplier}")
         if self.validation_size < 0:
             raise ValueError(f"validation_size must be >= 0, got {self.validation_size}")
-        if self.epsilon is not None and not self.epsilon > 0:
-            raise ValueError(f"epsilon must be positive, got {self.epsilon}")
         spec.hyperparameters(self.hyperparameters)
 
 
@@ -86,9 +89,19 @@ class RunResult:
 
 
 def resolve_device(device: str) -> torch.device:
+    """The torch device of ``device`` (auto: the GPU where there is one); a CUDA device this
+    machine does not have is an error saying so (not a failure after the data is loaded)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "without CUDA" if torch.version.cuda is None else f"with CUDA {torch.version.cuda}"
+            raise ValueError(f"{device}: no CUDA GPU is available (torch {torch.__version__}, built {build}); "
+                             "use --device cpu (or auto)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{device}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    return dev
 
 
 def _subset(n: int, k: int | None, seed: int) -> np.ndarray | None:
@@ -251,18 +264,44 @@ class Trace:
 class Checkpoint:
     """Everything needed to continue a run exactly where it stopped: the calibration, model,
     optimizer and noise state, sampler and loss RNGs, and the trace so far. Written
-    atomically; a checkpoint of another configuration, or made by other code (``code_key``,
-    e.g. ``fingerprint.optimizer_fingerprint``), is ignored with a message, never reused."""
+    atomically (temporary name, fsync, rename) with a SHA-256 of its payload, verified on
+    load: a damaged checkpoint (truncated, zeroed, bytes changed) is moved aside with a
+    message naming it and the run starts afresh, never resumes from it. A checkpoint of
+    another configuration, or made by other code (``code_key``, e.g.
+    ``fingerprint.optimizer_fingerprint``), is ignored with a message, never reused. A failed
+    write (a full disk) removes its temporary file and stops the run naming the file."""
+
+    MAGIC = b"dpbench checkpoint 2\n"  # then the payload's SHA-256 (32 bytes), then torch.save's bytes
 
     def __init__(self, path: str | Path | None, cfg: RunConfig, code_key: str | None = None):
         self.path = Path(path) if path else None
         self.key = {k: v for k, v in asdict(cfg).items() if k not in VOLATILE}
         self.key["code"] = code_key
 
+    def _read(self) -> dict:
+        raw = self.path.read_bytes()
+        head = len(self.MAGIC)
+        if not raw.startswith(self.MAGIC):
+            raise ValueError("it does not start as a dpbench checkpoint")
+        digest, payload = raw[head:head + 32], raw[head + 32:]
+        if hashlib.sha256(payload).digest() != digest:
+            raise ValueError("its SHA-256 does not match its contents")
+        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+
     def load(self) -> dict | None:
-        if self.path is None or not self.path.exists():
+        if self.path is None:
             return None
-        state = torch.load(self.path, map_location="cpu", weights_only=False)
+        remove_stale_partials(self.path)
+        if not self.path.exists():
+            return None
+        try:
+            state = self._read()
+        except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it is not resumed from
+            aside = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+            os.replace(self.path, aside)
+            print(f"checkpoint {self.path} is damaged ({exc}); moved it to {aside}, starting afresh",
+                  file=sys.stderr, flush=True)
+            return None
         if state.get("key") != self.key:
             print(f"checkpoint {self.path} belongs to another configuration; starting afresh",
                   file=sys.stderr, flush=True)
@@ -273,9 +312,24 @@ class Checkpoint:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        torch.save({"key": self.key, **state}, tmp)
-        os.replace(tmp, self.path)
+        tmp = self.path.with_name(partial_prefix(self.path) + "tmp")
+        try:
+            buffer = io.BytesIO()
+            torch.save({"key": self.key, **state}, buffer)
+            payload = buffer.getbuffer()
+            with open(tmp, "wb") as f:  # mode as open() gives it: the umask's
+                f.write(self.MAGIC)
+                f.write(hashlib.sha256(payload).digest())
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException as exc:
+            tmp.unlink(missing_ok=True)
+            if is_no_space(exc):
+                raise no_space(exc, "the checkpoint", self.path,
+                               "free space and run again; the run resumes from its last checkpoint") from exc
+            raise
 
 
 def checkpoint_state(calibration: Calibration, parts: Assembly, loss_gen: torch.Generator, trace: Trace) -> dict:

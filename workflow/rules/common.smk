@@ -11,26 +11,45 @@ min_version("9.0")
 
 SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
-from dpbench import cluster  # noqa: E402
+from dpbench import cluster, watch  # noqa: E402
 from dpbench.fingerprint import figure_fingerprint, modules_fingerprint, optimizer_fingerprint  # noqa: E402
-from dpbench.grid import ConfigError, expand as expand_grid, refuse_deployment_keys  # noqa: E402
+from dpbench.grid import ConfigError, expand as expand_grid, precheck, refuse_inherited_grid  # noqa: E402
 
 FIGURES_GIVEN = "figures" in config  # else the schema's default, {fig5_1: {}}, fills it in
 try:
-    refuse_deployment_keys(config)
+    # a --configfile without grid: would inherit the default config's grid
+    refuse_inherited_grid(workflow.overwrite_configfiles, workflow.config_settings.overwrite_config)
+    precheck(config)  # deployment keys moved to the profiles, non-finite numbers
     validate(config, "../schemas/config.schema.yaml")
     CELLS = {cell.id: cell for cell in expand_grid(config)}
 except ConfigError as exc:
     raise WorkflowError(str(exc))
 
 RESULTS = config["results_dir"]
-# What each job runs (passed in as params.dpbench), namely the package from src/ with the
-# interpreter running Snakemake (the venv), or the job's conda environment under
-# --software-deployment-method conda. Paths are relative to the working directory, so that
-# moving the repository does not change the rules' params and rerun everything.
+# Jobs stop when this Snakemake process is gone (kill -9 cannot be caught, and would leave
+# them running as orphans): every dpbench command watches the process named here
+# (dpbench.watch). Not a param: it changes with every invocation.
+os.environ[watch.ENV] = watch.token()
+# What each job runs (params.dpbench), namely the package from src/ with the interpreter
+# running Snakemake (the venv), or the job's conda environment under
+# --software-deployment-method conda; and where the data rule and training jobs look for the
+# dataset files (params.data_dir). Neither can change a result (the code is fingerprinted,
+# the dataset verified against its checksums by every job that reads it), so neither may be
+# a rerun trigger: Snakemake compares every param with its recorded value except those it
+# derives from a job's input, output, threads or resources, so these two are functions of
+# `resources` that do not use it. Moving the data, moving the repository or switching
+# between the venv and conda environments thus reruns nothing (tests/test_reruns.py).
 CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
 PYTHON = "python" if CONDA else os.path.relpath(sys.executable)
-DPBENCH = f"PYTHONPATH={shlex.quote(os.path.relpath(SRC))} {shlex.quote(PYTHON)} -m dpbench"
+
+
+def DPBENCH(wildcards, resources):
+    return f"PYTHONPATH={shlex.quote(os.path.relpath(SRC))} {shlex.quote(PYTHON)} -m dpbench"
+
+
+def DATA_DIR(wildcards, resources):
+    return shlex.quote(config["data_dir"])
+
 
 
 # Deployment (where jobs run, not what they compute) comes from the profile, never from the

@@ -5,7 +5,7 @@ rule data:
         f"{RESULTS}/logs/data/{{dataset}}.log",
     params:
         dpbench=DPBENCH,
-        data_dir=config["data_dir"],
+        data_dir=DATA_DIR,
     conda:
         ENVS["data"]
     shell:

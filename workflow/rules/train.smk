@@ -10,7 +10,7 @@ rule train:
     params:
         dpbench=DPBENCH,
         args=train_args,
-        data_dir=config["data_dir"],
+        data_dir=DATA_DIR,
         code=train_code,
     threads: 1  # the profile's set-threads: train=N raises it
     group:

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 from scipy import linalg
 
+from dpbench.files import chmod_like_open, partial_prefix, remove_stale_partials
 from dpbench.matrix import sensitivity as sens
 from dpbench.matrix.dual import dual_ascent
 from dpbench.matrix.fixed_point import fixed_point
@@ -186,8 +187,10 @@ def factorize(key: str, *, tol: float | None = None, log: Callable[[str], None] 
 
 def _atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    remove_stale_partials(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=partial_prefix(path), suffix=".tmp")
     try:
+        chmod_like_open(fd)
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()

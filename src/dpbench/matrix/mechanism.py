@@ -120,8 +120,7 @@ class MatrixMechanism:
     def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float:
         """Exact: the smallest sigma making one Gaussian release of sensitivity sens(C)
         (epsilon, delta)-DP (Balle & Wang; the accountant argument does not apply)."""
-        if not target_epsilon > 0:
-            raise ValueError(f"target epsilon must be positive, got {target_epsilon}")
+        accounting.check_target(target_epsilon, delta)
         return accounting.gaussian_noise_multiplier(target_epsilon, delta,
                                                     sensitivity=plan.extras["factorization"].sensitivity)
 

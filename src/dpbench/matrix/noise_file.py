@@ -43,7 +43,6 @@ import json
 import math
 import os
 import resource
-import socket
 import sys
 import tempfile
 import time
@@ -52,6 +51,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from dpbench.files import HOST as _HOST
+from dpbench.files import chmod_like_open, is_no_space, no_space, partial_prefix
+from dpbench.files import remove_stale_partials as _remove_stale_partials
 
 BLOCK = 1024  # columns per canonical block of Z
 FORMAT_VERSION = 2  # 2: the sidecar carries row_crc32
@@ -88,22 +91,6 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-_HOST = socket.gethostname().replace(".", "_")
-
-
-def _remove_stale_partials(path: Path) -> None:
-    """Delete temporary files of writers of ``path`` on this host that died (a killed job
-    would otherwise leave up to T x d x 4 bytes behind); live writers' files are kept."""
-    for tmp in path.parent.glob(f".{path.name}.{_HOST}.*.tmp"):
-        try:
-            pid = int(tmp.name[len(f".{path.name}.{_HOST}."):].split(".")[0])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            tmp.unlink(missing_ok=True)
-        except (ValueError, PermissionError):
-            pass
-
-
 def write_noise(path: str | Path, noising: np.ndarray, dim: int, seed: int, *, chunk_blocks: int | None = None,
                 meta: dict[str, Any] | None = None, log: Callable[[str], None] | None = None,
                 chunk_bytes: int = 256 * 2**20) -> dict[str, Any]:
@@ -122,9 +109,10 @@ def write_noise(path: str | Path, noising: np.ndarray, dim: int, seed: int, *, c
     row_edges = np.linspace(0, steps, min(8, steps) + 1).astype(int)
     t0 = time.perf_counter()
     _remove_stale_partials(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{_HOST}.{os.getpid()}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=partial_prefix(path), suffix=".tmp")
     meta_tmp = None
     try:
+        chmod_like_open(fd)
         with os.fdopen(fd, "wb") as f:
             np.lib.format.write_array_header_1_0(
                 f, {"descr": np.lib.format.dtype_to_descr(np.dtype("<f4")), "fortran_order": False,
@@ -166,6 +154,7 @@ def write_noise(path: str | Path, noising: np.ndarray, dim: int, seed: int, *, c
         }
         mp = meta_path(path)
         mfd, meta_tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{mp.name}.", suffix=".tmp")
+        chmod_like_open(mfd)
         with os.fdopen(mfd, "w") as m:
             m.write(json.dumps(info, indent=2, sort_keys=True) + "\n")
         os.replace(meta_tmp, mp)
@@ -174,11 +163,10 @@ def write_noise(path: str | Path, noising: np.ndarray, dim: int, seed: int, *, c
         for partial in (tmp, meta_tmp):
             if partial and os.path.exists(partial):
                 os.unlink(partial)
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            raise OSError(errno.ENOSPC, f"no space left on device while writing the noise file {path} "
-                                        f"({steps} x {dim} float32 = {steps * dim * 4 / 1e9:.2f} GB); "
-                                        "its partial file was removed: free space (or choose another "
-                                        "cache directory) and run again") from exc
+        if is_no_space(exc):
+            raise no_space(exc, "the noise file", path, f"it needs {steps} x {dim} float32 = "
+                                                        f"{steps * dim * 4 / 1e9:.2f} GB; free space (or choose "
+                                                        "another cache directory) and run again") from exc
         raise
     return info
 

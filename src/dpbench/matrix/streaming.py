@@ -92,8 +92,7 @@ class _FixedOrderMechanism:
     def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float:
         """Exact: the smallest sigma making one Gaussian release of sensitivity sens(C)
         (epsilon, delta)-DP (Balle & Wang; the accountant argument does not apply)."""
-        if not target_epsilon > 0:
-            raise ValueError(f"target epsilon must be positive, got {target_epsilon}")
+        accounting.check_target(target_epsilon, delta)
         return accounting.gaussian_noise_multiplier(target_epsilon, delta, sensitivity=plan.extras["sensitivity"])
 
     def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
@@ -321,6 +320,7 @@ class AmplifiedBandedMechanism:
                                       plan.extras["bands"])
 
     def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float:
+        accounting.check_target(target_epsilon, delta)
         sigma = accounting.calibrate_noise_multiplier(target_epsilon, plan.sample_rate, plan.extras["rounds"], delta,
                                                       accountant)
         return sigma * plan.extras["max_column_norm"]

@@ -87,8 +87,7 @@ class UnamplifiedGaussian(PoissonSubsampledGaussian):
     name = "gaussian-composition-without-amplification"
 
     def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float:
-        if not target_epsilon > 0:
-            raise ValueError(f"target epsilon must be positive, got {target_epsilon}")
+        accounting.check_target(target_epsilon, delta)
         return accounting.gaussian_noise_multiplier(target_epsilon, delta, sensitivity=math.sqrt(plan.steps))
 
     def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -23,10 +25,22 @@ class OptimizerSpec:
     audit: AuditSpec | None = None  # how dpbench.audit attacks it (None: its mechanism's AuditSpec)
 
     def hyperparameters(self, given: dict[str, Any] | None) -> dict[str, Any]:
-        """The defaults overridden by ``given``; an unknown name is an error that names it."""
+        """The defaults overridden by ``given``; an unknown name, or a value of another kind than
+        its default (a number for a number, true/false for a flag), is an error that names it.
+        Hyperparameters whose default is a word or None (``bands: auto``, ``tau``) are checked
+        by their optimizer."""
         given = dict(given or {})
         unknown = sorted(set(given) - set(self.defaults))
         if unknown:
             allowed = ", ".join(sorted(self.defaults)) or "none"
             raise ValueError(f"optimizer {self.name!r} has no hyperparameter {unknown[0]!r} (it takes: {allowed})")
+        for name, value in given.items():
+            default = self.defaults[name]
+            if isinstance(default, bool) and not isinstance(value, bool):
+                raise ValueError(f"hyperparameter {name!r} of {self.name!r} takes true or false "
+                                 f"(default {str(default).lower()}), got {value!r}")
+            if isinstance(default, (int, float)) and not isinstance(default, bool) and (
+                    isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)):
+                raise ValueError(f"hyperparameter {name!r} of {self.name!r} takes a finite number "
+                                 f"(default {default}), got {value!r}")
         return {**self.defaults, **given}

@@ -1,0 +1,71 @@
+"""What every file the package writes shares: its permissions and its failure messages.
+
+Files are written to a temporary name (``tempfile.mkstemp``) and renamed into place, so a
+reader never sees a partial file. ``mkstemp`` creates its file with mode 0600; on a lab's
+shared results directory that makes results, aggregates and caches unreadable to everyone
+else, so each writer gives the file the mode ``open()`` would, 0666 masked by the umask
+(``chmod_like_open``), before renaming it. A writer removes its temporary file on every
+failure it sees; a killed writer cannot, so temporary names carry the host and the process id
+(``partial_prefix``) and the next writer removes those of dead processes on its host
+(``remove_stale_partials``). ``no_space`` words a full disk as one line naming the file and
+the fix. Standard library only: the data and matrix environments import it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import threading
+from pathlib import Path
+
+_UMASK_LOCK = threading.Lock()
+HOST = socket.gethostname().replace(".", "_")
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc/self/status,
+    kernel >= 4.7); elsewhere set and restored at once, under a lock."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def chmod_like_open(fd: int) -> None:
+    """Give a file made by ``mkstemp`` (0600) the mode ``open()`` gives a new file."""
+    os.fchmod(fd, 0o666 & ~umask())
+
+
+def is_no_space(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def no_space(exc: OSError, what: str, path: str | Path, fix: str) -> OSError:
+    """One line for a full disk (or quota): what was being written, where, and what to do."""
+    return OSError(exc.errno, f"no space left on device while writing {what} {path} ({exc.strerror}); "
+                              f"its partial file was removed: {fix}")
+
+
+def partial_prefix(path: Path) -> str:
+    """The start of this process's temporary names for ``path`` (in its directory)."""
+    return f".{path.name}.{HOST}.{os.getpid()}."
+
+
+def remove_stale_partials(path: Path) -> None:
+    """Delete temporary files of writers of ``path`` on this host that died (a killed job
+    would otherwise leave them behind); live writers' files are kept."""
+    for tmp in path.parent.glob(f".{path.name}.{HOST}.*.tmp"):
+        try:
+            pid = int(tmp.name[len(f".{path.name}.{HOST}."):].split(".")[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except (ValueError, PermissionError):
+            pass
