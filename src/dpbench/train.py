@@ -252,12 +252,18 @@ class Checkpoint:
     """Everything needed to continue a run exactly where it stopped: the calibration, model,
     optimizer and noise state, sampler and loss RNGs, and the trace so far. Written
     atomically; a checkpoint of another configuration, or made by other code (``code_key``,
-    e.g. ``fingerprint.optimizer_fingerprint``), is ignored with a message, never reused."""
+    e.g. ``fingerprint.optimizer_fingerprint``), is ignored with a message, never reused.
 
-    def __init__(self, path: str | Path | None, cfg: RunConfig, code_key: str | None = None):
+    ``private``: the state holds secret noise state (the streamed mechanisms' recurrence
+    memory, from which, with the releases, the noise can be subtracted): the file is then
+    created with mode 0600 (readable by its owner only, whatever the umask). The CLI deletes
+    the checkpoint once the run file is written; the run file never holds noise state."""
+
+    def __init__(self, path: str | Path | None, cfg: RunConfig, code_key: str | None = None, private: bool = False):
         self.path = Path(path) if path else None
         self.key = {k: v for k, v in asdict(cfg).items() if k not in VOLATILE}
         self.key["code"] = code_key
+        self.private = private
 
     def load(self) -> dict | None:
         if self.path is None or not self.path.exists():
@@ -274,7 +280,13 @@ class Checkpoint:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        torch.save({"key": self.key, **state}, tmp)
+        if self.private:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.fchmod(fd, 0o600)  # also when tmp existed with a looser mode
+            with os.fdopen(fd, "wb") as f:
+                torch.save({"key": self.key, **state}, f)
+        else:
+            torch.save({"key": self.key, **state}, tmp)
         os.replace(tmp, self.path)
 
 
@@ -459,6 +471,8 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
                      noise_multiplier=calibration.sigma, clip_norm=cfg.clip_norm,
                      normalize_clipping=cfg.normalize_clipping, hyperparameters=cfg.hyperparameters,
                      noise_seed=seeds["noise"], sampler_seed=seeds["sampler"], n_train=n_train, device=device)
+    # a noise source whose state is secret (streamed correlated noise) makes checkpoints private files
+    ckpt.private = bool(getattr(parts.context.noise, "private_state", False))
     steps = plan.steps if cfg.max_steps is None else min(plan.steps, cfg.max_steps)
     trace = Trace.empty(steps, device)
     if saved:
