@@ -238,3 +238,35 @@ def test_workflow_factorizes_once_and_trains_streamed_cells(tmp_path, fmnist_dir
         assert matrix["key"] == keys[run.optimizer]
         assert matrix["factorization_file"] == f"out/cache/streaming/{keys[run.optimizer]}.json"
     assert not list(out.rglob("*.ckpt")) and not list(out.rglob("*.npy"))
+
+
+@pytest.mark.parametrize("name,value,ok", [("bands", "auto", True), ("bands", [16, "auto"], True), ("bands", 0, False),
+                                           ("bands", "16", False), ("bands", [1, -2], False), ("buffers", 8, True),
+                                           ("buffers", 9, False), ("buffers", "many", False)])
+def test_config_schema_accepts_auto_or_a_positive_integer(name, value, ok):
+    import copy
+
+    from dpbench.grid import ConfigError, expand, validate
+
+    optimizer = "dpmatrix-band-amp" if name == "bands" else "dpmatrix-blt"
+    config = {"grid": [{"problems": ["P2"], "batch_sizes": [32], "epochs": [1], "epsilons": [1],
+                        "optimizers": {optimizer: {"lr": 1.0, name: copy.deepcopy(value)}}}]}
+    if ok:
+        cells = expand(validate(config))
+        assert sorted((dict(c.hyperparameters)[name] for c in cells), key=str) == sorted(
+            value if isinstance(value, list) else [value], key=str)
+    else:
+        with pytest.raises(ConfigError, match=rf"grid\.0\.optimizers\.{optimizer}\.{name}: .*auto or"):
+            validate(config)
+
+
+def test_hp_flags_carry_auto_and_integers():
+    from dpbench.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--problem", "P2", "--optimizer", "dpmatrix-band-amp", "--lr", "1",
+                                      "--batch-size", "32", "--epochs", "1", "--seed", "0", "--out", "x.parquet",
+                                      "--hp", "bands=auto", "--hp", "buffers=3"])
+    assert args.hp == [("bands", "auto"), ("buffers", 3)]
+    mech = get_optimizer("dpmatrix-band").mechanism
+    with pytest.raises(ValueError, match="'bands' must be a positive integer or 'auto', got 'abc'"):
+        mech.key(600, 60, 1, cfg(hyperparameters={"bands": "abc"}))

@@ -162,7 +162,8 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     if errors:
         e = errors[0]
         key = ".".join(str(p) for p in e.absolute_path) or "<top level>"
-        raise ConfigError(f"config key {key}: {e.message}")
+        what = f" ({e.schema['description']})" if isinstance(e.schema, dict) and e.schema.get("description") else ""
+        raise ConfigError(f"config key {key}: {e.message}{what}")
     expand(config)  # semantic checks: optimizer names, hyperparameter names
     return config
 
