@@ -72,18 +72,18 @@ def ensure_factorization(cache_dir: str | Path, key: str, log: Callable[[str], N
     return path
 
 
-def ensure_streaming(cache_dir: str | Path, key: str, log: Callable[[str], None] | None = None) -> Path:
-    """The file of a streaming factorization key (streaming_file.py), computed if missing."""
-    from dpbench.matrix import streaming, streaming_file
-
-    path = streaming_path(cache_dir, key)
+def ensure_file(path: Path, make: Callable[[Path], None], log: Callable[[str], None] | None = None,
+                what: str = "") -> Path:
+    """``path``, made by ``make(path)`` if missing, under an exclusive lock (concurrent runs make
+    each file once; ``make`` writes atomically). The streamed mechanisms' factorizations are
+    made this way (matrix/streaming.py)."""
     if path.exists():
         return path
     with _locked(path):
         if not path.exists():
             if log:
-                log(f"factorizing {key} into {path}")
-            streaming_file.save(streaming.compute(key), path)
+                log(f"making {what or path.name} into {path}")
+            make(path)
     return path
 
 
