@@ -1,4 +1,5 @@
-"""The thesis grids (Zaki 2025, section 4.1: Setups 1-3, 2,476 runs) as configs, and the DAG they build."""
+"""The thesis grids (Zaki 2025, section 4.1: Setups 1-3, 2,476 runs) as configs, and the DAG they build;
+the beyond-thesis configs (Setups 2 and 3 with the streamed mechanisms)."""
 
 import json
 import subprocess
@@ -91,3 +92,52 @@ def test_every_configured_figure_draws_its_setup(name):
         data = figures.heatmap_data(figures.select_runs(runs, figures.THESIS_FILTERS["fig5_7"]), "P1")
         assert set(data.optimizer) == {"dpsgd", "dpmatrix-me", "dpmatrix-me-lambda"}
         assert set(data.batch_size) == {1024, 2048}
+
+
+STREAMED = {"dpmatrix-band", "dpmatrix-band-amp", "dpmatrix-blt"}
+BEYOND = {"beyond-setup2": ("setup2", 120, {"fig5_2", "fig5_6"}),
+          "beyond-setup3": ("setup3", 288, {"fig5_2", "fig5_7", "fig5_8"})}
+
+
+@pytest.mark.parametrize("name", BEYOND)
+def test_beyond_configs_are_their_setup_plus_the_streamed_mechanisms(name):
+    setup, runs, figure_ids = BEYOND[name]
+    cells, base = set(expand(load_config(REPO / "config" / f"{name}.yaml"))), set(
+        expand(load_config(REPO / "config" / f"{setup}.yaml")))
+    assert len(cells) == runs and base <= cells  # the setup's cells, same ids and seeds
+    new = cells - base
+    assert {c.optimizer for c in new} == STREAMED and len(new) == len(base)
+    # the same grid otherwise: every (problem, L, epsilon, E, lr, seed) of the setup, for each new optimizer
+    axes = {(c.problem, c.batch_size, c.epsilon, c.epochs, c.lr, c.seed) for c in base}
+    for optimizer in STREAMED:
+        assert {(c.problem, c.batch_size, c.epsilon, c.epochs, c.lr, c.seed) for c in new
+                if c.optimizer == optimizer} == axes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BEYOND)
+def test_beyond_figures_draw_every_mechanism_of_their_grid(name):
+    """Each figure of a beyond config draws from its grid, the streamed mechanisms included (a
+    bar per optimizer and epsilon in Fig. 5.2, a heatmap column per optimizer in 5.6-5.8)."""
+    _, _, figure_ids = BEYOND[name]
+    cfg = load_config(REPO / "config" / f"{name}.yaml")
+    assert set(cfg["figures"]) == figure_ids
+    cells = expand(cfg)
+    runs = synthetic_runs(cells)
+    optimizers = {c.optimizer for c in cells}
+    for figure_id, options in cfg["figures"].items():
+        fig = figures.build(figure_id, runs, **options)
+        assert not any("no runs" in t.get_text() for t in fig.texts), figure_id
+        titles = " ".join(ax.get_title() for ax in fig.axes) + " ".join(
+            t.get_text() for ax in fig.axes for t in (ax.get_legend().get_texts() if ax.get_legend() else []))
+        titles += " ".join(label.get_text() for ax in fig.axes for label in ax.get_xticklabels())
+        for optimizer in STREAMED:
+            assert figures.label(optimizer) in titles, (figure_id, optimizer)
+        figures.plt.close(fig)
+    problems = {c.problem for c in cells}
+    best = figures.best_per_setting(runs)
+    assert set(zip(best.problem, best.optimizer)) == {(p, o) for p in problems for o in optimizers}
+    for problem in problems:
+        heat = figures.heatmap_data(runs, problem)
+        assert set(heat.optimizer) == optimizers
+        assert len(heat) == len({(c.optimizer, c.epsilon, c.batch_size, c.lr) for c in cells if c.problem == problem})

@@ -6,6 +6,7 @@ BandMF equal to DP-SGD step for step."""
 
 import copy
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +21,13 @@ from dpbench.mechanisms import Plan
 from dpbench.noise import GaussianNoise
 from dpbench.optimizers import get_optimizer
 from dpbench.sampling import PoissonSampler
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path, monkeypatch):
+    """Plans without a cache directory compute their factorizations into this test's own."""
+    monkeypatch.setenv("DPBENCH_CACHE_DIR", str(tmp_path / "cache"))
+
 
 # parameters of a model stacking two replicas along the first axis, plus a bias
 SHAPES = [(2, 3), (4,)]
@@ -279,6 +287,7 @@ def test_band_mechanism_plan_calibration_and_report():
     rep = mech.report(plan, sigma, 30, 1e-5, "prv")
     assert rep["epsilon"] == pytest.approx(1.0, rel=1e-6) and rep["epsilon_rdp"] >= rep["epsilon"]
     assert rep["matrix"]["bands"] == 10 and len(rep["matrix"]["coefficients"]) == 10
+    assert rep["matrix"]["key"] == "band-n30-b10" and rep["matrix"]["factorization_file"].endswith("band-n30-b10.json")
     early = mech.report(plan, sigma, 12, 1e-5, "prv")  # stopped after 12 steps: C_used[:12, :12]
     assert early["strategy_sensitivity_steps_taken"] == pytest.approx(
         dense_sensitivity.prefix_sensitivity(fact.matrix(), 3, 10, 12))
@@ -333,7 +342,50 @@ def test_band_one_amplified_run_equals_dpsgd_step_for_step(tiny_fmnist, tmp_path
     pa, pb = a.meta["privacy"], b.meta["privacy"]
     for key in ("noise_multiplier", "sample_rate", "epsilon", "epsilon_rdp", "planned_steps"):
         assert pa[key] == pb[key], key
-    assert list(tmp_path.iterdir()) == []  # a streamed run writes no noise file
+    # a streamed run writes no noise file: its cache holds the factorization (and its lock) only
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["band-n20-b1.json", "band-n20-b1.json.lock"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer,hp", [("dpmatrix-band", "bands=3"), ("dpmatrix-band-amp", "bands=2"),
+                                          ("dpmatrix-blt", "buffers=1")])
+def test_streamed_run_writes_no_file_larger_than_its_factorization(tiny_fmnist, tmp_path, monkeypatch, optimizer, hp):
+    """``dpbench train`` of a streamed mechanism, two epochs with a checkpoint at the first epoch
+    end: the bytes the process writes are its factorization, its checkpoint (mode 0600: it holds
+    the noise state) and its run file, nothing else; afterwards only the run file and the
+    factorization remain, and the run file is smaller than the noise state it must not hold."""
+    from dpbench import train
+    from dpbench.cli import main
+
+    io = Path("/proc/self/io")
+    if not io.exists():
+        pytest.skip("needs /proc/self/io (Linux)")
+
+    def written():
+        return int(next(x for x in io.read_text().splitlines() if x.startswith("wchar:")).split()[1])
+
+    checkpoints = []
+    original = train.Checkpoint.save
+
+    def save(self, state):
+        original(self, state)
+        checkpoints.append((self.path.stat().st_size, self.path.stat().st_mode & 0o777,
+                            state["step_fn"]["noise"]["state"].numel() * 4))
+    monkeypatch.setattr(train.Checkpoint, "save", save)
+    out, cache_dir = tmp_path / "runs" / "run.parquet", tmp_path / "cache"
+    before = written()
+    assert main(["train", "--problem", "P2", "--optimizer", optimizer, "--hp", hp, "--lr", "0.1", "--batch-size", "60",
+                 "--epochs", "2", "--seed", "1", "--noise-multiplier", "1.0", "--out", str(out),
+                 "--cache-dir", str(cache_dir), "--progress-every", "1e9"]) == 0
+    total = written() - before
+    files = {p.relative_to(tmp_path).as_posix(): p.stat().st_size for p in tmp_path.rglob("*") if p.is_file()}
+    (fact,) = [p for p in files if p.startswith("cache/streaming/") and p.endswith(".json")]
+    assert set(files) == {"runs/run.parquet", fact, fact + ".lock"}  # the checkpoint is gone
+    assert len(checkpoints) == 1 and checkpoints[0][1] == 0o600
+    ckpt_bytes, _, state_bytes = checkpoints[0]
+    assert state_bytes > 0 and files["runs/run.parquet"] < state_bytes
+    # everything written: factorization + checkpoint + run file (+ a few kB of messages): no noise file
+    assert total <= files[fact] + ckpt_bytes + files["runs/run.parquet"] + 16_384, total
 
 
 class _Interrupt(Exception):
@@ -376,6 +428,7 @@ def test_streamed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkey
         run_cell(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
     state = Checkpoint(ckpt, cfg).load()  # verified (its SHA-256), read to the CPU
     assert state["step_fn"]["noise"]["state"] is not None  # the noise state travels in the checkpoint
+    assert ckpt.stat().st_mode & 0o777 == 0o600  # ... which makes it a private file
     resumed = run_cell(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
     import pandas as pd
 

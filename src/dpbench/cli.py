@@ -201,9 +201,17 @@ def cmd_plot(args) -> int:
 
 
 def cmd_factorize(args) -> int:
-    from dpbench.matrix import factorization
+    from dpbench.matrix import factorization, streaming_file
     from dpbench.matrix.noise_file import log_stderr
 
+    if streaming_file.is_key(args.key):  # a streamed mechanism's: one JSON file, no noise file
+        from dpbench.matrix import streaming
+
+        if args.tol is not None or args.report:
+            raise ValueError(f"--tol and --report apply to dense factorizations, not to {args.key!r}")
+        streaming_file.save(streaming.compute(args.key), args.out)
+        print(Path(args.out).read_text(), end="")
+        return 0
     fact = factorization.factorize(args.key, tol=args.tol, log=log_stderr)
     factorization.save(fact, args.out, args.report)
     print(factorization.report_json(fact.report), end="")
@@ -213,6 +221,11 @@ def cmd_factorize(args) -> int:
 def cmd_noise(args) -> int:
     from dpbench.matrix import factorization, noise_file
 
+    if args.estimate:
+        return noise_estimate(args.estimate)
+    missing = [f"--{n.replace('_', '-')}" for n in ("factorization", "dim", "seed", "out") if getattr(args, n) is None]
+    if missing:
+        raise ValueError(f"writing a noise file needs {', '.join(missing)} (or --estimate CONFIG)")
     fact = factorization.load(args.factorization)
     info = noise_file.write_noise(args.out, fact.noising, args.dim, args.seed, log=noise_file.log_stderr,
                                   meta={"factorization_key": fact.key, "factorization_digest": fact.digest})
@@ -284,6 +297,53 @@ is flagged and no correct mechanism is.
 """
 
 
+def noise_estimate(config_path: str) -> int:
+    """The disk the matrix mechanisms of a workflow config need, before anything runs: each
+    noise file (T x d float32) and factorization the dense mechanisms' cells read, with the cells
+    that read it, the total, and the free space where they go. Streamed mechanisms write no
+    noise file; their factorizations are listed by count."""
+    import shutil
+
+    from dpbench.grid import expand, load_config
+    from dpbench.matrix import cache, factorization, noise_file
+
+    config = load_config(config_path)
+    cache_dir = Path(config["results_dir"]) / "cache"
+    noise, dense, streamed = {}, {}, set()
+    for cell in expand(config):
+        files = cell.cache_files(config["train"], cache_dir)
+        if "noise" in files:
+            _, k, b, _ = factorization.parse_key(files["factorization"].parent.name)
+            steps, dim = k * b, cache.PARAMETER_COUNTS[cell.problem]
+            entry = noise.setdefault(files["noise"], {"steps": steps, "dim": dim, "cells": 0})
+            entry["cells"] += 1
+            dense[files["factorization"]] = 3 * 8 * steps * steps  # C, C^-1, B in float64
+        elif "factorization" in files:
+            streamed.add(files["factorization"])
+    rows = [(path, e["steps"], e["dim"], noise_file.file_bytes(e["steps"], e["dim"]), e["cells"])
+            for path, e in sorted(noise.items())]
+    total_noise = sum(r[3] for r in rows)
+    total = total_noise + sum(dense.values())
+    print(f"{config_path}: {len(expand(config))} cells; the dense matrix mechanisms read {len(rows)} noise files "
+          f"and {len(dense)} factorizations under {cache_dir}")
+    if rows:
+        print(f"\n| noise file | T | d | size (GB) | cells reading it |\n| --- | ---: | ---: | ---: | ---: |")
+        for path, steps, dim, size, cells in rows:
+            print(f"| {path.relative_to(cache_dir)} | {steps} | {dim} | {size / 1e9:.2f} | {cells} |")
+    print(f"\nnoise files: {total_noise / 1e9:.2f} GB; dense factorizations: {sum(dense.values()) / 1e9:.2f} GB; "
+          f"total: {total / 1e9:.2f} GB")
+    if streamed:
+        print(f"streamed mechanisms: {len(streamed)} factorizations of a few kB each, no noise files")
+    sizes = {**{r[0]: r[3] for r in rows}, **dense}
+    to_write = sum(size for path, size in sizes.items() if not path.exists())
+    where = next(p for p in (cache_dir, *cache_dir.parents) if p.exists())
+    free = shutil.disk_usage(where).free
+    short = "" if free >= to_write else f" -- NOT ENOUGH, {(to_write - free) / 1e9:.2f} GB short"
+    print(f"still to write: {to_write / 1e9:.2f} GB (the files not made yet); free at {where.resolve()}: "
+          f"{free / 1e9:.2f} GB{short}")
+    return 0
+
+
 def cmd_grid(args) -> int:
     from dpbench.grid import expand, load_config
 
@@ -343,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--checkpoint-every", type=nonnegative_float, default=600.0,
                    help="seconds between mid-epoch checkpoints")
     t.add_argument("--data-dir", help="directory with the official dataset files")
-    t.add_argument("--factorization", help="matrix mechanisms: the factorization .npz (dpbench factorize)")
+    t.add_argument("--factorization", help="matrix mechanisms: the factorization file, .npz (dense) or .json "
+                                           "(streamed), made by dpbench factorize")
     t.add_argument("--noise-file", help="matrix mechanisms: the correlated noise .npy (dpbench noise)")
     t.add_argument("--cache-dir", help="matrix mechanisms: where missing factorization/noise files are made "
                                        "(default $DPBENCH_CACHE_DIR or <tmp>/dpbench-cache)")
@@ -379,20 +440,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="figure option, e.g. problem=P2, select_by=val, filters=thesis, filter.epochs=250,500")
     p.set_defaults(func=cmd_plot)
 
-    f = sub.add_parser("factorize", help="matrix mechanisms: factorize A = B C for a key, e.g. me-k30-b48")
-    f.add_argument("--key", required=True, help="<kind>-k<epochs>-b<batches>[-tau<tau>], kind in "
-                                                "se, se-lambda, me, me-lambda, identity")
-    f.add_argument("--out", required=True, help="output .npz (written atomically)")
+    f = sub.add_parser("factorize", help="matrix mechanisms: factorize A = B C for a key, e.g. me-k30-b48 or "
+                                         "band-n1875-b64")
+    f.add_argument("--key", required=True, help="dense: <kind>-k<epochs>-b<batches>[-tau<tau>], kind in se, "
+                                                "se-lambda, me, me-lambda, identity; streamed: band-n<T>-b<b>, "
+                                                "blt-n<T>-sep<b'>-k<k>-m<m|auto>, "
+                                                "band-auto-N<N>-L<L>-n<T>-eps<eps>-delta<delta>")
+    f.add_argument("--out", required=True, help="output .npz (dense) or .json (streamed), written atomically")
     f.add_argument("--report", help="the report as JSON (default: next to --out)")
     f.add_argument("--tol", type=positive_float, help="relative duality gap to stop at")
     f.set_defaults(func=cmd_factorize)
 
-    n = sub.add_parser("noise", help="matrix mechanisms: write the correlated noise C^-1 Z (T x d, float32)")
-    n.add_argument("--factorization", required=True, help="the factorization .npz")
-    n.add_argument("--dim", type=positive_int, required=True, help="d, the number of model parameters")
-    n.add_argument("--seed", type=nonnegative_int, required=True,
-                   help="the run's noise seed (dpbench.seeds.stream_seeds)")
-    n.add_argument("--out", required=True, help="output .npy (written atomically, JSON sidecar next to it)")
+    n = sub.add_parser("noise", help="matrix mechanisms: write the correlated noise C^-1 Z (T x d, float32), "
+                                     "or --estimate the disk a config's noise files need")
+    n.add_argument("--estimate", metavar="CONFIG", help="print the noise files (and dense factorizations) a workflow "
+                                                        "config needs, their sizes and the total; writes nothing")
+    n.add_argument("--factorization", help="the factorization .npz")
+    n.add_argument("--dim", type=positive_int, help="d, the number of model parameters")
+    n.add_argument("--seed", type=nonnegative_int, help="the run's noise seed (dpbench.seeds.stream_seeds)")
+    n.add_argument("--out", help="output .npy (written atomically, JSON sidecar next to it)")
     n.set_defaults(func=cmd_noise)
 
     c = sub.add_parser("cost", help="projected GPU-hours of workflow configs (dpbench.cluster's cost model)")

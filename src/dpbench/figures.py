@@ -46,7 +46,10 @@ from matplotlib.patches import Rectangle  # noqa: E402
 LABELS = {
     "dpsgd": "DP-SGD", "dpadambc": "DP-AdamBC", "dpdisk": "DP-DiSK", "dpdice": "DP-Dice",
     "dpmatrix-se": "DP-Matrix-SE", "dpmatrix-se-lambda": "DP-Matrix-SE-λ",
-    "dpmatrix-me": "DP-Matrix-ME", "dpmatrix-me-lambda": "DP-Matrix-ME-λ", "sgd": "SGD (non-private)",
+    "dpmatrix-me": "DP-Matrix-ME", "dpmatrix-me-lambda": "DP-Matrix-ME-λ",
+    # beyond the thesis: the streamed correlated-noise mechanisms (config/beyond-setup{2,3}.yaml)
+    "dpmatrix-band": "BandMF", "dpmatrix-band-amp": "BandMF (amplified)", "dpmatrix-blt": "BLT",
+    "sgd": "SGD (non-private)",
 }
 # What a run is, apart from its seed.
 CONFIG_KEYS = ("problem", "optimizer", "lr", "batch_size", "epochs", "target_epsilon", "hyperparameters")
@@ -282,7 +285,8 @@ def palette(optimizers: Iterable[str]) -> dict[str, tuple]:
     import seaborn as sns
 
     names = [o for o in LABELS if o != "sgd"] + sorted(set(optimizers) - set(LABELS))
-    colours = dict(zip(names, sns.color_palette("colorblind", len(names))))
+    # 20 distinct colours (colorblind's 10, then dark's): a palette of len(names) would cycle
+    colours = dict(zip(names, sns.color_palette("colorblind") + sns.color_palette("dark")))
     return {**colours, "sgd": (0.25, 0.25, 0.25)}
 
 

@@ -74,6 +74,39 @@ class Cell:
 
         return get_problem(self.problem).dataset
 
+    def n_train(self, train: dict[str, Any]) -> int:
+        """N, the examples the run trains on: the official training set (or its ``train_subset``)
+        less the ``validation_size`` held out before batches are cut."""
+        from dpbench.matrix.cache import TRAIN_SIZES
+
+        n = TRAIN_SIZES[self.dataset]
+        if train.get("train_subset"):
+            n = min(n, train["train_subset"])
+        return n - (train.get("validation_size") or 0)
+
+    def cache_files(self, train: dict[str, Any], cache_dir: str | Path) -> dict[str, Path]:
+        """The cached files this cell's run reads, under ``cache_dir`` (nothing is computed here):
+        a dense matrix mechanism's factorization and noise file, a streamed mechanism's
+        factorization (it writes no noise file), nothing for the other optimizers."""
+        from types import SimpleNamespace
+
+        from dpbench.matrix import cache
+        from dpbench.matrix.mechanism import MatrixMechanism
+        from dpbench.matrix.streaming import StreamingMechanism
+        from dpbench.optimizers import get_optimizer
+
+        mechanism = get_optimizer(self.optimizer).mechanism
+        hyper, n = dict(self.hyperparameters), self.n_train(train)
+        if isinstance(mechanism, MatrixMechanism):
+            key = mechanism.key(n, self.batch_size, self.epochs, hyper.get("tau"))
+            factorization, noise = cache.run_files(cache_dir, key, self.problem, self.seed)
+            return {"factorization": factorization, "noise": noise}
+        if isinstance(mechanism, StreamingMechanism):
+            run = SimpleNamespace(hyperparameters=hyper, epsilon=self.epsilon, delta=train.get("delta", 1e-5))
+            return {"factorization": cache.streaming_path(cache_dir, mechanism.key(n, self.batch_size, self.epochs,
+                                                                                    run))}
+        return {}
+
     def train_args(self, train: dict[str, Any]) -> list[str]:
         """The ``dpbench train`` arguments of this cell under the config's ``train`` section."""
         args = ["--problem", self.problem, "--optimizer", self.optimizer, "--lr", repr(self.lr),
@@ -176,7 +209,8 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     if errors:
         e = errors[0]
         key = ".".join(str(p) for p in e.absolute_path) or "<top level>"
-        raise ConfigError(f"config key {key}: {e.message}")
+        what = f" ({e.schema['description']})" if isinstance(e.schema, dict) and e.schema.get("description") else ""
+        raise ConfigError(f"config key {key}: {e.message}{what}")
     expand(config)  # semantic checks: optimizer names, hyperparameter names
     return config
 

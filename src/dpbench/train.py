@@ -269,14 +269,20 @@ class Checkpoint:
     message naming it and the run starts afresh, never resumes from it. A checkpoint of
     another configuration, or made by other code (``code_key``, e.g.
     ``fingerprint.optimizer_fingerprint``), is ignored with a message, never reused. A failed
-    write (a full disk) removes its temporary file and stops the run naming the file."""
+    write (a full disk) removes its temporary file and stops the run naming the file.
+
+    ``private``: the state holds secret noise state (the streamed mechanisms' recurrence
+    memory, from which, with the releases, the noise can be subtracted): the file is then
+    created with mode 0600 (readable by its owner only, whatever the umask). The CLI deletes
+    the checkpoint once the run file is written; the run file never holds noise state."""
 
     MAGIC = b"dpbench checkpoint 2\n"  # then the payload's SHA-256 (32 bytes), then torch.save's bytes
 
-    def __init__(self, path: str | Path | None, cfg: RunConfig, code_key: str | None = None):
+    def __init__(self, path: str | Path | None, cfg: RunConfig, code_key: str | None = None, private: bool = False):
         self.path = Path(path) if path else None
         self.key = {k: v for k, v in asdict(cfg).items() if k not in VOLATILE}
         self.key["code"] = code_key
+        self.private = private
 
     def _read(self) -> dict:
         raw = self.path.read_bytes()
@@ -317,7 +323,11 @@ class Checkpoint:
             buffer = io.BytesIO()
             torch.save({"key": self.key, **state}, buffer)
             payload = buffer.getbuffer()
-            with open(tmp, "wb") as f:  # mode as open() gives it: the umask's
+            # mode as open() gives it (the umask's), or 0600 for secret noise state
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if self.private else 0o666)
+            if self.private:
+                os.fchmod(fd, 0o600)  # also when tmp existed with a looser mode
+            with os.fdopen(fd, "wb") as f:
                 f.write(self.MAGIC)
                 f.write(hashlib.sha256(payload).digest())
                 f.write(payload)
@@ -535,6 +545,8 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
                      noise_multiplier=calibration.sigma, clip_norm=cfg.clip_norm,
                      normalize_clipping=cfg.normalize_clipping, hyperparameters=cfg.hyperparameters,
                      noise_seed=seeds["noise"], sampler_seed=seeds["sampler"], n_train=n_train, device=device)
+    # a noise source whose state is secret (streamed correlated noise) makes checkpoints private files
+    ckpt.private = bool(getattr(parts.context.noise, "private_state", False))
     steps = plan.steps if cfg.max_steps is None else min(plan.steps, cfg.max_steps)
     trace = Trace.empty(steps, device)
     if saved:

@@ -89,9 +89,10 @@ def run_file(cell_id):
 def train_args(wildcards):
     cell = CELLS[wildcards.cell]
     args = cell.train_args(config["train"])
-    files = matrix_files(cell)  # matrix cells also name their factorization and noise files
-    if files:
-        args += ["--factorization", str(files[0]), "--noise-file", str(files[1])]
+    files = cell_files(cell)  # matrix cells also name their factorization (and noise) files
+    for name, flag in (("factorization", "--factorization"), ("noise", "--noise-file")):
+        if name in files:
+            args += [flag, str(files[name])]
     return shlex.join(args)
 
 
@@ -99,35 +100,24 @@ def dataset_manifest(wildcards):
     return f"{RESULTS}/data/{CELLS[wildcards.cell].dataset}.json"
 
 
-# Matrix mechanisms (dpbench.matrix): a training cell of a dpmatrix-* optimizer needs its
+# Matrix mechanisms (dpbench.matrix): a training cell of a dense dpmatrix-* optimizer needs its
 # factorization (keyed by kind, k, b, tau) and its noise file (keyed by the factorization,
-# the parameter count d and the run seed); rules factorize and noise (matrix.smk) make them
-# once and every cell that shares them reads them (common random numbers).
+# the parameter count d and the run seed); a cell of a streamed one (dpmatrix-band,
+# dpmatrix-band-amp, dpmatrix-blt) only its factorization (keyed by what determines it:
+# dpbench.matrix.streaming_file). Rules factorize, factorize_streaming and noise (matrix.smk)
+# make them once and every cell that shares them reads them (common random numbers).
 MATRIX_CACHE = f"{RESULTS}/cache/matrix"
+STREAMING_CACHE = f"{RESULTS}/cache/streaming"
 
 
-def matrix_files(cell):
-    """(factorization, noise) paths of a cell, or None for a non-matrix optimizer."""
-    from dpbench.matrix import cache
-    from dpbench.matrix.mechanism import MatrixMechanism
-    from dpbench.optimizers import get_optimizer
-
-    mechanism = get_optimizer(cell.optimizer).mechanism
-    if not isinstance(mechanism, MatrixMechanism):
-        return None
-    n_train = cache.TRAIN_SIZES[cell.dataset]
-    if config["train"].get("train_subset"):
-        n_train = min(n_train, config["train"]["train_subset"])
-    n_train -= config["train"]["validation_size"]  # held out before batches are cut
-    key = mechanism.key(n_train, cell.batch_size, cell.epochs, dict(cell.hyperparameters).get("tau"))
-    return cache.run_files(f"{RESULTS}/cache", key, cell.problem, cell.seed)
+def cell_files(cell):
+    """{"factorization": path, "noise": path} of a cell (dpbench.grid.Cell.cache_files)."""
+    return cell.cache_files(config["train"], f"{RESULTS}/cache")
 
 
 def train_inputs(wildcards):
     inputs = {"manifest": dataset_manifest(wildcards)}
-    files = matrix_files(CELLS[wildcards.cell])
-    if files:
-        inputs["factorization"], inputs["noise"] = map(str, files)
+    inputs.update({name: str(path) for name, path in cell_files(CELLS[wildcards.cell]).items()})
     return inputs
 
 
@@ -140,6 +130,7 @@ def train_code(wildcards):
 
 
 MATRIX_CODE = modules_fingerprint(("dpbench.matrix.factorization", "dpbench.matrix.noise_file"))
+STREAMING_CODE = modules_fingerprint(("dpbench.matrix.streaming",))
 
 
 # Cluster resources of a training cell (dpbench.cluster: from its problem, batch size, epochs

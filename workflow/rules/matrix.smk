@@ -1,10 +1,13 @@
 # Matrix mechanisms: factorize A = B C once per (kind, k, b, tau), write the correlated noise
-# C^-1 Z once per (factorization, d, seed). Both write to a temporary name and rename, so a
-# reader never sees a partial file; each file is the output of exactly one job.
+# C^-1 Z once per (factorization, d, seed); the streamed mechanisms' factorizations (a few
+# hundred numbers, no noise file) once per key (dpbench.matrix.streaming_file). All write to a
+# temporary name and rename, so a reader never sees a partial file; each file is the output of
+# exactly one job.
 
 
 wildcard_constraints:
     factorization=r"(se|se-lambda|me|me-lambda|identity)-k\d+-b\d+(-tau\d+)?",
+    streaming=r"band-n\d+-b\d+|blt-n\d+-sep\d+-k\d+-m(\d+|auto)|band-auto-N\d+-L\d+-n\d+-eps[0-9.e+-]+-delta[0-9.e+-]+",
     dim=r"\d+",
     noise_seed=r"\d+",
 
@@ -55,3 +58,26 @@ rule noise:
         "OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
         "{params.dpbench} noise --factorization {input} --dim {wildcards.dim} --seed {wildcards.noise_seed} "
         "--out {output.noise} > {log} 2>&1"
+
+
+rule factorize_streaming:
+    output:
+        f"{STREAMING_CACHE}/{{streaming}}.json",
+    log:
+        f"{RESULTS}/logs/streaming/{{streaming}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/streaming/{{streaming}}.tsv"
+    params:
+        dpbench=DPBENCH,
+        code=STREAMING_CODE,
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    conda:
+        # the training environment: the band search shares the accountant and the streaming
+        # mechanisms' module (torch) with training
+        ENVS["train"]
+    shell:
+        "OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
+        "{params.dpbench} factorize --key {wildcards.streaming} --out {output} > {log} 2>&1"

@@ -4,10 +4,12 @@ Cache layout (the workflow's rules write the same paths under ``<results_dir>/ca
 
     <cache>/matrix/<key>/factorization.npz, factorization.json   key = (kind, k, b, tau)
     <cache>/matrix/<key>/noise-d<d>-seed<seed>.npy, .json         seed = the run's noise stream
+    <cache>/streaming/<key>.json                                   streamed mechanisms (streaming_file.py)
 
 A factorization is shared by every run with the same (kind, T = k b, k, b, tau); a noise file
 by every run that also has the same parameter count d and run seed: runs that differ only in
-learning rate or epsilon see exactly the same noise (common random numbers).
+learning rate or epsilon see exactly the same noise (common random numbers). The streamed
+mechanisms (BandMF, amplified BandMF, BLT) have a factorization file and no noise file.
 
 Without Snakemake (``dpbench train`` on its own), the ensure_* functions compute missing files
 under an exclusive lock (fcntl) so concurrent runs compute each file once, and write them
@@ -37,6 +39,10 @@ def factorization_path(cache_dir: str | Path, key: str) -> Path:
     return Path(cache_dir) / "matrix" / key / "factorization.npz"
 
 
+def streaming_path(cache_dir: str | Path, key: str) -> Path:
+    return Path(cache_dir) / "streaming" / f"{key}.json"
+
+
 def noise_path(cache_dir: str | Path, key: str, dim: int, seed: int) -> Path:
     return Path(cache_dir) / "matrix" / key / f"noise-d{dim}-seed{seed}.npy"
 
@@ -63,6 +69,21 @@ def ensure_factorization(cache_dir: str | Path, key: str, log: Callable[[str], N
             if log:
                 log(f"factorizing {key} into {path}")
             factorization.save(factorization.factorize(key, log=log), path)
+    return path
+
+
+def ensure_file(path: Path, make: Callable[[Path], None], log: Callable[[str], None] | None = None,
+                what: str = "") -> Path:
+    """``path``, made by ``make(path)`` if missing, under an exclusive lock (concurrent runs make
+    each file once; ``make`` writes atomically). The streamed mechanisms' factorizations are
+    made this way (matrix/streaming.py)."""
+    if path.exists():
+        return path
+    with _locked(path):
+        if not path.exists():
+            if log:
+                log(f"making {what or path.name} into {path}")
+            make(path)
     return path
 
 

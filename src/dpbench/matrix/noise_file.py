@@ -39,6 +39,7 @@ sidecar); the workflow, or ``dpbench train`` with a cache directory, writes it a
 from __future__ import annotations
 
 import errno
+import io
 import json
 import math
 import os
@@ -89,6 +90,14 @@ def meta_path(path: str | Path) -> Path:
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def file_bytes(steps: int, dim: int) -> int:
+    """The size of the .npy noise file of T x d float32 (header included; its JSON sidecar adds
+    about 8 bytes per row)."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (steps, dim)})
+    return header.tell() + steps * dim * 4
 
 
 def write_noise(path: str | Path, noising: np.ndarray, dim: int, seed: int, *, chunk_blocks: int | None = None,

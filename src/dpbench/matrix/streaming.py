@@ -3,7 +3,13 @@
 The three ``Mechanism`` objects (dpbench.mechanisms) behind ``dpmatrix-band``,
 ``dpmatrix-band-amp`` and ``dpmatrix-blt``. Their noise is generated step by step from
 O(b d) or O(m d) state (streaming_noise.py); their factorizations are a few hundred numbers
-computed by ``factorize``, a pure function of (kind, n, b', k, bands or buffers).
+computed by ``factorize``, a pure function of (kind, n, b', k, bands or buffers). Each
+mechanism names the factorization a run needs by a key (``key``; streaming_file.py lists
+what each kind of key holds), ``compute`` makes the factorization of a key (the workflow's
+factorize stage, ``dpbench factorize --key``), and ``plan`` reads it from its file
+(``--factorization``, or the cache directory, where a missing file is computed once under a
+lock) and verifies it: a run never re-optimises a factorization the workflow has cached, and
+its sensitivity is recomputed from the loaded coefficients and its own participation.
 
 * ``dpmatrix-band`` (BandedMechanism): fixed epoch order (participation.FixedBatchSampler:
   one shuffle, S = N // L batches of exactly L, same order every epoch), so every example
@@ -31,14 +37,17 @@ group drawn independently). Noise state is secret: checkpoints holding it are pr
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from dpbench import accounting, pld
-from dpbench.matrix import banded, blt, cyclic_poisson
+from dpbench.matrix import banded, blt, cache, cyclic_poisson, streaming_file
 from dpbench.matrix.participation import FixedBatchSampler
+from dpbench.matrix.streaming_file import StreamingFactorization
 from dpbench.matrix.streaming_noise import BandedNoise, BLTNoise
 from dpbench.mechanisms import AuditSpec, Plan
 
@@ -62,6 +71,42 @@ def factorize(kind: str, steps: int, min_separation: int, participations: int, s
     raise ValueError(f"unknown streaming factorization kind {kind!r}; choose one of {KINDS}")
 
 
+def compute(key: str) -> StreamingFactorization:
+    """The factorization a streaming key names (streaming_file.py), computed."""
+    kind, p = streaming_file.parse_key(key)
+    if kind == "band":  # C depends on (n, b) only: any b' >= b admits it
+        return StreamingFactorization(key, factorize("band", p["n"], p["bands"], 1, p["bands"]))
+    if kind == "blt":
+        return StreamingFactorization(key, factorize("blt", p["n"], p["min_separation"], p["participations"],
+                                                     p["buffers"]))
+    bands, search = choose_bands(p["n_train"], p["batch_size"], p["n"], p["epsilon"], p["delta"])
+    return StreamingFactorization(key, factorize("band", p["n"], bands, 1, bands), search)
+
+
+def _log(message: str) -> None:
+    print(f"[streaming] {message}", file=sys.stderr, flush=True)
+
+
+class StreamingMechanism:
+    """What the three mechanisms share: a run's factorization comes from a file (module docstring)."""
+
+    def factorization(self, key: str, run_config: Any) -> tuple[StreamingFactorization, Path]:
+        """The verified factorization of ``key`` and its file: the run's ``factorization`` file if
+        given (refused unless it is this key's), else the cache directory's (computed if missing)."""
+        given = getattr(run_config, "factorization", None)
+        if given:
+            path = Path(given)
+        else:
+            cache_dir = getattr(run_config, "cache_dir", None) or cache.default_cache_dir()
+            path = cache.ensure_file(cache.streaming_path(cache_dir, key),
+                                     lambda p: streaming_file.save(compute(key), p), _log, f"factorization {key}")
+        try:
+            return streaming_file.load(path, key), path
+        except FileNotFoundError:
+            raise ValueError(f"factorization file {path} does not exist (make it with `dpbench factorize --key {key} "
+                             f"--out {path}`, or leave --factorization out to compute it into the cache)") from None
+
+
 def _size(hyper: dict, name: str) -> int | None:
     value = hyper.get(name, "auto")
     if value in ("auto", None):
@@ -71,20 +116,30 @@ def _size(hyper: dict, name: str) -> int | None:
     return int(value)
 
 
-class _FixedOrderMechanism:
+class _FixedOrderMechanism(StreamingMechanism):
     """The part the two unamplified mechanisms share: fixed epoch order, one Gaussian release."""
 
     kind: str
     audit = AuditSpec("matrix", neighbours="zero-out")
 
-    def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> Plan:
+    def key(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> str:
+        """The factorization a run needs (streaming_file.py): from (N, L, E) and its ``bands`` or
+        ``buffers``."""
         if not 1 <= batch_size <= n_train:
             raise ValueError(f"batch_size {batch_size} must be between 1 and the number of training examples {n_train}")
         hyper = dict(getattr(run_config, "hyperparameters", None) or {})
         batches = n_train // batch_size  # b' = S: steps per epoch, the separation of participations
         steps = epochs * batches
-        fact = factorize(self.kind, steps, batches, epochs, self._size(hyper, batches, steps))
-        extras = {"factorization": fact, "epochs": epochs, "batches": batches,
+        return self._key(steps, batches, epochs, self._size(hyper, batches, steps))
+
+    def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> Plan:
+        key = self.key(n_train, batch_size, epochs, run_config)
+        record, path = self.factorization(key, run_config)
+        fact = record.strategy
+        batches = n_train // batch_size
+        steps = epochs * batches
+        extras = {"factorization": fact, "factorization_key": key, "factorization_file": str(path),
+                  "epochs": epochs, "batches": batches,
                   "unused_examples": n_train - batches * batch_size,
                   "sensitivity": self.sensitivity(fact, batches, epochs)}
         return Plan(batch_size=batch_size, steps=steps, sample_rate=None, extras=extras)
@@ -129,6 +184,7 @@ class _FixedOrderMechanism:
                          "no amplification"),
             "adjacency": "zero-out (one example's gradients replaced by 0 in its batch slot)",
             "matrix": {"kind": self.kind, "steps": plan.steps, "min_separation": b, "participations": k,
+                       "key": plan.extras["factorization_key"], "factorization_file": plan.extras["factorization_file"],
                        "noise": "streamed (no noise file); its state is in checkpoints, which are private files",
                        **self._describe(fact)},
         }
@@ -144,6 +200,10 @@ class BandedMechanism(_FixedOrderMechanism):
 
     name = "banded-matrix-factorization"
     kind = "band"
+
+    @staticmethod
+    def _key(steps: int, batches: int, epochs: int, bands: int) -> str:
+        return streaming_file.band_key(steps, bands)
 
     @staticmethod
     def _size(hyper: dict, batches: int, steps: int) -> int:
@@ -175,6 +235,10 @@ class BLTMechanism(_FixedOrderMechanism):
 
     name = "buffered-linear-toeplitz"
     kind = "blt"
+
+    @staticmethod
+    def _key(steps: int, batches: int, epochs: int, buffers: int | None) -> str:
+        return streaming_file.blt_key(steps, batches, epochs, buffers)
 
     @staticmethod
     def _size(hyper: dict, batches: int, steps: int) -> int | None:
@@ -282,32 +346,41 @@ def choose_bands(n_train: int, batch_size: int, steps: int, target_epsilon: floa
     return best, [cache[b] for b in sorted(cache)]
 
 
-class AmplifiedBandedMechanism:
+class AmplifiedBandedMechanism(StreamingMechanism):
     """``dpmatrix-band-amp``: BandMF with cyclic Poisson sampling (module docstring)."""
 
     name = "amplified-banded-matrix-factorization"
     audit = AuditSpec("banded-lr")
 
-    def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> Plan:
+    def key(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> str:
+        """The factorization a run needs: ``band-n<T>-b<b>`` for a given b; with ``bands`` = "auto"
+        the band search's key, which names (N, L, T, target epsilon, delta)."""
         if not 1 <= batch_size <= n_train:
             raise ValueError(f"batch_size {batch_size} must be between 1 and the number of training examples {n_train}")
         hyper = dict(getattr(run_config, "hyperparameters", None) or {})
         steps = max(1, round(epochs * n_train / batch_size))  # T as for DP-SGD (Poisson sampling)
         bands = _size(hyper, "bands")
-        search = None
         if bands is None:
             target = getattr(run_config, "epsilon", None)
             if target is None:
                 raise ValueError("dpmatrix-band-amp with bands = 'auto' chooses b for the target epsilon: give "
                                  "--epsilon, or set the hyperparameter bands explicitly")
             delta = getattr(run_config, "delta", accounting.DELTA)
-            bands, search = choose_bands(n_train, batch_size, steps, target, delta)
+            return streaming_file.band_search_key(n_train, batch_size, steps, target, delta)
         if bands > steps:
             raise ValueError(f"bands = {bands} exceeds the number of steps T = {steps}")
+        cyclic_poisson.sample_rate(bands, batch_size, n_train)  # refuses b > N / L
+        return streaming_file.band_key(steps, bands)
+
+    def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> Plan:
+        key = self.key(n_train, batch_size, epochs, run_config)
+        record, path = self.factorization(key, run_config)
+        fact = record.strategy
+        steps, bands = fact.n, fact.bands
         rate = cyclic_poisson.sample_rate(bands, batch_size, n_train)
-        fact = factorize("band", steps, bands, cyclic_poisson.rounds(steps, bands), bands)
-        extras = {"factorization": fact, "bands": bands, "rounds": cyclic_poisson.rounds(steps, bands),
-                  "max_column_norm": float(fact.column_norms().max()), "band_search": search}
+        extras = {"factorization": fact, "factorization_key": key, "factorization_file": str(path), "bands": bands,
+                  "rounds": cyclic_poisson.rounds(steps, bands), "max_column_norm": float(fact.column_norms().max()),
+                  "band_search": record.band_search}
         return Plan(batch_size=batch_size, steps=steps, sample_rate=rate, extras=extras)
 
     def accounted_sigma(self, plan: Plan, noise_multiplier: float) -> float:
@@ -364,6 +437,7 @@ class AmplifiedBandedMechanism:
             "matrix": {"kind": "band", "steps": plan.steps, "bands": bands, "column_normalized": fact.column_normalize,
                        "max_column_norm": plan.extras["max_column_norm"],
                        "coefficients": [float(c) for c in fact.coef], "band_search": plan.extras["band_search"],
+                       "key": plan.extras["factorization_key"], "factorization_file": plan.extras["factorization_file"],
                        "noise": "streamed (no noise file); its state is in checkpoints, which are private files",
                        **fact.report},
         }

@@ -35,6 +35,8 @@ import torch
 class _StreamingNoise:
     """Shared plumbing: the generator, the step counter, the flat z buffer and the split."""
 
+    private_state = True  # state_dict holds the recurrence's memory: checkpoints are private files
+
     def __init__(self, steps: int, seed: int, device: torch.device | str = "cpu"):
         self.steps = int(steps)
         self.device = torch.device(device)
