@@ -74,6 +74,17 @@ def test_measured_gpu_costs(tmp_path):
     assert costs.gain("P2", 2048, 8) == 1.2 and costs.gain("P2", 600, 8) == 1.2 and costs.gain("P2", 400, 8) == 2.5
     assert costs.gain("P3", 256, 4) == 2.5 and costs.gain("P3", 1024, 4) == 1.2 and cluster.ASSUMED.gain("P2", 256, 8) == 1.0
     assert costs.gain("P3", 256, 2) == 1.0  # P1's largest measured K <= 2 is 1: no gain claimed
+    assert costs.gain("P2", 512, 4) == 1.2  # 256 and 1024 equally near (by ratio): the smaller gain
+    # a run sharing its GPU with 3 others takes 4 / gain(4) as long; the runtime asks for that
+    assert cluster.slowdown(cell(), True, 4, costs) == pytest.approx(4 / 2.5)
+    assert cluster.slowdown(cell(), False, 4, costs) == 1.0 and cluster.slowdown(cell(), True, 1, costs) == 1.0
+    # P2, L 1024, E 300: 17,578 steps of 10 ms + 300 test passes = 178.8 s alone, 1.5 x 178.8 s
+    # + 10 min -> 15 min; with 4 runs on the GPU 4 / 1.2 x 178.8 s = 596 s -> 24.9 -> 25 min
+    long = cell("P2", "dpsgd", 1024, 300)
+    assert cluster.compute_seconds(long, TRAIN, costs=costs) == pytest.approx(17_578 * 0.010 + 300 * 10_000 * 1e-6)
+    assert cluster.resources(long, TRAIN, costs=costs) == {"mem_mb": 5000, "runtime": 15}
+    assert cluster.resources(long, TRAIN, costs=costs, cells_per_gpu=4) == {"mem_mb": 5000, "runtime": 25}
+    assert cluster.resources(long, TRAIN, on_gpu=False, cells_per_gpu=4) == cluster.resources(long, TRAIN, on_gpu=False)
     cells = [cell(), cell(epochs=4)]
     alone = (469 * 0.004 + 0.02 + 20) + (938 * 0.004 + 0.04 + 20)
     assert cluster.gpu_hours(cells, TRAIN, 1, costs) == pytest.approx(alone / 3600)
@@ -89,6 +100,31 @@ def test_default_costs_are_the_committed_measurement_or_assumed():
         assert {"P1", "P2", "P3"} <= set(cluster.COSTS.step_seconds)
     else:
         assert cluster.COSTS is cluster.ASSUMED
+
+
+def test_committed_gpu_costs_follow_the_committed_h100_measurements():
+    """src/dpbench/gpu_costs.json is benchmarks/bench_gpu.py costs of the committed H100 results:
+    step seconds of the throughput run, and each K's gain = its measured aggregate steps/s over
+    one process's steady-state steps/s from the throughput run (not the concurrency run's own
+    K = 1, which ran slower)."""
+    results = REPO / "benchmarks" / "results" / "h100"
+    if not cluster.COSTS_FILE.exists():
+        pytest.skip("no committed GPU cost file")
+    raw = json.loads(cluster.COSTS_FILE.read_text())
+    tp = json.loads((results / "part1" / "throughput.json").read_text())
+    steady = {(r["problem"], r["L"], r["method"]): r for r in tp["rows"] if "s_per_step" in r}
+    assert raw["device"] == tp["environment"]["device"] == "NVIDIA H100 80GB HBM3"
+    assert raw["step_seconds"]["P1"]["dpsgd"]["2048"] == steady[("P1", 2048, "dpsgd")]["s_per_step"]
+    rows = [r for f in ("part1/concurrency.json", "large-L/concurrency.json")
+            for r in json.loads((results / f).read_text())["rows"]]
+    assert len(rows) == 25
+    for r in rows:
+        gain = raw["concurrency_gain"][r["problem"]][str(r["L"])][str(r["K"])]
+        one = steady[(r["problem"], r["L"], r["optimizer"])]["steps_per_s"]
+        assert gain == (1.0 if r["K"] == 1 else pytest.approx(r["aggregate_steps_per_s"] / one))
+    # P1 at L = 2048: 8 processes, 112.0 steps/s together; one process alone, 122.2 steps/s
+    assert raw["concurrency_gain"]["P1"]["2048"]["8"] == pytest.approx(112.0 / 122.2, abs=1e-3)
+    assert raw["startup_seconds"] == json.loads((results / "large-L" / "identical.json").read_text())["startup_s"]
 
 
 def test_cost_command_projects_gpu_hours(tmp_path):
@@ -118,9 +154,9 @@ def test_retries_ask_for_more_and_estimates_grow_with_the_work():
     assert cluster.compute_seconds(cell(batch_size=2048), TRAIN) < cluster.compute_seconds(cell(batch_size=256), TRAIN)
 
 
-def test_only_short_runs_are_bundled():
+def test_runs_of_similar_length_are_bundled():
     assert cluster.bundle(cell(), TRAIN) == "train_short"
-    assert cluster.bundle(cell("P1", "dpsgd", 256, 500), TRAIN) is None
+    assert cluster.bundle(cell("P1", "dpsgd", 256, 500), TRAIN) == "train_long"
     assert cluster.bundle(cell("P2", "dpsgd", 100, 1), {"max_steps": 3}, on_gpu=False) == "train_short"
 
 
@@ -138,8 +174,12 @@ def test_profiles():
     train = slurm["set-resources"]["train"]
     assert train["gres"] == "gpu:1" and "gpu" not in train and train["slurm_partition"].startswith("CHANGE-ME")
     assert "mem_mb" not in train and "runtime" not in train  # they come from dpbench.cluster via the rule
-    assert slurm["group-components"] == {cluster.SHORT_GROUP: 16}
-    assert slurm["set-resource-scopes"] == {"gpu_slots": "local"} and slurm["resources"] == {"gpu_slots": 4}
+    assert slurm["group-components"] == {cluster.SHORT_GROUP: 16, cluster.LONG_GROUP: 8}
+    assert slurm["set-resource-scopes"] == {"gpu_slots": "local"} and slurm["resources"] == {"gpu_slots": 8}
+    # the local GPU profile: 8 runs share its one GPU; `gpu: 1` marks the device, no global limit on it
+    gpu = yaml.safe_load((PROFILES / "gpu" / "config.yaml").read_text())
+    assert gpu["resources"] == {"gpu_slots": 8} and gpu["set-resources"]["train"] == {"gpu": 1, "gpu_slots": 1}
+    assert gpu["cores"] >= gpu["resources"]["gpu_slots"] * gpu["set-threads"]["train"]
 
     local = yaml.safe_load((PROFILES / "slurm-local" / "config.yaml").read_text())
     assert local["slurm-status-command"] == "squeue" and local["slurm-no-account"] is True
@@ -149,10 +189,10 @@ def test_profiles():
 
 
 def test_a_bundle_shares_one_gpu_between_gpu_slots_runs():
-    """What the slurm profile makes Snakemake 9 ask SLURM for a bundle of 16 short runs: the
-    group's resources (Snakemake's own layering of a group job) with the profile's train
-    resources and threads. 4 slots: 4 runs at a time on ONE GPU, 4 rounds of runtime, the
-    memory and CPUs of 4 runs."""
+    """What the slurm profile makes Snakemake 9 ask SLURM for a bundle of 16 short runs and one
+    of 8 long runs: the group's resources (Snakemake's own layering of a group job) with the
+    profile's train resources and threads. 8 slots: 8 runs at a time on ONE GPU, 2 rounds of
+    runtime (short) or 1 (long: the longest run's), the memory and CPUs of 8 runs."""
     from types import SimpleNamespace
 
     from snakemake.resources import GroupResources, Resources
@@ -167,16 +207,21 @@ def test_a_bundle_shares_one_gpu_between_gpu_slots_runs():
     group = GroupResources.basic_layered([jobs], Resources.from_mapping(slurm["resources"]), run_local=False,
                                          additive_resources=["runtime"], sortby=["runtime"])
     slots = slurm["resources"]["gpu_slots"]
-    assert group["gres"] == "gpu:1" and group["gpu_slots"] == slots == 4
-    assert group["runtime"] == 15 * n // slots and group["mem_mb"] == 5000 * slots
-    assert group["cpus_per_gpu"] == group["_cores"] == threads * slots  # --cpus-per-gpu of the bundle's job
+    assert group["gres"] == "gpu:1" and group["gpu_slots"] == slots == 8
+    assert group["runtime"] == 15 * n // slots == 30 and group["mem_mb"] == 5000 * slots
+    assert group["cpus_per_gpu"] == group["_cores"] == threads * slots == 16  # --cpus-per-gpu of the bundle's job
+    long = [SimpleNamespace(resources={**per_run, "runtime": 25 + 5 * i}, pipe_group=None)
+            for i in range(slurm["group-components"][cluster.LONG_GROUP])]
+    group = GroupResources.basic_layered([long], Resources.from_mapping(slurm["resources"]), run_local=False,
+                                         additive_resources=["runtime"], sortby=["runtime"])
+    assert group["runtime"] == 60 and group["mem_mb"] == 5000 * slots and group["gres"] == "gpu:1"
     assert set_gres_string(SimpleNamespace(resources=SimpleNamespace(get=group.get, gres=group["gres"]))).strip() \
         == "--gres=gpu:1"
 
 
-@pytest.mark.parametrize("profile,device,threads", [("slurm", "cuda", 4), ("slurm-local", "cpu", 1)])
+@pytest.mark.parametrize("profile,device,threads", [("slurm", "cuda", 2), ("slurm-local", "cpu", 1)])
 def test_profile_dry_run(profile, device, threads):
-    """The profile is the deployment: GPU training (--device cuda, 4 threads) on the cluster,
+    """The profile is the deployment: GPU training (--device cuda, 2 threads) on the cluster,
     CPU training on the GPU-less test cluster."""
     pytest.importorskip("snakemake_executor_plugin_slurm", reason="snakemake-executor-plugin-slurm not installed")
     proc = subprocess.run([snakemake_exe(), "-n", "-p", "--cores", "8", "--profile", PROFILES / profile], cwd=REPO,

@@ -173,7 +173,7 @@ else
     else
         cp scripts/gpu/workflow.yaml "$WF/config.yaml"
     fi
-    # the profile is the deployment: gpu (training with --device cuda, 4 threads) on the GPU machine
+    # the profile is the deployment: gpu (training with --device cuda) on the GPU machine
     step workflow "$([ "$SMOKE" = 1 ] && echo 400 || echo 220)" "$PY" -m snakemake --snakefile "$REPO/Snakefile" --directory "$WF" \
         --configfile "$WF/config.yaml" --config data_dir="$DATA" \
         --profile "$REPO/workflow/profiles/$([ "$SMOKE" = 1 ] && echo default || echo gpu)" \

@@ -19,14 +19,18 @@ The numbers are a deliberately conservative cost model, not a measurement of eac
   correlated noise per step from a memory-mapped file (``dpbench.matrix``), which costs
   neither memory nor time worth modelling; their factorization and noise files are made by
   CPU jobs (``factorization_resources``);
+* a run that shares its GPU with others (``cells_per_gpu`` = K processes at a time, the
+  profile's ``gpu_slots``) takes K / gain(K) times as long, gain(K) the measured aggregate
+  throughput of K processes over one (``GpuCosts.gain``);
 * runtime = 1.5 x that estimate + ``STARTUP_MIN`` (interpreter, CUDA, data, sigma calibration),
   rounded up to 5 minutes; memory = 1.5 x (``BASE_MB`` + the datasets as uint8 and float32
   tensors), rounded up to 1000 MB;
 * a retry (Snakemake's ``attempt``, 1-based) multiplies both by the attempt number.
 
-``resources(cell, train, attempt, on_gpu)`` is meant for ``rule train``'s resource callables,
-``bundle(cell, train, on_gpu)`` for its ``group:`` (short runs share one SLURM job, see
-workflow/profiles/slurm), ``factorization_resources(steps)`` for the matrix rules, and
+``resources(cell, train, attempt, on_gpu, cells_per_gpu=K)`` is meant for ``rule train``'s
+resource callables, ``bundle(cell, train, on_gpu)`` for its ``group:`` (runs of similar length
+share one SLURM job and its GPU, see workflow/profiles/slurm),
+``factorization_resources(steps)`` for the matrix rules, and
 ``gpu_hours(cells, train, cells_per_gpu)`` (``dpbench cost``) projects what a grid costs on
 GPUs, one cell per GPU or several (the measured throughput gain of K processes sharing a GPU).
 """
@@ -54,6 +58,7 @@ STARTUP_MIN = 10
 SAFETY = 1.5
 SHORT_RUN_MIN = 5  # estimated compute below this: bundle with other short runs
 SHORT_GROUP = "train_short"
+LONG_GROUP = "train_long"
 COSTS_FILE = Path(__file__).with_name("gpu_costs.json")
 ASSUMED_STARTUP_S = 60.0  # interpreter, CUDA context, data, sigma calibration of one job (assumed)
 
@@ -127,13 +132,18 @@ class GpuCosts:
 
     def gain(self, problem: str, batch_size: int, cells_per_gpu: int) -> float:
         """Aggregate throughput of K processes on one GPU over one process's, measured for the
-        problem at the measured batch size nearest to L (by ratio) and the largest measured
-        K <= cells_per_gpu; for an unmeasured problem the smallest such gain of any problem;
-        1 without measurements (no gain is claimed that was not measured)."""
+        problem at the measured batch size nearest to L (by ratio; between two equally near,
+        the smaller gain) and the largest measured K <= cells_per_gpu; for an unmeasured
+        problem the smallest such gain of any problem; 1 without measurements (no gain is
+        claimed that was not measured)."""
         def at(by_l: Mapping[int, Mapping[int, float]]) -> float:
-            by_k = by_l[min(by_l, key=lambda size: abs(math.log(size / batch_size)))]
-            ks = [k for k in by_k if k <= cells_per_gpu]
-            return by_k[max(ks)] if ks else 1.0
+            def largest_k(by_k: Mapping[int, float]) -> float:
+                ks = [k for k in by_k if k <= cells_per_gpu]
+                return by_k[max(ks)] if ks else 1.0
+
+            distance = {size: round(abs(math.log(size / batch_size)), 9) for size in by_l}
+            nearest = [size for size in by_l if distance[size] == min(distance.values())]
+            return min(largest_k(by_l[size]) for size in nearest)
 
         if cells_per_gpu <= 1 or not self.concurrency_gain:
             return 1.0
@@ -205,22 +215,36 @@ def memory_mb(cell: Any, train: Mapping | None = None) -> float:
     return BASE_MB + data / 1e6
 
 
+def slowdown(cell: Any, on_gpu: bool = True, cells_per_gpu: int = 1, costs: GpuCosts | None = None) -> float:
+    """How much longer a run takes while ``cells_per_gpu`` runs share its GPU: K / gain(K) (1
+    on the CPU, where each run has its own cores, and for K = 1)."""
+    if not on_gpu or cells_per_gpu <= 1:
+        return 1.0
+    costs = costs or COSTS
+    return cells_per_gpu / costs.gain(_get(cell, "problem"), int(_get(cell, "batch_size")), cells_per_gpu)
+
+
 def resources(cell: Any, train: Mapping | None = None, attempt: int = 1, on_gpu: bool = True,
-              costs: GpuCosts | None = None) -> dict[str, int]:
+              costs: GpuCosts | None = None, cells_per_gpu: int = 1) -> dict[str, int]:
     """Cluster resources of one training cell (a ``dpbench.grid.Cell`` or a mapping with
     problem, optimizer, batch_size, epochs) under the config's ``train`` section, on a GPU or
-    on the CPU: ``mem_mb`` and ``runtime`` (minutes). The GPU request itself and the CPUs are
+    on the CPU: ``mem_mb`` and ``runtime`` (minutes), the latter for a run that shares its GPU
+    with ``cells_per_gpu`` - 1 others (``slowdown``). The GPU request itself and the CPUs are
     the profile's (``set-resources: train: gpu``, ``set-threads: train``)."""
     train = train or {}
-    runtime = _round_up((SAFETY * compute_seconds(cell, train, on_gpu, costs) / 60 + STARTUP_MIN) * attempt, 5)
+    seconds = compute_seconds(cell, train, on_gpu, costs) * slowdown(cell, on_gpu, cells_per_gpu, costs)
+    runtime = _round_up((SAFETY * seconds / 60 + STARTUP_MIN) * attempt, 5)
     mem_mb = _round_up(SAFETY * memory_mb(cell, train) * attempt, 1000)
     return {"mem_mb": mem_mb, "runtime": runtime}
 
 
-def bundle(cell: Any, train: Mapping | None = None, on_gpu: bool = True, costs: GpuCosts | None = None) -> str | None:
-    """``SHORT_GROUP`` for a cell whose estimated compute is under ``SHORT_RUN_MIN`` minutes
-    (Snakemake then packs ``group-components`` of them into one SLURM job), else None."""
-    return SHORT_GROUP if compute_seconds(cell, train, on_gpu, costs) < 60 * SHORT_RUN_MIN else None
+def bundle(cell: Any, train: Mapping | None = None, on_gpu: bool = True, costs: GpuCosts | None = None) -> str:
+    """The group of a training run: ``SHORT_GROUP`` for a cell whose estimated compute is under
+    ``SHORT_RUN_MIN`` minutes, else ``LONG_GROUP``. The SLURM profile packs
+    ``group-components`` of a group into one job that shares one GPU between ``gpu_slots``
+    runs at a time; two groups keep runs of similar length together (a job lasts as long as
+    its longest round). Local runs ignore groups."""
+    return SHORT_GROUP if compute_seconds(cell, train, on_gpu, costs) < 60 * SHORT_RUN_MIN else LONG_GROUP
 
 
 def gpu_hours(cells: Iterable[Any], train: Mapping | None = None, cells_per_gpu: int = 1,

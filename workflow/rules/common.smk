@@ -133,12 +133,24 @@ MATRIX_CODE = modules_fingerprint(("dpbench.matrix.factorization", "dpbench.matr
 STREAMING_CODE = modules_fingerprint(("dpbench.matrix.streaming",))
 
 
+# Training runs that share one GPU at a time: the profile's `resources: gpu_slots` (each run
+# holds one slot), 1 where the profile sets none.
+def _gpu_slots():
+    resource = workflow.global_resources.get("gpu_slots")
+    value = None if resource is None else resource.value
+    return int(value) if isinstance(value, (int, float)) and value >= 1 else 1
+
+
+GPU_SLOTS = _gpu_slots()
+
+
 # Cluster resources of a training cell (dpbench.cluster: from its problem, batch size, epochs
-# and device; they grow with each retry); short cells are bundled into shared jobs by the SLURM
-# profile.
+# and device, and, on a GPU, the measured slowdown of GPU_SLOTS runs sharing it; they grow with
+# each retry); the SLURM profile bundles runs of similar length into shared jobs.
 def train_resource(name):
     return lambda wildcards, attempt: cluster.resources(CELLS[wildcards.cell], config["train"], attempt,
-                                                        on_gpu=TRAIN_DEVICE == "cuda")[name]
+                                                        on_gpu=TRAIN_DEVICE == "cuda",
+                                                        cells_per_gpu=GPU_SLOTS)[name]
 
 
 def train_group(wildcards):
