@@ -3,6 +3,8 @@ machine; the GPU cases of the other test files run with ``pytest -m cuda`` (docs
 
 import os
 
+import numpy as np
+import pytest
 import torch
 
 from conftest import run_cell
@@ -43,3 +45,33 @@ def test_checkpoint_puts_optimizer_state_on_the_run_device(tiny_fmnist, tmp_path
     assert rule["t"] == 10 and all(t.device.type == "meta" for t in rule["m"] + rule["v"])
     assert noise["generator"].device.type == "cpu" and noise["generator"].dtype == torch.uint8
     assert noise == saved["step_fn"]["noise"]
+
+
+def _private_optimizers():
+    from dpbench.optimizers import OPTIMIZERS
+
+    return sorted(name for name, spec in OPTIMIZERS.items() if spec.private)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("optimizer", _private_optimizers())
+def test_every_private_optimizer_trains_on_the_gpu_with_the_cpu_calibration(tiny_fmnist, tmp_path, optimizer):
+    """Every private optimizer of the registry (the streamed mechanisms, D2P2's projections and
+    DP-Dice-strict included) runs on a CUDA GPU: the same sigma and achieved epsilon as on the
+    CPU (calibration is device-free), a finite loss, and as many steps."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU (torch.cuda.is_available() is False)")
+    cuda.configure()
+    results = {}
+    for device in ("cpu", "cuda"):
+        cfg = RunConfig(problem="P2", optimizer=optimizer, lr=1e-3 if "adam" in optimizer else 0.05, batch_size=60,
+                        epochs=1, seed=0, epsilon=4.0, max_steps=4, progress_every_s=1e9,
+                        cache_dir=str(tmp_path / "cache"), device=device)
+        results[device] = run_cell(cfg)
+    cpu, gpu = results["cpu"].meta, results["cuda"].meta
+    assert gpu["privacy"]["noise_multiplier"] == pytest.approx(cpu["privacy"]["noise_multiplier"], rel=1e-12)
+    assert gpu["privacy"]["epsilon"] == pytest.approx(cpu["privacy"]["epsilon"], rel=1e-9)
+    assert gpu["privacy"]["epsilon"] <= 4.0 * (1 + 1e-9)
+    m = results["cuda"].metrics
+    assert len(m[m.split == "train"]) == len(results["cpu"].metrics.query("split == 'train'")) == 4
+    assert np.isfinite(m.loss.dropna()).all()
