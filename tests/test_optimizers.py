@@ -161,7 +161,7 @@ def _auto_clipped_mean(th, grad_fn, env):  # Jiang et al. 2025 (arXiv:2509.09485
 def ref_d2p2sgd(th, grad_fn, st, env):  # Jiang et al. 2025 Alg. 1 line 6 (noise off): P (P^T g)
     g = _auto_clipped_mean(th, grad_fn, env)
     p = round(env.h["projection_rate"] * th.numel())
-    P = proj.matrix(env.h["projection"], env.projection_seeds(), th.numel(), p, dtype=th.dtype).to(th.device)
+    P = proj.matrix(env.h["projection"], env.projection_seeds(), th.numel(), p, dtype=th.dtype, device=th.device)
     return th - env.lr * P @ (P.t() @ g)
 
 

@@ -330,9 +330,11 @@ def transpose(kind: str, seed: int, v: torch.Tensor, projection_dim: int) -> tor
     return draw(kind, [seed], v.numel(), projection_dim, v.device, v.dtype).t(v.reshape(1, -1))[0]
 
 
-def matrix(kind: str, seed: int, dimension: int, projection_dim: int, dtype=torch.float64) -> torch.Tensor:
-    """P itself, (d, p), as the step uses it (for tests on small d)."""
-    return draw(kind, [seed], dimension, projection_dim, "cpu", dtype).matrix()
+def matrix(kind: str, seed: int, dimension: int, projection_dim: int, dtype=torch.float64,
+           device="cpu") -> torch.Tensor:
+    """P itself, (d, p), as a step on ``device`` uses it (for tests on small d; the Gaussian
+    projection's draws depend on the device's generator, srht's do not)."""
+    return draw(kind, [seed], dimension, projection_dim, device, dtype).matrix()
 
 
 def step_seeds(generator: torch.Generator, lanes: int = 1) -> list[int]:
