@@ -5,6 +5,7 @@ draws, a grid change only the cells it adds; a killed workflow resumes from its 
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time

@@ -96,7 +96,7 @@ def test_tiny_grid_end_to_end(tiny_workflow):
         privacy = read_meta(tiny_workflow / matrix.loc[optimizer, "path"])["privacy"]
         assert privacy["matrix"]["key"] == key, privacy["matrix"]
         # the workflow's cached files, not a standalone run's own cache
-        assert f"cache/matrix/{key}/noise-d" in privacy["matrix"]["noise_file"], privacy["matrix"]
+        assert f"cache/matrix/{key}/noise-d" in privacy["noise_file"], privacy
     for figure in config["figures"]:
         assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000
         assert (out / "figures" / f"{figure}.pdf").stat().st_size > 5_000

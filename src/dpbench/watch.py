@@ -82,6 +82,10 @@ def start(environ=os.environ) -> threading.Thread | None:
     except ValueError:
         print(f"dpbench: ignoring {ENV}={tok!r} (expected pid:start time)", file=sys.stderr, flush=True)
         return None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # started in the background of a non-interactive shell (or by a tool that does so), the
+        # job inherited SIGINT ignored, and the interrupt below would do nothing: let it stop
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     thread = threading.Thread(target=_stop_when_gone, args=(tok,), name="dpbench-watch", daemon=True)
     thread.start()
     return thread
