@@ -373,7 +373,7 @@ def test_every_file_written_honours_the_umask(tmp_path, umask):
     import torch  # noqa: F401
 
     from dpbench import results
-    from dpbench.matrix import factorization, noise_file
+    from dpbench.matrix import factorization, noise_file, streaming, streaming_file
     from dpbench.train import Checkpoint
 
     metrics = pd.DataFrame({"split": ["train"], "step": [1], "epoch": [1], "loss": [1.0], "accuracy": [0.5],
@@ -385,6 +385,8 @@ def test_every_file_written_honours_the_umask(tmp_path, umask):
     written += [tmp_path / "f.npz", tmp_path / "f.json"]
     noise_file.write_noise(tmp_path / "noise.npy", fact.noising, 10, 1)
     written += [tmp_path / "noise.npy", noise_file.meta_path(tmp_path / "noise.npy")]
+    streaming_file.save(streaming.compute("band-n12-b3"), tmp_path / "band.json")  # a streamed factorization
+    written.append(tmp_path / "band.json")
     cfg = RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=2, seed=3, epsilon=2.0)
     Checkpoint(tmp_path / "run.ckpt", cfg).save({"step": 1})
     written.append(tmp_path / "run.ckpt")

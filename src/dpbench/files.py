@@ -16,8 +16,10 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import tempfile
 import threading
 from pathlib import Path
+from typing import Any, Callable
 
 _UMASK_LOCK = threading.Lock()
 HOST = socket.gethostname().replace(".", "_")
@@ -69,3 +71,23 @@ def remove_stale_partials(path: Path) -> None:
             tmp.unlink(missing_ok=True)
         except (ValueError, PermissionError):
             pass
+
+
+def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
+    """Write ``path`` through ``write(f)`` atomically: a temporary name beside it (those of dead
+    writers removed first), the umask's mode, fsync, rename; a failure removes the temporary
+    file. A reader sees the complete file or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=partial_prefix(path), suffix=".tmp")
+    try:
+        chmod_like_open(fd)
+        with os.fdopen(fd, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

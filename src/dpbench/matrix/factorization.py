@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +35,7 @@ from typing import Any, Callable
 import numpy as np
 from scipy import linalg
 
-from dpbench.files import chmod_like_open, partial_prefix, remove_stale_partials
+from dpbench.files import atomic_write
 from dpbench.matrix import sensitivity as sens
 from dpbench.matrix.dual import dual_ascent
 from dpbench.matrix.fixed_point import fixed_point
@@ -185,23 +183,6 @@ def factorize(key: str, *, tol: float | None = None, log: Callable[[str], None] 
     return fact
 
 
-def _atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_partials(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=partial_prefix(path), suffix=".tmp")
-    try:
-        chmod_like_open(fd)
-        with os.fdopen(fd, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def report_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, sort_keys=True, default=float) + "\n"
 
@@ -210,8 +191,8 @@ def save(fact: Factorization, path: str | Path, report_path: str | Path | None =
     """Write the .npz (and the report as JSON next to it, or at report_path), atomically."""
     path = Path(path)
     report_path = Path(report_path) if report_path else path.with_suffix(".json")
-    _atomic_write(report_path, lambda f: f.write(report_json(fact.report)), mode="w")
-    _atomic_write(path, lambda f: np.savez(f, strategy=fact.strategy, noising=fact.noising,
+    atomic_write(report_path, lambda f: f.write(report_json(fact.report)), mode="w")
+    atomic_write(path, lambda f: np.savez(f, strategy=fact.strategy, noising=fact.noising,
                                            decoder=fact.decoder, report=np.array(json.dumps(fact.report, default=float))))
 
 
