@@ -255,6 +255,11 @@ def test_dpdice_runs_carry_the_audit_flag_in_the_runs_table_and_the_legends(tiny
         audits.append(write_table(rows, tmp_path / f"audit-{name}.parquet", meta={"audit": rec}))
     table = summary.aggregate(audits, tmp_path / "audits.parquet")
     assert dict(zip(table.optimizer, table.violation)) == {"dpdice": True, "dpsgd": False}
+    rows = {line.split(" | ")[0]: line for line in summary.markdown(table).splitlines()[2:]}
+    assert set(rows) == {"| `dpdice`", "| `dpsgd`"} and "ε* = 2" in summary.markdown(table)
+    assert "**VIOLATION**" in rows["| `dpdice`"] and "**VIOLATION**" not in rows["| `dpsgd`"]
+    lower = table.set_index("optimizer").epsilon_lower
+    assert f"| {lower['dpsgd']:.2f} / " in rows["| `dpsgd`"]
     runs, _ = aggregate(files, tmp_path / "runs.parquet", tmp_path / "epochs.parquet", audits=tmp_path / "audits.parquet")
     flag = dict(zip(runs.optimizer, runs.audit_violation))
     assert flag["dpdice"] == True and flag["dpsgd"] == False and pd.isna(flag["sgd"])  # noqa: E712

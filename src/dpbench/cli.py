@@ -185,9 +185,10 @@ def cmd_aggregate(args) -> int:
 
 
 def cmd_audits(args) -> int:
-    from dpbench.audit.summary import aggregate
+    from dpbench.audit.summary import aggregate, markdown
 
     table = aggregate(args.audits, args.out)
+    print(markdown(table), end="")
     print(f"wrote {args.out}: {len(table)} audits, {int(table['violation'].sum())} with a violation", file=sys.stderr)
     return 0
 

@@ -56,3 +56,23 @@ def aggregate(paths: Iterable[str | Path], out: str | Path) -> pd.DataFrame:
 def violations(audits: pd.DataFrame) -> dict[str, bool]:
     """optimizer -> whether any of its audits flagged a violation (optimizers not audited absent)."""
     return {str(o): bool(v) for o, v in audits.groupby("optimizer")["violation"].any().items()}
+
+
+def markdown(audits: pd.DataFrame) -> str:
+    """The audits as a Markdown table, one row per optimizer and one column per claimed epsilon:
+    ``ε_lower / ε_GDP`` of each audit, **VIOLATION** where the claim is refuted; then the trials,
+    the statistic family and the wall time (s) per audit."""
+    epsilons = sorted(audits["epsilon_claimed"].unique())
+    head = ["optimizer"] + [f"ε* = {e:g}" for e in epsilons] + ["R", "statistic", "s / audit"]
+    lines = ["| " + " | ".join(head) + " |", "| --- | " + " | ".join(["---:"] * (len(head) - 1)) + " |"]
+    for optimizer, group in audits.groupby("optimizer", sort=True):
+        by_eps = {row.epsilon_claimed: row for row in group.itertuples()}
+        cells = []
+        for e in epsilons:
+            row = by_eps.get(e)
+            cells.append("—" if row is None else f"{row.epsilon_lower:.2f} / {row.epsilon_gdp:.2f}"
+                         + (" **VIOLATION**" if row.violation else ""))
+        trials = "/".join(str(t) for t in sorted(group["trials"].unique()))
+        lines.append(f"| `{optimizer}` | " + " | ".join(cells) + f" | {trials} | {group['family'].iloc[0]} | "
+                     f"{group['seconds'].median():.0f} |")
+    return "\n".join(lines) + "\n"
