@@ -47,6 +47,24 @@ def test_a_config_without_a_grid_is_refused_not_given_the_default_grid(tmp_path)
     assert f"{tmp_path / 'nogrid.yaml'} has no grid" in out and "config/config.yaml" in out, out[-2000:]
 
 
+def test_a_config_without_audit_runs_no_audits_of_the_default_config(tmp_path):
+    """The default config audits DP-SGD and DP-Dice; a --configfile without audit: must not
+    inherit those jobs (Snakemake merges it over config/config.yaml), one with audit: gets its own."""
+    config = {"results_dir": str(tmp_path / "out"),
+              "grid": [{"problems": ["P2"], "batch_sizes": [64], "epochs": [1], "epsilons": [2],
+                        "optimizers": {"dpsgd": {"lr": 0.5}}}]}
+    (tmp_path / "noaudit.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "audit.yaml").write_text(yaml.safe_dump({**config, "audit": {"optimizers": "grid", "epsilons": "grid"}}))
+    jobs = {}
+    for name in ("noaudit", "audit"):
+        proc = snakemake("-n", "--configfile", tmp_path / f"{name}.yaml")
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
+        jobs[name] = {line.split()[0]: int(line.split()[1]) for line in proc.stdout.splitlines()
+                      if re.match(r"^\w+\s+\d+$", line.strip())}
+    assert "audit" not in jobs["noaudit"] and jobs["noaudit"]["train"] == 1
+    assert jobs["audit"]["audit"] == 1 and jobs["audit"]["train"] == 1  # dpsgd at eps 2 only
+
+
 def test_the_gpu_profile_trains_in_the_cuda_environment():
     """Deployment is the profile's: the GPU it gives rule train sets --device and the training
     environment (one variable, common.smk's TRAIN_DEVICE). One conda environment per kind of

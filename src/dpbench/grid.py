@@ -177,6 +177,15 @@ def refuse_inherited_grid(configfiles, given: dict[str, Any]) -> None:
                           "leave out --configfile to run the default workflow")
 
 
+def own_audit(config: dict[str, Any], configfiles, given: dict[str, Any]) -> dict[str, Any] | None:
+    """The config's ``audit`` section, unless the configs given with --configfile (``given``:
+    their merged content) have none: then it would only be the default config's
+    (config/config.yaml, merged under them), whose audits the user did not ask for."""
+    if configfiles and "audit" not in (given or {}):
+        return None
+    return config.get("audit")
+
+
 def refuse_non_finite(value: Any, path: str = "") -> None:
     """No key takes an infinite or NaN number (YAML's .inf, .nan), which JSON schema's bounds
     let through (NaN compares false with every bound): refused naming the key."""

@@ -13,7 +13,7 @@ SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
 from dpbench import cluster, watch  # noqa: E402
 from dpbench.fingerprint import figure_fingerprint, modules_fingerprint, optimizer_fingerprint  # noqa: E402
-from dpbench.grid import ConfigError, expand as expand_grid, precheck, refuse_inherited_grid  # noqa: E402
+from dpbench.grid import ConfigError, expand as expand_grid, own_audit, precheck, refuse_inherited_grid  # noqa: E402
 
 FIGURES_GIVEN = "figures" in config  # else the schema's default, {fig5_1: {}}, fills it in
 try:
@@ -203,7 +203,8 @@ def _audited_epsilons(epsilons):
     return sorted(set(epsilons))
 
 
-AUDIT = config.get("audit")
+# a --configfile without audit: gets none (not the default config's, merged under it)
+AUDIT = own_audit(config, workflow.overwrite_configfiles, workflow.config_settings.overwrite_config)
 AUDITS = (
     [
         f"{o}-eps{float(e):g}"
