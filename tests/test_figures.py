@@ -270,3 +270,10 @@ def test_command_line_options():
     assert figures.parse_options(["filters=thesis"]) == {"filters": "thesis"}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         figures.parse_options(["problem"])
+
+
+def test_every_registered_optimizer_has_a_figure_label():
+    from dpbench.optimizers import OPTIMIZERS
+
+    assert sorted(set(OPTIMIZERS) - set(figures.LABELS)) == []
+    assert len(set(figures.LABELS.values())) == len(figures.LABELS)  # no two optimizers look alike

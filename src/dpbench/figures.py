@@ -49,7 +49,10 @@ LABELS = {
     "dpmatrix-me": "DP-Matrix-ME", "dpmatrix-me-lambda": "DP-Matrix-ME-λ",
     # beyond the thesis: the streamed correlated-noise mechanisms (config/beyond-setup{2,3}.yaml)
     "dpmatrix-band": "BandMF", "dpmatrix-band-amp": "BandMF (amplified)", "dpmatrix-blt": "BLT",
-    "sgd": "SGD (non-private)",
+    # the papers' further optimizers
+    "dpadam": "DP-Adam", "dpadamw": "DP-AdamW", "dpadamw-bc": "DP-AdamW-BC", "dpdice-strict": "DP-Dice (strict)",
+    "d2p2sgd": "D2P2-SGD", "d2psgd": "D2P-SGD", "dp2sgd": "DP2-SGD",
+    "sgd": "SGD (non-private)", "adam": "Adam (non-private)",
 }
 # What a run is, apart from its seed.
 CONFIG_KEYS = ("problem", "optimizer", "lr", "batch_size", "epochs", "target_epsilon", "hyperparameters")
