@@ -244,7 +244,7 @@ def cmd_audit(args) -> int:
     if args.self_test:
         from dpbench.audit.selftest import self_test
 
-        return 0 if self_test(seed=args.seed) else 1
+        return 0 if self_test(seed=args.seed, cache_dir=args.cache_dir) else 1
     missing = [flag for flag, value in (("--optimizer", args.optimizer), ("--epsilon", args.epsilon),
                                         ("--out", args.out)) if value is None]
     if missing:

@@ -10,6 +10,7 @@ the table is reproducible; the exit status is non-zero if any case comes out wro
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -51,8 +52,13 @@ def _with_defaults(name: str, **defaults) -> OptimizerSpec:
     return dataclasses.replace(spec, defaults={**spec.defaults, **defaults})
 
 
-def self_test(seed: int = 0, out=sys.stdout, log=None) -> bool:
-    """Runs every case, prints the table, returns whether every verdict was right."""
+def self_test(seed: int = 0, out=sys.stdout, log=None, cache_dir: str | None = None) -> bool:
+    """Runs every case, prints the table, returns whether every verdict was right. The matrix
+    cases' factorizations and noise files (tiny) go to ``cache_dir``, by default a fresh
+    temporary directory, so that no file of an earlier version can stop the test."""
+    if cache_dir is None:
+        with tempfile.TemporaryDirectory(prefix="dpbench-selftest-") as tmp:
+            return self_test(seed, out, log, tmp)
     header = f"{'case':56s} {'R':>6s} {'eps*':>5s} {'eps_lb':>7s} {'eps_gdp':>7s} {'flagged':>8s} {'expected':>8s} verdict"
     print(header, file=out)
     print("-" * len(header), file=out, flush=True)
@@ -60,7 +66,7 @@ def self_test(seed: int = 0, out=sys.stdout, log=None) -> bool:
     for case in CASES:
         t0 = time.perf_counter()
         spec = case.spec()
-        _, rec = run.audit(spec, case.epsilon, case.trials, seed=seed, log=log)
+        _, rec = run.audit(spec, case.epsilon, case.trials, seed=seed, cache_dir=cache_dir, log=log)
         right = rec["violation"] == case.expect_violation
         all_right &= right
         how = ""
