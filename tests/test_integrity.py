@@ -360,7 +360,7 @@ def test_dpdice_runs_say_their_calibration_is_no_guarantee_in_output_table_and_f
     assert runs.set_index("optimizer").caveat["dpdice"].startswith("not a valid DP guarantee")
     fig = figures.build("fig5_1", runs)
     legend = {t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()}
-    assert {"DP-Dice (not a valid DP guarantee)", "DP-SGD", "dpdice-strict"} <= legend
+    assert {"DP-Dice (not a valid DP guarantee)", "DP-SGD", "DP-Dice (strict)"} <= legend
     assert figures.legend_labels(runs.assign(dp_guarantee=True))["dpdice"] == "DP-Dice"
 
 
