@@ -26,6 +26,9 @@ LR = {
     "dpdice": 1.0, "dpdisk": 1.0, "d2p2sgd": 1.0, "d2psgd": 1.0, "dp2sgd": 1.0,
     # matrix mechanisms: Setup 2's best lr at epsilon = 10 (thesis Sec. 5.3); fixed batches, E = 1
     "dpmatrix-se": 1.0, "dpmatrix-se-lambda": 1.0, "dpmatrix-me": 1.0, "dpmatrix-me-lambda": 1.0,
+    # beyond the thesis: DP-Dice calibrated to a valid bound, the streamed mechanisms (their
+    # relatives' lr)
+    "dpdice-strict": 1.0, "dpmatrix-band": 1.0, "dpmatrix-band-amp": 1.0, "dpmatrix-blt": 1.0,
 }
 
 
