@@ -62,27 +62,22 @@ def ensure_factorization(cache_dir: str | Path, key: str, log: Callable[[str], N
     from dpbench.matrix import factorization
 
     path = factorization_path(cache_dir, key)
+    return ensure_file(path, lambda p: factorization.save(factorization.factorize(key, log=log), p), log,
+                       f"factorizing {key} into {path}")
+
+
+def ensure_file(path: Path, make: Callable[[Path], None], log: Callable[[str], None] | None = None,
+                message: str | None = None) -> Path:
+    """``path``, made by ``make(path)`` if missing, under an exclusive lock (concurrent runs make
+    each file once; ``make`` writes atomically); ``message`` is logged before making it. Dense
+    factorizations, noise files and the streamed mechanisms' factorizations (matrix/streaming.py)
+    are made this way."""
     if path.exists():
         return path
     with _locked(path):
         if not path.exists():  # another process may have made it while we waited
             if log:
-                log(f"factorizing {key} into {path}")
-            factorization.save(factorization.factorize(key, log=log), path)
-    return path
-
-
-def ensure_file(path: Path, make: Callable[[Path], None], log: Callable[[str], None] | None = None,
-                what: str = "") -> Path:
-    """``path``, made by ``make(path)`` if missing, under an exclusive lock (concurrent runs make
-    each file once; ``make`` writes atomically). The streamed mechanisms' factorizations are
-    made this way (matrix/streaming.py)."""
-    if path.exists():
-        return path
-    with _locked(path):
-        if not path.exists():
-            if log:
-                log(f"making {what or path.name} into {path}")
+                log(message or f"making {path}")
             make(path)
     return path
 
@@ -93,15 +88,9 @@ def ensure_noise(cache_dir: str | Path, fact, dim: int, seed: int,
     from dpbench.matrix import noise_file
 
     path = noise_path(cache_dir, fact.key, dim, seed)
-    if path.exists():
-        return path
-    with _locked(path):
-        if not path.exists():
-            if log:
-                log(f"writing correlated noise {path} ({fact.steps} x {dim} float32)")
-            noise_file.write_noise(path, fact.noising, dim, seed, log=log,
-                                   meta={"factorization_key": fact.key, "factorization_digest": fact.digest})
-    return path
+    meta = {"factorization_key": fact.key, "factorization_digest": fact.digest}
+    return ensure_file(path, lambda p: noise_file.write_noise(p, fact.noising, dim, seed, log=log, meta=meta), log,
+                       f"writing correlated noise {path} ({fact.steps} x {dim} float32)")
 
 
 def run_files(cache_dir: str | Path, key: str, problem: str, seed: int) -> tuple[Path, Path]:

@@ -98,8 +98,9 @@ class StreamingMechanism:
             path = Path(given)
         else:
             cache_dir = getattr(run_config, "cache_dir", None) or cache.default_cache_dir()
-            path = cache.ensure_file(cache.streaming_path(cache_dir, key),
-                                     lambda p: streaming_file.save(compute(key), p), _log, f"factorization {key}")
+            path = cache.streaming_path(cache_dir, key)
+            cache.ensure_file(path, lambda p: streaming_file.save(compute(key), p), _log,
+                              f"making factorization {key} into {path}")
         try:
             return streaming_file.load(path, key), path
         except FileNotFoundError:
