@@ -305,6 +305,22 @@ def test_a_checkpoint_that_cannot_be_written_leaves_no_temporary_file(tmp_path, 
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_full_disk_while_writing_a_table_names_it_and_leaves_nothing(tmp_path, monkeypatch):
+    from dpbench import results
+
+    real = os.fsync
+
+    def full_disk(fd):
+        real(fd)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    out = tmp_path / "runs.parquet"
+    with pytest.raises(OSError, match=rf"no space left on device while writing the table {out}.*free space"):
+        results.write_table(pd.DataFrame({"x": [1.0]}), out)
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- 10. friendly errors naming the option or the file ---------------------------------------
 
 

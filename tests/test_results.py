@@ -31,8 +31,7 @@ def test_crash_during_write_leaves_no_file(tmp_path, monkeypatch):
     target = tmp_path / "run.parquet"
 
     def crash(table, where, **kwargs):
-        with open(where, "wb") as f:
-            f.write(b"PAR1 partial")
+        where.write(b"PAR1 partial")  # the temporary file, open
         raise KeyboardInterrupt
 
     monkeypatch.setattr(results.pq, "write_table", crash)

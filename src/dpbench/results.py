@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import subprocess
-import tempfile
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dpbench.files import chmod_like_open, is_no_space, no_space, partial_prefix, remove_stale_partials
+from dpbench.files import atomic_write, is_no_space, no_space
 
 META_KEY = b"dpbench"
 SCHEMA_VERSION = 1
@@ -139,18 +137,11 @@ def not_private_columns(path: str | Path) -> dict[str, str]:
 
 
 def _atomic_write(table: pa.Table, path: Path) -> Path:
-    """Writes with a CRC-32 on every data page (verified by ``read_table``), under a temporary
-    name renamed into place, with the mode ``open()`` would give (``files.chmod_like_open``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_partials(path)
-    fd, tmp = tempfile.mkstemp(prefix=partial_prefix(path), suffix=".tmp", dir=path.parent)
+    """Writes with a CRC-32 on every data page (verified by ``read_table``), atomically, with
+    the mode ``open()`` would give (``files.atomic_write``); a full disk is one line naming it."""
     try:
-        chmod_like_open(fd)
-        os.close(fd)
-        pq.write_table(table, tmp, write_page_checksum=True)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
+        atomic_write(path, lambda f: pq.write_table(table, f, write_page_checksum=True))
+    except OSError as exc:
         if is_no_space(exc):
             raise no_space(exc, "the table", path, "free space and run again") from exc
         raise
