@@ -73,15 +73,16 @@ def remove_stale_partials(path: Path) -> None:
             pass
 
 
-def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
+def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb", private: bool = False) -> None:
     """Write ``path`` through ``write(f)`` atomically: a temporary name beside it (those of dead
-    writers removed first), the umask's mode, fsync, rename; a failure removes the temporary
-    file. A reader sees the complete file or none."""
+    writers removed first), the umask's mode (``private``: 0600, readable by its owner only),
+    fsync, rename; a failure removes the temporary file. A reader sees the complete file or none."""
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=partial_prefix(path), suffix=".tmp")
     try:
-        chmod_like_open(fd)
+        if not private:  # mkstemp made it 0600
+            chmod_like_open(fd)
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from dpbench import accounting, cuda, data
-from dpbench.files import is_no_space, no_space, partial_prefix, remove_stale_partials
+from dpbench.files import atomic_write, is_no_space, no_space, remove_stale_partials
 from dpbench.harness import Assembly, assemble, build_model, calibrate_noise
 from dpbench.mechanisms import Plan
 from dpbench.optimizers.registry import OptimizerSpec
@@ -317,25 +317,19 @@ class Checkpoint:
     def save(self, state: dict) -> None:
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(partial_prefix(self.path) + "tmp")
         try:
             buffer = io.BytesIO()
             torch.save({"key": self.key, **state}, buffer)
             payload = buffer.getbuffer()
-            # mode as open() gives it (the umask's), or 0600 for secret noise state
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if self.private else 0o666)
-            if self.private:
-                os.fchmod(fd, 0o600)  # also when tmp existed with a looser mode
-            with os.fdopen(fd, "wb") as f:
+
+            def write(f) -> None:
                 f.write(self.MAGIC)
                 f.write(hashlib.sha256(payload).digest())
                 f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException as exc:
-            tmp.unlink(missing_ok=True)
+
+            # mode as open() gives it (the umask's), or 0600 for secret noise state
+            atomic_write(self.path, write, private=self.private)
+        except OSError as exc:
             if is_no_space(exc):
                 raise no_space(exc, "the checkpoint", self.path,
                                "free space and run again; the run resumes from its last checkpoint") from exc
