@@ -26,9 +26,9 @@ import time
 import numpy as np
 from scipy.linalg import solve_triangular
 
-from dpbench import accounting
+from dpbench.privacy import accounting
 from dpbench.audit import bounds, profiles, statistics
-from dpbench.matrix import factorization, sensitivity
+from dpbench.matrix import dense_factorization, sensitivity
 
 Q, T, DELTA, BETA = 0.05, 200, 1e-5, 0.05
 MATRIX_KEY = "me-k4-b50"
@@ -84,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
 
-    fact = factorization.factorize(MATRIX_KEY)
+    fact = dense_factorization.factorize(MATRIX_KEY)
     k, b = fact.epochs, fact.batches
     v = sign_worst_pattern(fact.strategy, k, b)
     sens = sensitivity.sensitivity(fact.strategy, k, b)

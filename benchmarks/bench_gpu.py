@@ -1,5 +1,5 @@
 """GPU measurements: step throughput per problem against Opacus, many training processes per
-GPU, the cost of deterministic kernels, and the measured cost model of dpbench.cluster.
+GPU, the cost of deterministic kernels, and the measured cost model of dpbench.pipeline.cluster.
 
 Every subcommand writes JSON (and a Markdown table naming the device) and runs on a CPU too
 (``--device cpu --quick``: a smoke test of the same code with tiny sizes).
@@ -25,7 +25,7 @@ Every subcommand writes JSON (and a Markdown table naming the device) and runs o
 ``determinism`` steps/s of dpsgd with the harness's GPU numerics (deterministic kernels, no
     TF32) against non-deterministic kernels and against TF32, interleaved.
 ``costs``       merges the JSON of the above (and a measured start-up time) into the cost
-    model file read by ``dpbench.cluster`` (src/dpbench/gpu_costs.json once committed); the
+    model file read by ``dpbench.pipeline.cluster`` (src/dpbench/gpu_costs.json once committed); the
     gain of K processes there is their aggregate steps/s over one process's steady-state
     steps/s from the throughput run (see ``cmd_costs``).
 
@@ -57,15 +57,15 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from dpbench import cuda  # noqa: E402
-from dpbench.clipping import Clipping, NoClipping  # noqa: E402
-from dpbench.matrix.mechanism import CorrelatedNoise  # noqa: E402
-from dpbench.noise import GaussianNoise  # noqa: E402
+from dpbench.training import cuda  # noqa: E402
+from dpbench.privacy.clipping import Clipping, NoClipping  # noqa: E402
+from dpbench.matrix.dense_mechanism import CorrelatedNoise  # noqa: E402
+from dpbench.privacy.noise import GaussianNoise  # noqa: E402
 from dpbench.optimizers import get_optimizer  # noqa: E402
 from dpbench.optimizers.base import Context  # noqa: E402
-from dpbench.per_sample import LayerGrads  # noqa: E402
+from dpbench.privacy.per_sample import LayerGrads  # noqa: E402
 from dpbench.problems import get_problem  # noqa: E402
-from dpbench.sampling import PoissonSampler  # noqa: E402
+from dpbench.privacy.sampling import PoissonSampler  # noqa: E402
 
 N_TRAIN = {"P1": 50_000, "P2": 60_000, "P3": 60_000}
 SHAPES = {"P1": (3, 32, 32), "P2": (1, 28, 28), "P3": (1, 28, 28)}
@@ -280,7 +280,7 @@ def time_method(step, x, y, L: int, device, target_s: float, warmup: int = 3, re
 
 def eval_seconds_per_example(problem_id: str, x, y, device, batch: int = 1000) -> float:
     """Forward-only evaluation (the harness's ``evaluate``) over up to 10,000 examples."""
-    from dpbench.train import evaluate
+    from dpbench.training.train import evaluate
 
     model = build_model(problem_id, device)
     m = min(10_000, x.shape[0])
@@ -308,7 +308,7 @@ def throughput_markdown(result: dict) -> str:
     env = result["environment"]
     lines = [f"### Step throughput on {env['device']}", "",
              f"torch {env['torch']}, Opacus {env['opacus']}, TF32 off, deterministic kernels "
-             f"(dpbench.cuda); sigma = 1, C = 1, SGD; synthetic data; median of 3 timed blocks.", "",
+             f"(dpbench.training.cuda); sigma = 1, C = 1, SGD; synthetic data; median of 3 timed blocks.", "",
              "| problem | L | method | ms / step | steps / s | examples / s | x non-private | x dpsgd |",
              "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
     rows = result["rows"]
@@ -578,7 +578,7 @@ COST_CLASS = {"sgd": "sgd", "adam": "sgd", "dpsgd": "dpsgd", "d2psgd": "dpsgd", 
 
 
 def cmd_costs(args) -> None:
-    """gpu_costs.json for dpbench.cluster from throughput.json, concurrency JSON files and the
+    """gpu_costs.json for dpbench.pipeline.cluster from throughput.json, concurrency JSON files and the
     start-up seconds of scripts/gpu/identical_runs.py (or --startup-s)."""
     out = Path(args.out)
     tp = json.loads(Path(args.throughput or out / "throughput.json").read_text())

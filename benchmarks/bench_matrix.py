@@ -50,7 +50,7 @@ def load_average() -> str:
 
 
 def run_factorizations(out_dir: Path, keys: list[str], tol: float | None) -> dict[str, dict]:
-    from dpbench.matrix import factorization
+    from dpbench.matrix import dense_factorization
 
     reports = {}
     for setup, problem, L, key in FACTORIZATIONS:
@@ -59,9 +59,9 @@ def run_factorizations(out_dir: Path, keys: list[str], tol: float | None) -> dic
         path = out_dir / key / "factorization.npz"
         print(f"factorizing {key} (load {load_average()})", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        fact = factorization.factorize(key, tol=tol)
+        fact = dense_factorization.factorize(key, tol=tol)
         wall = time.perf_counter() - t0
-        factorization.save(fact, path)
+        dense_factorization.save(fact, path)
         reports[key] = {**fact.report, "wall_s": wall, "setup": setup, "problem": problem, "L": L,
                         "load_after": load_average()}
         print(f"  {wall:.1f} s, relative gap {fact.report.get('relative_duality_gap')}", file=sys.stderr, flush=True)
@@ -132,7 +132,7 @@ def error_table(reports: dict[str, dict], amplified: bool) -> str:
     DP-SGD with Poisson sampling and PRV accounting (amplified)."""
     import numpy as np
 
-    from dpbench import accounting
+    from dpbench.privacy import accounting
     from dpbench.matrix.workload import objective_workload
 
     rows = ["| setup | problem | L | mechanism | T | ε | σ | E‖noise on prefix sums‖² / d | vs DP-SGD (no ampl.) "

@@ -57,8 +57,8 @@ def build(name: str, batch_size: int, threads: int, data_dir: str | None, projec
     """Optimizer ``name``'s step on P2 (model initialised from seed 0), and the training data."""
     import torch
 
-    from dpbench import data
-    from dpbench.clipping import Clipping, NoClipping
+    from dpbench.data import images
+    from dpbench.privacy.clipping import Clipping, NoClipping
     from dpbench.optimizers import get_optimizer
     from dpbench.optimizers.base import Context
     from dpbench.problems import get_problem
@@ -66,7 +66,7 @@ def build(name: str, batch_size: int, threads: int, data_dir: str | None, projec
     torch.set_num_threads(threads)
     problem, spec = get_problem("P2"), get_optimizer(name)
     hp = {"projection": projection} if name in PROJECTED else None
-    ds = data.load(problem.dataset, data_dir)
+    ds = images.load(problem.dataset, data_dir)
     x, y = problem.preprocess(ds.train_images), torch.from_numpy(ds.train_labels)
     n = len(y)
     torch.manual_seed(0)
@@ -82,7 +82,7 @@ def build(name: str, batch_size: int, threads: int, data_dir: str | None, projec
 
 def worker(name: str, batch_size: int, steps: int, warmup: int, threads: int, data_dir: str | None,
            projection: str) -> dict:
-    from dpbench.sampling import PoissonSampler
+    from dpbench.privacy.sampling import PoissonSampler
 
     step, x, y = build(name, batch_size, threads, data_dir, projection)
     n = len(y)
@@ -105,7 +105,7 @@ def worker(name: str, batch_size: int, steps: int, warmup: int, threads: int, da
 def interleaved(names: list[str], batch_size: int, steps: int, warmup: int, threads: int,
                 data_dir: str | None, projection: str) -> list[dict]:
     """Every optimizer in this process, their steps alternating on each batch."""
-    from dpbench.sampling import PoissonSampler
+    from dpbench.privacy.sampling import PoissonSampler
 
     built = {name: build(name, batch_size, threads, data_dir, projection) for name in names}
     x, y = built[names[0]][1], built[names[0]][2]

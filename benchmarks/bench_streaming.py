@@ -2,10 +2,10 @@
 dpmatrix-band-amp, dpmatrix-blt) at the thesis's Setup 2 and Setup 3 sizes.
 
 1. Factorization: the workflow's factorize stage for each mechanism's key
-   (``streaming.compute``: the optimisation, and for dpmatrix-band-amp with bands = auto the
+   (``streamed_mechanism.compute``: the optimisation, and for dpmatrix-band-amp with bands = auto the
    band search at the target epsilon) for Setup 2 (P2, N = 60,000, L in {32, 64}, E = 1) and
    Setup 3 (P1 N = 50,000 and P3 N = 60,000, L in {1024, 2048}, E = 30), and what every
-   training cell then pays: loading and verifying the file (``streaming_file.load``). Goal:
+   training cell then pays: loading and verifying the file (``streamed_factorization.load``). Goal:
    <= 10 s each on 2 cores.
 2. Per-step noise cost: ``sample`` of the streamed noise source for the problem's parameter
    count d, against the i.i.d. noise of DP-SGD and against a whole dpbench DP-SGD step (random
@@ -64,21 +64,21 @@ def factorization_job(args) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from dpbench.matrix import streaming, streaming_file
+    from dpbench.matrix import streamed_mechanism, streamed_factorization
     from dpbench.optimizers import get_optimizer
 
     mech = get_optimizer(optimizer).mechanism
     cfg = SimpleNamespace(hyperparameters={}, epsilon=epsilon, delta=1e-5)
     key = mech.key(n_train, L, epochs, cfg)
     t, c = time.perf_counter(), time.process_time()
-    computed = streaming.compute(key)
+    computed = streamed_mechanism.compute(key)
     wall, cpu = time.perf_counter() - t, time.process_time() - c
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{key}.json"
-        streaming_file.save(computed, path)
+        streamed_factorization.save(computed, path)
         size = path.stat().st_size
         t = time.perf_counter()
-        streaming_file.load(path, key)
+        streamed_factorization.load(path, key)
         load_s = time.perf_counter() - t
         plan = mech.plan(n_train, L, epochs, SimpleNamespace(**vars(cfg), factorization=str(path)))
     fact = plan.extras["factorization"]
@@ -108,8 +108,8 @@ def step_job(args) -> dict:
 
     torch.set_num_threads(threads)
     from dpbench.matrix import banded, blt
-    from dpbench.matrix.streaming_noise import BandedNoise, BLTNoise
-    from dpbench.noise import GaussianNoise
+    from dpbench.matrix.streamed_noise import BandedNoise, BLTNoise
+    from dpbench.privacy.noise import GaussianNoise
 
     _, like = _like(problem)
     d = sum(p.numel() for p in like)
@@ -142,8 +142,8 @@ def dpsgd_job(args) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from dpbench.clipping import Clipping
-    from dpbench.noise import GaussianNoise
+    from dpbench.privacy.clipping import Clipping
+    from dpbench.privacy.noise import GaussianNoise
     from dpbench.optimizers.base import SGD, Context, DPStep
     from dpbench.problems import get_problem
 
@@ -174,7 +174,7 @@ def errors_job(args) -> list[dict]:
     import torch
 
     torch.set_num_threads(threads)
-    from dpbench import accounting
+    from dpbench.privacy import accounting
     from dpbench.optimizers import get_optimizer
 
     rows = []

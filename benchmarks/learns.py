@@ -1,5 +1,5 @@
 """Does every optimizer learn? One short real run each: P2 (real Fashion-MNIST), epsilon = 10,
-one epoch at L = 256, seed 0, through ``dpbench.train.run`` (the harness every grid cell uses:
+one epoch at L = 256, seed 0, through ``dpbench.training.train.run`` (the harness every grid cell uses:
 calibration, Poisson sampling, accounting), and the test accuracy after it.
 
 Learning rates are single picks from the thesis's grids (Setup 1: dpsgd {1e-3 .. 1},
@@ -50,7 +50,7 @@ def main() -> None:
     import torch
 
     from dpbench.optimizers import OPTIMIZERS
-    from dpbench.train import RunConfig, run
+    from dpbench.training.train import RunConfig, run
 
     torch.set_num_threads(args.threads)
     lrs = {**LR, **{k: float(v) for k, v in (s.split("=", 1) for s in args.lr)}}

@@ -15,15 +15,17 @@ sys.path.insert(0, str(REPO / "src"))
 # read when cuBLAS first runs in this process, which may be before any test configures it
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-from dpbench import accounting, cuda, data  # noqa: E402
+from dpbench.privacy import accounting
+from dpbench.training import cuda
+from dpbench.data import images  # noqa: E402
 
 FMNIST_DIRS = [Path(os.environ["DPBENCH_DATA_DIR"]) / "fashion-mnist"] if os.environ.get("DPBENCH_DATA_DIR") else []
-FMNIST_DIRS += [REPO / "data" / "fashion-mnist", *data.SYSTEM_DIRS["fashion-mnist"]]
+FMNIST_DIRS += [REPO / "data" / "fashion-mnist", *images.SYSTEM_DIRS["fashion-mnist"]]
 
 
 def _fmnist_dir():
     for d in FMNIST_DIRS:
-        if all((d / f"{k}.gz").is_file() for k in data.FASHION_MNIST_MD5):
+        if all((d / f"{k}.gz").is_file() for k in images.FASHION_MNIST_MD5):
             return d
     return None
 
@@ -41,15 +43,15 @@ def fmnist_dir():
 @pytest.fixture
 def tiny_fmnist(monkeypatch):
     """In-process unit tests of the training loop: a small random dataset in Fashion-MNIST's
-    shapes, patched into dpbench.data.load. Never used by the product, only by loop tests."""
+    shapes, patched into dpbench.data.images.load. Never used by the product, only by loop tests."""
     def fake_load(name, data_dir=None, **kw):
         assert name == "fashion-mnist"
         rng = np.random.default_rng(0)
-        return data.Dataset(name, rng.integers(0, 256, (600, 1, 28, 28), dtype=np.uint8),
+        return images.Dataset(name, rng.integers(0, 256, (600, 1, 28, 28), dtype=np.uint8),
                             rng.integers(0, 10, 600), rng.integers(0, 256, (200, 1, 28, 28), dtype=np.uint8),
                             rng.integers(0, 10, 200), "generated-for-tests")
 
-    monkeypatch.setattr(data, "load", fake_load)
+    monkeypatch.setattr(images, "load", fake_load)
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +62,7 @@ def _seed():
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def device(request) -> torch.device:
     """Each test that takes it runs on the CPU and, marked ``cuda`` (``pytest -m cuda`` selects
-    only those), on a CUDA GPU with the training harness's GPU numerics (dpbench.cuda: no TF32,
+    only those), on a CUDA GPU with the training harness's GPU numerics (dpbench.training.cuda: no TF32,
     deterministic kernels); without a GPU the CUDA case skips with the reason."""
     if request.param == "cuda":
         if not torch.cuda.is_available():
@@ -90,9 +92,9 @@ def _memoized_accountant():
 
 
 def run_cell(cfg, **kwargs):
-    """``dpbench.train.run`` with the registry's spec of ``cfg.optimizer``, as the CLI calls it."""
+    """``dpbench.training.train.run`` with the registry's spec of ``cfg.optimizer``, as the CLI calls it."""
     from dpbench.optimizers import get_optimizer
-    from dpbench.train import run
+    from dpbench.training.train import run
 
     return run(cfg, get_optimizer(cfg.optimizer), **kwargs)
 

@@ -191,7 +191,7 @@ def test_correct_matrix_mechanism_is_not_flagged_and_epsilon_lower_is_below_the_
 
 def test_cli_writes_the_documented_file(tmp_path, cache):
     from dpbench.cli import main
-    from dpbench.results import read_meta
+    from dpbench.reporting.results import read_meta
 
     out = tmp_path / "a.parquet"
     assert main(["audit", "--optimizer", "dpsgd", "--epsilon", "4", "--trials", "200", "--seed", "1",
@@ -238,10 +238,10 @@ def test_dpdice_runs_carry_the_audit_flag_in_the_runs_table_and_the_legends(tiny
     audit_violation (True for dpdice, False for dpsgd, missing for the unaudited sgd) and every
     comparison figure's legend."""
     from conftest import run_cell
-    from dpbench import figures
-    from dpbench.aggregate import aggregate
-    from dpbench.results import write_run, write_table
-    from dpbench.train import RunConfig
+    from dpbench.reporting import figures
+    from dpbench.reporting.aggregate import aggregate
+    from dpbench.reporting.results import write_run, write_table
+    from dpbench.training.train import RunConfig
 
     files = []
     for name in ("dpdice", "dpsgd", "sgd"):

@@ -14,7 +14,7 @@ from scipy import integrate, stats
 from scipy.linalg import solve_triangular
 from scipy.special import ndtr
 
-from dpbench import accounting
+from dpbench.privacy import accounting
 from dpbench.audit import bounds, profiles, statistics
 
 pytest.importorskip("opacus.accountants.analysis.prv")  # imported here, not inside the first timed test
@@ -443,8 +443,8 @@ def test_prv_profile_with_delta_fail():
 
 
 def _mechanism(kind: str):
-    from dpbench.matrix.mechanism import MatrixMechanism
-    from dpbench.mechanisms import PoissonSubsampledGaussian, inverse_sqrt_schedule
+    from dpbench.matrix.dense_mechanism import MatrixMechanism
+    from dpbench.privacy.mechanisms import PoissonSubsampledGaussian, inverse_sqrt_schedule
     from dpbench.optimizers.projection import RandomProjectionGaussian
 
     return {"dpsgd": PoissonSubsampledGaussian(),

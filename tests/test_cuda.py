@@ -1,4 +1,4 @@
-"""The GPU numerics (dpbench.cuda) and what a checkpoint restores onto a GPU, checked on any
+"""The GPU numerics (dpbench.training.cuda) and what a checkpoint restores onto a GPU, checked on any
 machine; the GPU cases of the other test files run with ``pytest -m cuda`` (docs/gpu.md)."""
 
 import os
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import run_cell
-from dpbench import cuda
-from dpbench.train import Checkpoint, RunConfig, step_state_on
+from dpbench.training import cuda
+from dpbench.training.train import Checkpoint, RunConfig, step_state_on
 
 
 def test_configure_turns_tf32_off_and_kernels_deterministic(monkeypatch):

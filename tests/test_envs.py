@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from conftest import REPO, run_cell
-from dpbench.results import write_run
-from dpbench.train import RunConfig
+from dpbench.reporting.results import write_run
+from dpbench.training.train import RunConfig
 
 ENVS = REPO / "envs"
 # import name of every dependency a rule could need

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpbench import figures
+from dpbench.reporting import figures
 
 LRS = [0.01, 0.1, 1.0]
 SIZES = [256, 512]

@@ -5,15 +5,15 @@ import subprocess
 import sys
 
 from conftest import REPO
-from dpbench import fingerprint
+from dpbench.pipeline import fingerprint
 
 
 def test_harness_closure_excludes_the_registry_and_other_optimizers():
     harness = fingerprint.module_closure(fingerprint.HARNESS)
-    assert {"dpbench.train", "dpbench.harness", "dpbench.seeds", "dpbench.per_sample", "dpbench.accounting",
-            "dpbench.clipping", "dpbench.sampling", "dpbench.noise", "dpbench.optimizers.base"} <= harness
+    assert {"dpbench.training.train", "dpbench.training.harness", "dpbench.training.seeds", "dpbench.privacy.per_sample", "dpbench.privacy.accounting",
+            "dpbench.privacy.clipping", "dpbench.privacy.sampling", "dpbench.privacy.noise", "dpbench.optimizers.base"} <= harness
     assert "dpbench.optimizers" not in harness and "dpbench.optimizers.sgd" not in harness
-    assert "dpbench.figures" not in harness and "dpbench.aggregate" not in harness
+    assert "dpbench.reporting.figures" not in harness and "dpbench.reporting.aggregate" not in harness
 
 
 def test_editing_an_optimizer_module_changes_only_its_fingerprint(tmp_path):
@@ -27,7 +27,7 @@ def test_editing_an_optimizer_module_changes_only_its_fingerprint(tmp_path):
     names = sorted(OPTIMIZERS)
     code = f"""
 from pathlib import Path
-from dpbench import fingerprint
+from dpbench.pipeline import fingerprint
 
 
 def prints():
@@ -56,7 +56,7 @@ prints()
 
 
 def test_figure_fingerprints_follow_each_figures_own_code():
-    from dpbench import figures
+    from dpbench.reporting import figures
 
     closure = {f.__name__ for f in fingerprint.function_closure(figures.FIGURES["fig5_4"].build)}
     assert {"heatmap_figure", "heatmap_data", "draw_heatmaps"} <= closure

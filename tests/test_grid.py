@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from dpbench.grid import Cell, ConfigError, expand, load_config, seeds_from_root, validate
+from dpbench.pipeline.grid import Cell, ConfigError, expand, load_config, seeds_from_root, validate
 
 BASE = {"grid": [{"problems": ["P2"], "batch_sizes": [256, 512], "epsilons": [1, 10], "epochs": [2], "seeds": 2,
                   "optimizers": {"dpsgd": {"lr": [0.1, 1.0]}, "sgd": {"lr": 0.1}}}]}
@@ -102,7 +102,7 @@ def _schema_keys(schema: dict, prefix: str = "") -> list[str]:
 
 
 def test_config_readme_documents_every_key():
-    from dpbench.grid import SCHEMA_PATH
+    from dpbench.pipeline.grid import SCHEMA_PATH
 
     keys = _schema_keys(yaml.safe_load(SCHEMA_PATH.read_text()))
     assert {"train.delta", "grid[].seeds", "grid[].optimizers.<id>.lr"} <= set(keys) and len(keys) > 20

@@ -1,4 +1,4 @@
-"""The shared construction of a private step (dpbench.harness): calibration and assembly give
+"""The shared construction of a private step (dpbench.training.harness): calibration and assembly give
 what a training cell runs, so that another caller (the empirical audit) runs the same thing."""
 
 import math
@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from conftest import run_cell
-from dpbench import accounting
-from dpbench.harness import assemble, build_model, calibrate_noise
-from dpbench.mechanisms import PoissonSubsampledGaussian
+from dpbench.privacy import accounting
+from dpbench.training.harness import assemble, build_model, calibrate_noise
+from dpbench.privacy.mechanisms import PoissonSubsampledGaussian
 from dpbench.optimizers import get_optimizer
 from dpbench.problems import get_problem
-from dpbench.seeds import stream_seeds
-from dpbench.train import RunConfig, load_splits
+from dpbench.training.seeds import stream_seeds
+from dpbench.training.train import RunConfig, load_splits
 
 
 def _calibrate(name, plan, **kw):
@@ -61,7 +61,7 @@ def test_assemble_builds_the_calibrated_clipped_step_and_its_sampler():
 
 def test_harness_reproduces_a_training_cell_step_for_step(tiny_fmnist):
     """Built from the harness with the run's seed streams, the step and sampler give exactly
-    the training losses and batch sizes that dpbench.train.run records."""
+    the training losses and batch sizes that dpbench.training.train.run records."""
     cfg = RunConfig(problem="P2", optimizer="dpsgd", lr=0.5, batch_size=60, epochs=1, seed=3, noise_multiplier=1.1,
                     max_steps=4, test_subset=50, progress_every_s=1e9)
     res = run_cell(cfg)

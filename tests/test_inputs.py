@@ -19,10 +19,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpbench import accounting, cli
-from dpbench.grid import ConfigError, validate
+from dpbench.privacy import accounting
+from dpbench import cli
+from dpbench.pipeline.grid import ConfigError, validate
 from dpbench.optimizers import OPTIMIZERS
-from dpbench.train import RunConfig
+from dpbench.training.train import RunConfig
 
 NON_FINITE = [math.inf, -math.inf, math.nan]
 
@@ -30,12 +31,12 @@ NON_FINITE = [math.inf, -math.inf, math.nan]
 @pytest.fixture(autouse=True)
 def no_data(monkeypatch):
     """A bad value must be refused before the data is read: reading it fails these tests."""
-    from dpbench import data
+    from dpbench.data import images
 
     def load(*args, **kwargs):
         raise AssertionError("the data was read: the bad value was not refused up front")
 
-    monkeypatch.setattr(data, "load", load)
+    monkeypatch.setattr(images, "load", load)
 
 
 def train_argv(tmp_path, *extra, optimizer="dpsgd"):
@@ -92,8 +93,8 @@ def test_every_mechanism_refuses_a_non_finite_target_or_a_delta_outside_0_1(name
 @pytest.mark.parametrize("sigma", [*NON_FINITE, -1.0])
 def test_the_shared_calibration_refuses_a_non_finite_noise_multiplier(sigma):
     """harness.calibrate_noise is what every caller (a grid cell, the audit) gets sigma from."""
-    from dpbench.harness import calibrate_noise
-    from dpbench.mechanisms import Plan
+    from dpbench.training.harness import calibrate_noise
+    from dpbench.privacy.mechanisms import Plan
 
     with pytest.raises(ValueError, match="noise multiplier must be finite and >= 0"):
         calibrate_noise(OPTIMIZERS["dpsgd"], Plan(10, 5, 0.1), target_epsilon=None, noise_multiplier=sigma,
@@ -138,7 +139,7 @@ def test_config_refuses_non_finite_numbers_naming_the_key(value):
 
 
 def test_number_format_of_ids_round_trips_and_keeps_the_short_forms():
-    from dpbench.grid import fmt
+    from dpbench.pipeline.grid import fmt
 
     for x in (0.1, 0.1000001, 1 / 3, 1e-5, 2.5e-6, 10.0, 123456789.0, 1e300, 7, 123456789):
         assert float(fmt(x)) == x, (x, fmt(x))
@@ -148,7 +149,7 @@ def test_number_format_of_ids_round_trips_and_keeps_the_short_forms():
 
 
 def test_values_that_print_alike_are_distinct_cells():
-    from dpbench.grid import expand
+    from dpbench.pipeline.grid import expand
 
     cells = expand(validate(_config(optimizers={"dpsgd": {"lr": [0.1, 0.1000001]}}, epsilons=[1.0, 1.0000001])))
     assert len(cells) == 4 and len({c.id for c in cells}) == 4
@@ -157,7 +158,7 @@ def test_values_that_print_alike_are_distinct_cells():
 
 
 def test_a_hyperparameter_at_its_default_is_the_cell_without_it():
-    from dpbench.grid import expand
+    from dpbench.pipeline.grid import expand
 
     config = _config(optimizers={"dpdisk": {"lr": 0.1, "kappa": 0.7}})
     config["grid"].append({**config["grid"][0], "optimizers": {"dpdisk": {"lr": 0.1}}})
@@ -168,7 +169,7 @@ def test_a_hyperparameter_at_its_default_is_the_cell_without_it():
 
 
 def test_cells_whose_ids_collide_are_refused_naming_both_values():
-    from dpbench.grid import expand
+    from dpbench.pipeline.grid import expand
 
     # the string "8" and the integer 8 print alike but are different settings
     with pytest.raises(ConfigError, match=r"grid\.0\.optimizers\.dpmatrix-band.*'8'.* 8\b"):
@@ -178,7 +179,7 @@ def test_cells_whose_ids_collide_are_refused_naming_both_values():
 
 
 def test_what_a_cell_passes_to_dpbench_train_is_exactly_its_values():
-    from dpbench.grid import expand
+    from dpbench.pipeline.grid import expand
 
     config = _config(optimizers={"dpsgd": {"lr": 0.1000001}, "d2p2sgd": {"lr": 1 / 3, "paper_sensitivity": True,
                                                                         "projection_rate": 0.30000000000000004}},
@@ -288,7 +289,7 @@ def test_a_damaged_checkpoint_is_moved_aside_and_the_run_starts_afresh(tiny_fmni
 def test_a_checkpoint_that_cannot_be_written_leaves_no_temporary_file(tmp_path, monkeypatch, where):
     import torch
 
-    from dpbench.train import Checkpoint
+    from dpbench.training.train import Checkpoint
 
     cfg = RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=2, seed=3, epsilon=2.0)
     module, name = (torch, "save") if where == "torch.save" else (os, "fsync")
@@ -306,7 +307,7 @@ def test_a_checkpoint_that_cannot_be_written_leaves_no_temporary_file(tmp_path, 
 
 
 def test_a_full_disk_while_writing_a_table_names_it_and_leaves_nothing(tmp_path, monkeypatch):
-    from dpbench import results
+    from dpbench.reporting import results
 
     real = os.fsync
 
@@ -341,11 +342,11 @@ def test_device_cuda_without_a_gpu_names_the_option(tmp_path, capsys, device):
     code, err = cli_error(train_argv(tmp_path, "--device", device), capsys)
     assert code == 2 and f"argument --device: {device}: no CUDA GPU is available" in err, err
     with pytest.raises(ValueError, match="no CUDA GPU is available"):
-        __import__("dpbench.train").train.resolve_device(device)
+        __import__("dpbench.training.train").train.resolve_device(device)
 
 
 def test_a_damaged_run_file_is_refused_naming_it_and_the_fix(tmp_path):
-    from dpbench import results
+    from dpbench.reporting import results
 
     n = 3000
     metrics = pd.DataFrame({"split": "train", "step": np.arange(1, n + 1), "epoch": 1,
@@ -359,10 +360,10 @@ def test_a_damaged_run_file_is_refused_naming_it_and_the_fix(tmp_path):
 
 
 def test_full_disk_while_writing_noise_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
-    from dpbench.matrix import factorization
+    from dpbench.matrix import dense_factorization
 
-    fact = factorization.factorize("me-k2-b3")
-    factorization.save(fact, tmp_path / "f.npz")
+    fact = dense_factorization.factorize("me-k2-b3")
+    dense_factorization.save(fact, tmp_path / "f.npz")
 
     def pwrite(fd, data, offset):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -388,20 +389,20 @@ def umask(request):
 def test_every_file_written_honours_the_umask(tmp_path, umask):
     import torch  # noqa: F401
 
-    from dpbench import results
-    from dpbench.matrix import factorization, noise_file, streaming, streaming_file
-    from dpbench.train import Checkpoint
+    from dpbench.reporting import results
+    from dpbench.matrix import dense_factorization, dense_noise, streamed_mechanism, streamed_factorization
+    from dpbench.training.train import Checkpoint
 
     metrics = pd.DataFrame({"split": ["train"], "step": [1], "epoch": [1], "loss": [1.0], "accuracy": [0.5],
                             "batch_size": [3]})
     written = [results.write_run(tmp_path / "run.parquet", metrics, {"privacy": {}}),
                results.write_table(metrics, tmp_path / "table.parquet")]
-    fact = factorization.factorize("me-k2-b3")
-    factorization.save(fact, tmp_path / "f.npz")
+    fact = dense_factorization.factorize("me-k2-b3")
+    dense_factorization.save(fact, tmp_path / "f.npz")
     written += [tmp_path / "f.npz", tmp_path / "f.json"]
-    noise_file.write_noise(tmp_path / "noise.npy", fact.noising, 10, 1)
-    written += [tmp_path / "noise.npy", noise_file.meta_path(tmp_path / "noise.npy")]
-    streaming_file.save(streaming.compute("band-n12-b3"), tmp_path / "band.json")  # a streamed factorization
+    dense_noise.write_noise(tmp_path / "noise.npy", fact.noising, 10, 1)
+    written += [tmp_path / "noise.npy", dense_noise.meta_path(tmp_path / "noise.npy")]
+    streamed_factorization.save(streamed_mechanism.compute("band-n12-b3"), tmp_path / "band.json")  # a streamed factorization
     written.append(tmp_path / "band.json")
     cfg = RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=2, seed=3, epsilon=2.0)
     Checkpoint(tmp_path / "run.ckpt", cfg).save({"step": 1})
@@ -414,8 +415,8 @@ def test_every_file_written_honours_the_umask(tmp_path, umask):
 
 PARENT = """
 import os, subprocess, sys, time
-from dpbench import watch
-child = "from dpbench import watch; import time; watch.start(); print('ready', flush=True); time.sleep(120)"
+from dpbench.pipeline import watch
+child = "from dpbench.pipeline import watch; import time; watch.start(); print('ready', flush=True); time.sleep(120)"
 env = dict(os.environ)
 env.pop(watch.ENV, None)
 plain = subprocess.Popen([sys.executable, "-c", child], env=env, stdout=subprocess.PIPE, text=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dpbench.clipping import Clipping
+from dpbench.privacy.clipping import Clipping
 from dpbench.matrix.participation import FixedBatchSampler
-from dpbench.noise import GaussianNoise
+from dpbench.privacy.noise import GaussianNoise
 from dpbench.optimizers.base import SGD, Context
 from dpbench.optimizers.dice import DiceStep
 

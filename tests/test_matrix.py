@@ -15,8 +15,8 @@ import torch
 import yaml
 
 from conftest import REPO, run_cell, run_cli, snakemake_exe
-from dpbench import accounting
-from dpbench.matrix import cache, factorization, noise_file, sensitivity
+from dpbench.privacy import accounting
+from dpbench.matrix import cache, dense_factorization, dense_noise, sensitivity
 from dpbench.matrix.dual import dual_ascent
 from dpbench.matrix.fixed_point import fixed_point
 from dpbench.matrix.participation import FixedBatchSampler
@@ -84,8 +84,8 @@ def newton_primal(workload, epochs, batches, iters=60):
 
 @pytest.mark.parametrize("key", SMALL_KEYS)
 def test_solvers_reach_the_optimum_of_an_independent_method(key):
-    kind, k, b, tau = factorization.parse_key(key)
-    fact = factorization.factorize(key, tol=1e-8)
+    kind, k, b, tau = dense_factorization.parse_key(key)
+    fact = dense_factorization.factorize(key, tol=1e-8)
     reference = newton_primal(objective_workload(k * b, tau), k, b)
     assert fact.report["objective"] == pytest.approx(reference, rel=1e-4)
     # the duality gap is a certificate: the reference lies between the two bounds
@@ -94,8 +94,8 @@ def test_solvers_reach_the_optimum_of_an_independent_method(key):
 
 @pytest.mark.parametrize("key", SMALL_KEYS + ["se-k1-b40", "me-k5-b8", "me-lambda-k5-b8-tau40", "identity-k3-b5"])
 def test_factorization_invariants(key):
-    fact = factorization.factorize(key)
-    kind, k, b, tau = factorization.parse_key(key)
+    fact = dense_factorization.factorize(key)
+    kind, k, b, tau = dense_factorization.parse_key(key)
     a, c = prefix_sum(k * b), fact.strategy
     # B C = A for the TRUE workload (also for the lambda variants), C lower triangular (causal)
     np.testing.assert_allclose(fact.decoder @ c, a, atol=1e-9)
@@ -158,35 +158,35 @@ def test_workload_structure_and_fast_path_equals_dense():
 
 
 def test_factorization_file_round_trip_and_keys(tmp_path):
-    fact = factorization.factorize("me-k2-b3")
-    factorization.save(fact, tmp_path / "f.npz")
-    back = factorization.load(tmp_path / "f.npz")
+    fact = dense_factorization.factorize("me-k2-b3")
+    dense_factorization.save(fact, tmp_path / "f.npz")
+    back = dense_factorization.load(tmp_path / "f.npz")
     assert np.array_equal(back.strategy, fact.strategy) and back.report == fact.report
     assert (tmp_path / "f.json").exists() and not list(tmp_path.glob(".*tmp"))
-    assert factorization.parse_key("me-lambda-k30-b48-tau1440") == ("me-lambda", 30, 48, 1440)
-    assert factorization.make_key("se-lambda", 1, 1875) == "se-lambda-k1-b1875-tau1875"
+    assert dense_factorization.parse_key("me-lambda-k30-b48-tau1440") == ("me-lambda", 30, 48, 1440)
+    assert dense_factorization.make_key("se-lambda", 1, 1875) == "se-lambda-k1-b1875-tau1875"
     for bad in ("se-k2-b5", "me-k3-b4-tau5", "xx-k1-b2", "se-lambda-k1-b4-tau9"):
         with pytest.raises(ValueError):
-            factorization.parse_key(bad)
+            dense_factorization.parse_key(bad)
 
 
 # -- noise files ------------------------------------------------------------------------------
 
 def test_noise_file_rows_have_covariance_c_inv_c_inv_t(tmp_path):
-    fact = factorization.factorize("me-k2-b3")
+    fact = dense_factorization.factorize("me-k2-b3")
     dim, seed = 60_000, 7
     path = tmp_path / "noise.npy"
-    noise_file.write_noise(path, fact.noising, dim, seed, chunk_blocks=4)
+    dense_noise.write_noise(path, fact.noising, dim, seed, chunk_blocks=4)
     rows = np.load(path, mmap_mode="r")
     assert rows.shape == (6, dim) and rows.dtype == np.float32
     # exactly C^-1 Z for the documented Z, independent of the writer's chunking
-    z = noise_file.standard_normal(seed, 6, dim)
+    z = dense_noise.standard_normal(seed, 6, dim)
     np.testing.assert_allclose(rows, fact.noising.astype(np.float32) @ z, atol=1e-5)
     again = tmp_path / "again.npy"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = tmp_path / f".again.npy.{noise_file._HOST}.{dead.stdout.strip()}.x.tmp"  # a killed writer's
+    stale = tmp_path / f".again.npy.{dense_noise._HOST}.{dead.stdout.strip()}.x.tmp"  # a killed writer's
     stale.write_bytes(b"partial")
-    noise_file.write_noise(again, fact.noising, dim, seed, chunk_blocks=1)
+    dense_noise.write_noise(again, fact.noising, dim, seed, chunk_blocks=1)
     assert path.read_bytes() == again.read_bytes() and not stale.exists()
     # statistics over the d columns: rows are N(0, C^-1 C^-T)
     cov = np.asarray(rows, dtype=np.float64) @ np.asarray(rows, dtype=np.float64).T / dim
@@ -194,7 +194,7 @@ def test_noise_file_rows_have_covariance_c_inv_c_inv_t(tmp_path):
     scale = np.sqrt(np.outer(np.diag(target), np.diag(target)) + target ** 2)  # std of one product
     assert np.abs(cov - target).max() < (5 * scale / np.sqrt(dim)).max()
     # row t read with one positioned read is row t of the file
-    reader = noise_file.NoiseFile(path)
+    reader = dense_noise.NoiseFile(path)
     assert np.array_equal(reader.row(4), rows[4]) and reader.dim == dim
     with pytest.raises(IndexError):
         reader.row(6)
@@ -205,10 +205,10 @@ def test_noise_writer_memory_stays_bounded(tmp_path):
     code = (
         "import resource, sys, numpy as np\n"
         f"sys.path.insert(0, {str(REPO / 'src')!r})\n"
-        "from dpbench.matrix import noise_file\n"
+        "from dpbench.matrix import dense_noise\n"
         "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "c = np.tril(np.ones((32, 32))) / 32\n"
-        f"noise_file.write_noise({str(tmp_path / 'big.npy')!r}, c, 4_000_000, 1, chunk_blocks=16)\n"
+        f"dense_noise.write_noise({str(tmp_path / 'big.npy')!r}, c, 4_000_000, 1, chunk_blocks=16)\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
@@ -223,10 +223,10 @@ def test_concurrent_readers_never_see_a_partial_noise_file(tmp_path):
     path = tmp_path / "noise.npy"
     steps, dim, seed = 64, 400_000, 3
     code = (f"import sys, numpy as np\nsys.path.insert(0, {str(REPO / 'src')!r})\n"
-            "from dpbench.matrix import noise_file\n"
-            f"noise_file.write_noise({str(path)!r}, np.eye({steps}), {dim}, {seed}, chunk_blocks=1)\n")
-    expected_last = noise_file.standard_normal_block(seed, steps, (dim - 1) // noise_file.BLOCK)[
-        -1, : dim - ((dim - 1) // noise_file.BLOCK) * noise_file.BLOCK]
+            "from dpbench.matrix import dense_noise\n"
+            f"dense_noise.write_noise({str(path)!r}, np.eye({steps}), {dim}, {seed}, chunk_blocks=1)\n")
+    expected_last = dense_noise.standard_normal_block(seed, steps, (dim - 1) // dense_noise.BLOCK)[
+        -1, : dim - ((dim - 1) // dense_noise.BLOCK) * dense_noise.BLOCK]
     full_size = 128 + steps * dim * 4
     seen, errors, saw_tmp, stop = [], [], [], threading.Event()
 
@@ -237,7 +237,7 @@ def test_concurrent_readers_never_see_a_partial_noise_file(tmp_path):
             if path.exists():
                 try:
                     size = path.stat().st_size
-                    row = noise_file.NoiseFile(path).row(steps - 1)
+                    row = dense_noise.NoiseFile(path).row(steps - 1)
                     seen.append((size, np.array_equal(row[-len(expected_last):], expected_last)))
                 except Exception as exc:  # noqa: BLE001 - any failure to read is a partial file
                     errors.append(repr(exc))
@@ -260,7 +260,7 @@ def test_concurrent_readers_never_see_a_partial_noise_file(tmp_path):
 
 def test_cache_computes_each_file_once_even_concurrently(tmp_path, monkeypatch):
     calls = {"factorize": 0, "noise": 0}
-    real_factorize, real_write = factorization.factorize, noise_file.write_noise
+    real_factorize, real_write = dense_factorization.factorize, dense_noise.write_noise
 
     def counting_factorize(*a, **kw):
         calls["factorize"] += 1
@@ -271,13 +271,13 @@ def test_cache_computes_each_file_once_even_concurrently(tmp_path, monkeypatch):
         calls["noise"] += 1
         return real_write(*a, **kw)
 
-    monkeypatch.setattr(factorization, "factorize", counting_factorize)
-    monkeypatch.setattr(noise_file, "write_noise", counting_write)
+    monkeypatch.setattr(dense_factorization, "factorize", counting_factorize)
+    monkeypatch.setattr(dense_noise, "write_noise", counting_write)
     paths = []
 
     def cell():
         f = cache.ensure_factorization(tmp_path, "se-k1-b8")
-        paths.append(cache.ensure_noise(tmp_path, factorization.load(f), 5000, 11))
+        paths.append(cache.ensure_noise(tmp_path, dense_factorization.load(f), 5000, 11))
 
     threads = [threading.Thread(target=cell) for _ in range(4)]
     for t in threads:
@@ -319,11 +319,11 @@ def test_single_epoch_refuses_more_than_one_epoch(tmp_path):
 
 
 def test_sigma_is_the_exact_gaussian_calibration(tmp_path):
-    from dpbench.mechanisms import Plan
+    from dpbench.privacy.mechanisms import Plan
     from dpbench.optimizers import get_optimizer
 
     mech = get_optimizer("dpmatrix-me").mechanism
-    fact = factorization.factorize("me-k3-b4")
+    fact = dense_factorization.factorize("me-k3-b4")
     plan = Plan(64, 12, None, {"factorization": fact, "unused_examples": 0, "factorization_file": "f"})
     for eps in (1.0, 10.0):
         sigma = mech.calibrate(plan, eps, 1e-5, "prv")
@@ -366,21 +366,21 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
     """B = A, C = I: the matrix run equals DP-SGD on the same fixed batches with the same
     i.i.d. noise Z, step for step, and sigma is that of one Gaussian release of sensitivity
     sqrt(k) (k participations of norm 1)."""
-    from dpbench import data
-    from dpbench.clipping import Clipping
+    from dpbench.data import images
+    from dpbench.privacy.clipping import Clipping
     from dpbench.optimizers.base import SGD, Context, DPStep
     from dpbench.problems import get_problem
-    from dpbench.seeds import stream_seeds
-    from dpbench.train import RunConfig
+    from dpbench.training.seeds import stream_seeds
+    from dpbench.training.train import RunConfig
 
     seed, L, lr, eps = 3, 64, 0.5, 2.0
     b = 600 // L
     steps = epochs * b
-    fact = factorization.from_strategy(f"identity-k{epochs}-b{b}", np.eye(steps))
-    factorization.save(fact, tmp_path / "identity.npz")
+    fact = dense_factorization.from_strategy(f"identity-k{epochs}-b{b}", np.eye(steps))
+    dense_factorization.save(fact, tmp_path / "identity.npz")
     seeds = stream_seeds(seed)
     dim = cache.PARAMETER_COUNTS["P2"]
-    noise_file.write_noise(tmp_path / "noise.npy", fact.noising, dim, seeds["noise"],
+    dense_noise.write_noise(tmp_path / "noise.npy", fact.noising, dim, seeds["noise"],
                            meta={"factorization_digest": fact.digest})
     res = run_cell(RunConfig(problem="P2", optimizer=optimizer, lr=lr, batch_size=L, epochs=epochs, seed=seed,
                         epsilon=eps, factorization=str(tmp_path / "identity.npz"),
@@ -390,7 +390,7 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
 
     # DP-SGD by hand: same model init, same fixed batches, same Z, no amplification
     problem = get_problem("P2")
-    ds = data.load("fashion-mnist")
+    ds = images.load("fashion-mnist")
     x, y = problem.preprocess(ds.train_images), torch.from_numpy(ds.train_labels)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seeds["init"])
@@ -398,7 +398,7 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
     model.train()
     ctx = Context(model=model, loss_fn=lambda m, xb, yb: problem.per_sample_loss(m, xb, yb), lr=lr,
                   expected_batch_size=L, noise_multiplier=sigma, clipping=Clipping(1.0, True),
-                  noise=RowNoise(noise_file.standard_normal(seeds["noise"], steps, dim)), steps=steps)
+                  noise=RowNoise(dense_noise.standard_normal(seeds["noise"], steps, dim)), steps=steps)
     step = DPStep(ctx, SGD(lr))
     sampler = FixedBatchSampler(600, L, seeds["sampler"])
     losses = []
@@ -411,7 +411,7 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
 
 
 def test_matrix_run_records_privacy_and_reuses_its_cache(tiny_fmnist, tmp_path):
-    from dpbench.train import RunConfig
+    from dpbench.training.train import RunConfig
 
     cfg = dict(problem="P2", optimizer="dpmatrix-me-lambda", batch_size=100, epochs=2, seed=1,
                cache_dir=str(tmp_path), progress_every_s=1e9)
@@ -428,23 +428,23 @@ def test_matrix_run_records_privacy_and_reuses_its_cache(tiny_fmnist, tmp_path):
 
 
 def test_constants_match_the_problems_and_datasets():
-    from dpbench import data
+    from dpbench.data import images
     from dpbench.problems import PROBLEMS
 
     for pid, count in cache.PARAMETER_COUNTS.items():
         assert sum(p.numel() for p in PROBLEMS[pid].build().parameters()) == count
     assert set(cache.TRAIN_SIZES) == {p.dataset for p in PROBLEMS.values()}
-    assert hasattr(data, "load")
+    assert hasattr(images, "load")
 
 
 # -- commands and workflow ----------------------------------------------------------------------
 
 def test_cli_factorize_and_noise(tmp_path):
     run_cli("factorize", "--key", "se-lambda-k1-b8-tau4", "--out", tmp_path / "f.npz")
-    fact = factorization.load(tmp_path / "f.npz")
+    fact = dense_factorization.load(tmp_path / "f.npz")
     assert fact.key == "se-lambda-k1-b8-tau4" and (tmp_path / "f.json").exists()
     run_cli("noise", "--factorization", tmp_path / "f.npz", "--dim", 3000, "--seed", 9, "--out", tmp_path / "n.npy")
-    meta = noise_file.read_meta(tmp_path / "n.npy")
+    meta = dense_noise.read_meta(tmp_path / "n.npy")
     assert meta["factorization_digest"] == fact.digest and meta["seed"] == 9 and meta["steps"] == 8
     bad = run_cli("factorize", "--key", "se-k2-b8", "--out", tmp_path / "x.npz", check=False)
     assert bad.returncode == 2 and "needs k = 1" in bad.stderr

@@ -7,7 +7,7 @@ vectors; the tests that apply to all optimizers run over it:
 * reference steps: noise off, a fixed batch, several steps equal the literal pseudocode
   (per-sample gradients by autograd one example at a time, not from dpbench), under both clipping rules;
 * noise: on zero gradients, the injected noise has the std its calibration promises;
-* accounting: a real ``dpbench.train.run`` records an achieved epsilon <= the target;
+* accounting: a real ``dpbench.training.train.run`` records an achieved epsilon <= the target;
 * checkpoints: the state is plain tensors/ints and restoring it reproduces the run.
 
 Then equivalences with the same seed and noise on (DiSK kappa = 1, Dice C2 = 0, AdamW-BC
@@ -34,14 +34,14 @@ from torch import nn
 from torch.func import functional_call
 
 from conftest import run_cell
-from dpbench import accounting, mechanisms
-from dpbench.clipping import Clipping
-from dpbench.mechanisms import PoissonSubsampledGaussian, inverse_sqrt_schedule
-from dpbench.noise import GaussianNoise
+from dpbench.privacy import accounting, mechanisms
+from dpbench.privacy.clipping import Clipping
+from dpbench.privacy.mechanisms import PoissonSubsampledGaussian, inverse_sqrt_schedule
+from dpbench.privacy.noise import GaussianNoise
 from dpbench.optimizers import OPTIMIZERS, get_optimizer
 from dpbench.optimizers import projection as proj
 from dpbench.optimizers.base import Context
-from dpbench.train import RunConfig
+from dpbench.training.train import RunConfig
 
 DELTA = 1e-5
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from dpbench.per_sample import LayerGrads, Tape, UnsupportedLayerError
+from dpbench.privacy.per_sample import LayerGrads, Tape, UnsupportedLayerError
 from dpbench.problems import PROBLEMS
 
 B = 12
@@ -126,7 +126,7 @@ def test_refuses_layer_used_twice():
 def test_unfold_equals_torch_unfold_exactly(stride, padding):
     """per_sample.unfold (strided views, a few kernels on a GPU) moves the same values as
     F.unfold (one im2col kernel per sample on a GPU)."""
-    from dpbench.per_sample import unfold
+    from dpbench.privacy.per_sample import unfold
 
     x = torch.randn(3, 4, 9, 8, dtype=torch.float64)
     ours = unfold(x, (3, 2), (1, 1), padding, stride)
@@ -137,7 +137,7 @@ def test_unfold_equals_torch_unfold_exactly(stride, padding):
 def test_per_sample_weight_gradients_by_gemm_equal_the_grouped_convolution(layer):
     """The GPU path (one batched GEMM of the unfolded factors) and the CPU path (a grouped
     weight-gradient convolution) give the same per-sample gradients."""
-    from dpbench.per_sample import LayerGrads
+    from dpbench.privacy.per_sample import LayerGrads
 
     layer = layer.double()
     x = torch.randn(6, layer.in_channels, 7, 7, dtype=torch.float64)

@@ -11,15 +11,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from dpbench import accounting, cuda
-from dpbench.clipping import Clipping
-from dpbench.mechanisms import PoissonSubsampledGaussian, geometric_buckets, inverse_sqrt_schedule
-from dpbench.noise import GaussianNoise
+from dpbench.privacy import accounting
+from dpbench.training import cuda
+from dpbench.privacy.clipping import Clipping
+from dpbench.privacy.mechanisms import PoissonSubsampledGaussian, geometric_buckets, inverse_sqrt_schedule
+from dpbench.privacy.noise import GaussianNoise
 from dpbench.optimizers import get_optimizer
 from dpbench.optimizers.base import Context
-from dpbench.per_sample import Tape
+from dpbench.privacy.per_sample import Tape
 from dpbench.problems import PROBLEMS
-from dpbench.sampling import PoissonSampler
+from dpbench.privacy.sampling import PoissonSampler
 
 
 # -- clipping ---------------------------------------------------------------------------------
@@ -121,7 +122,7 @@ def test_clipped_norms_stay_at_most_one_with_and_without_tf32(problem_id, device
     """Normalised clipping scales g_i by 1 / max(C, ||g_i||) with the norm computed on the device;
     every example is clipped here (C far below the norms), so the true norms of the clipped
     vectors (float64, torch.func on the CPU) are 1 up to the device's rounding. They must stay
-    <= 1 + 1e-5 in IEEE float32, the harness default on a GPU (dpbench.cuda); TF32 (cuBLAS and
+    <= 1 + 1e-5 in IEEE float32, the harness default on a GPU (dpbench.training.cuda); TF32 (cuBLAS and
     cuDNN) is measured too and must stay within TF32's rounding (5e-3): the measured excess is
     recorded (junit property) for docs/gpu.md."""
     problem = PROBLEMS[problem_id]

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from dpbench import mechanisms
-from dpbench.clipping import Clipping
+from dpbench.privacy import mechanisms
+from dpbench.privacy.clipping import Clipping
 from dpbench.optimizers import get_optimizer
 from dpbench.optimizers import projection as proj
 from dpbench.optimizers.base import Context

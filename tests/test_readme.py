@@ -5,8 +5,8 @@ import re
 import torch
 
 from conftest import REPO
-from dpbench.clipping import Clipping
-from dpbench.noise import GaussianNoise
+from dpbench.privacy.clipping import Clipping
+from dpbench.privacy.noise import GaussianNoise
 from dpbench.optimizers.base import Context
 
 
@@ -35,7 +35,7 @@ def test_adding_an_optimizer_example_works():
 
 
 def test_adding_a_setup_example_is_a_valid_config(tmp_path):
-    from dpbench.grid import expand, load_config
+    from dpbench.pipeline.grid import expand, load_config
 
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## Adding a setup"):]

@@ -183,7 +183,7 @@ def test_a_killed_workflow_resumes_from_its_checkpoints(tmp_path, fmnist_dir):
     os.kill(proc.pid, signal.SIGKILL)  # Snakemake dies mid-training (kill -9: it cannot stop its jobs)
     proc.wait()
     try:
-        # its training job notices (dpbench.watch) and stops within seconds; it neither goes on
+        # its training job notices (dpbench.pipeline.watch) and stops within seconds; it neither goes on
         # as an orphan nor finishes the run nobody waits for
         assert jobs, "no training job found"
         gone, alive = psutil.wait_procs(jobs, timeout=10)

@@ -6,7 +6,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from dpbench import results
+from dpbench.reporting import results
 
 
 def _metrics():

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, snakemake_exe
-from dpbench import figures
-from dpbench.grid import expand, load_config
+from dpbench.reporting import figures
+from dpbench.pipeline.grid import expand, load_config
 
 SETUP_RUNS = {"setup1": 2272, "setup2": 60, "setup3": 144}
 

@@ -1,4 +1,4 @@
-"""Cluster execution: the resource model (dpbench.cluster), the SLURM profiles, and (optional)
+"""Cluster execution: the resource model (dpbench.pipeline.cluster), the SLURM profiles, and (optional)
 a tiny grid through a real single-node SLURM cluster started on this machine."""
 
 import json
@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from conftest import REPO, run_cli, snakemake_exe
-from dpbench import cluster
-from dpbench.grid import expand, load_config
+from dpbench.pipeline import cluster
+from dpbench.pipeline.grid import expand, load_config
 
 PROFILES = REPO / "workflow" / "profiles"
 SCRIPTS = REPO / "scripts" / "slurm"
@@ -173,7 +173,7 @@ def test_profiles():
     assert slurm["default-resources"]["slurm_partition"].startswith("CHANGE-ME")
     train = slurm["set-resources"]["train"]
     assert train["gres"] == "gpu:1" and "gpu" not in train and train["slurm_partition"].startswith("CHANGE-ME")
-    assert "mem_mb" not in train and "runtime" not in train  # they come from dpbench.cluster via the rule
+    assert "mem_mb" not in train and "runtime" not in train  # they come from dpbench.pipeline.cluster via the rule
     assert slurm["group-components"] == {cluster.SHORT_GROUP: 16, cluster.LONG_GROUP: 8}
     assert slurm["set-resource-scopes"] == {"gpu_slots": "local"} and slurm["resources"] == {"gpu_slots": 8}
     # the local GPU profile: 8 runs share its one GPU; `gpu: 1` marks the device, no global limit on it

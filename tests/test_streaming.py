@@ -1,4 +1,4 @@
-"""Streaming correlated noise (dpbench.matrix.streaming_noise, cyclic_poisson, streaming): the
+"""Streaming correlated noise (dpbench.matrix.streamed_noise, cyclic_poisson, streaming): the
 streamed noise against numpy.linalg.solve(C, Z) row by row, exact resume, the state's size; the
 cyclic Poisson sampler's statistics; the amplified accounting against an independent PLD and
 pinned dp_accounting numbers; the three mechanisms' calibration and reports; b = 1 amplified
@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from conftest import run_cell
-from dpbench import accounting, pld
-from dpbench.matrix import banded, blt, cyclic_poisson, streaming
+from dpbench.privacy import accounting, pld
+from dpbench.matrix import banded, blt, cyclic_poisson, streamed_mechanism
 from dpbench.matrix import sensitivity as dense_sensitivity
-from dpbench.matrix.streaming_noise import BandedNoise, BLTNoise
-from dpbench.mechanisms import Plan
-from dpbench.noise import GaussianNoise
+from dpbench.matrix.streamed_noise import BandedNoise, BLTNoise
+from dpbench.privacy.mechanisms import Plan
+from dpbench.privacy.noise import GaussianNoise
 from dpbench.optimizers import get_optimizer
-from dpbench.sampling import PoissonSampler
+from dpbench.privacy.sampling import PoissonSampler
 
 
 @pytest.fixture(autouse=True)
@@ -251,9 +251,9 @@ def test_auto_bands_need_a_target_epsilon_and_search_includes_one():
     with pytest.raises(ValueError, match="bands = 'auto' .* --epsilon"):
         amp_plan(600, 60, 1, "auto")
     # a synthetic proxy with its minimum at b = 1, and one at an interior point
-    b, evaluated = streaming.choose_bands(60_000, 32, 1875, 1.0, 1e-5, evaluate=lambda b: b)
+    b, evaluated = streamed_mechanism.choose_bands(60_000, 32, 1875, 1.0, 1e-5, evaluate=lambda b: b)
     assert b == 1 and evaluated[0]["bands"] == 1
-    b, evaluated = streaming.choose_bands(60_000, 32, 1875, 1.0, 1e-5, evaluate=lambda b: (b - 77) ** 2 + 1)
+    b, evaluated = streamed_mechanism.choose_bands(60_000, 32, 1875, 1.0, 1e-5, evaluate=lambda b: (b - 77) ** 2 + 1)
     assert b == 77 and len(evaluated) < 40
     assert max(e["bands"] for e in evaluated) == 1875  # floor(N / L) is a candidate
 
@@ -316,20 +316,20 @@ def test_blt_mechanism_plan_calibration_and_report():
 
 
 def test_factorize_is_a_pure_function_of_its_arguments():
-    a = streaming.factorize("band", 200, 50, 4, 16)
-    b = streaming.factorize("band", 200, 50, 4, 16)
+    a = streamed_mechanism.factorize("band", 200, 50, 4, 16)
+    b = streamed_mechanism.factorize("band", 200, 50, 4, 16)
     np.testing.assert_array_equal(a.coef, b.coef)
     with pytest.raises(ValueError, match="unknown streaming factorization kind"):
-        streaming.factorize("dense", 10, 10, 1, 1)
+        streamed_mechanism.factorize("dense", 10, 10, 1, 1)
     with pytest.raises(ValueError, match="1 <= b <= min"):
-        streaming.factorize("band", 200, 10, 4, 16)
+        streamed_mechanism.factorize("band", 200, 10, 4, 16)
 
 
 # -- whole runs --------------------------------------------------------------------------------
 
 @pytest.mark.slow
 def test_band_one_amplified_run_equals_dpsgd_step_for_step(tiny_fmnist, tmp_path):
-    from dpbench.train import RunConfig
+    from dpbench.training.train import RunConfig
 
     # sigma given: the calibration's equality is test_amplified_band_one_is_accounted_as_dpsgd's
     cfg = dict(problem="P2", lr=0.2, batch_size=60, epochs=2, seed=3, noise_multiplier=1.3, progress_every_s=1e9,
@@ -354,7 +354,7 @@ def test_streamed_run_writes_no_file_larger_than_its_factorization(tiny_fmnist, 
     end: the bytes the process writes are its factorization, its checkpoint (mode 0600: it holds
     the noise state) and its run file, nothing else; afterwards only the run file and the
     factorization remain, and the run file is smaller than the noise state it must not hold."""
-    from dpbench import train
+    from dpbench.training import train
     from dpbench.cli import main
 
     io = Path("/proc/self/io")
@@ -397,7 +397,7 @@ class _Interrupt(Exception):
 def test_streamed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkeypatch, optimizer):
     """Killed mid-epoch after a checkpoint, the run resumes with the noise state, sampler and
     model of the checkpoint and ends with the metrics of an uninterrupted run."""
-    from dpbench.train import Checkpoint, RunConfig
+    from dpbench.training.train import Checkpoint, RunConfig
 
     cfg = RunConfig(problem="P2", optimizer=optimizer, lr=0.1, batch_size=60, epochs=2, seed=4, noise_multiplier=1.1,
                     hyperparameters={"bands": 3} if "band" in optimizer else {"buffers": 1}, progress_every_s=1e9)

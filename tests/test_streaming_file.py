@@ -1,4 +1,4 @@
-"""The streamed mechanisms' factorizations as a cached stage (dpbench.matrix.streaming_file):
+"""The streamed mechanisms' factorizations as a cached stage (dpbench.matrix.streamed_factorization):
 keys name what determines a strategy, files round-trip exactly, damaged, stale and mismatched
 files are refused, a run with a cached file does not optimise, and the workflow names the file
 the run's plan reads."""
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dpbench.grid import Cell
-from dpbench.matrix import banded, blt, cache, streaming, streaming_file
-from dpbench.matrix.streaming_file import StreamingFactorizationError
+from dpbench.pipeline.grid import Cell
+from dpbench.matrix import banded, blt, cache, streamed_mechanism, streamed_factorization
+from dpbench.matrix.streamed_factorization import StreamingFactorizationError
 from dpbench.optimizers import get_optimizer
 
 
@@ -41,17 +41,17 @@ def test_keys_name_what_determines_the_strategy():
     with pytest.raises(ValueError, match="b <= N / L"):
         amp.key(50_000, 1024, 30, cfg(hyperparameters={"bands": 49}))
     # single participation does not depend on b': canonical separation n
-    assert streaming_file.blt_key(100, 7, 1, None) == streaming_file.blt_key(100, 100, 5, None) == \
+    assert streamed_factorization.blt_key(100, 7, 1, None) == streamed_factorization.blt_key(100, 100, 5, None) == \
         "blt-n100-sep100-k1-mauto"
-    assert streaming_file.blt_key(100, 30, 9, 3) == "blt-n100-sep30-k4-m3"  # k' = min(k, ceil(n / b'))
+    assert streamed_factorization.blt_key(100, 30, 9, 3) == "blt-n100-sep30-k4-m3"  # k' = min(k, ceil(n / b'))
 
 
 @pytest.mark.parametrize("key", ["band-n1875-b64", "blt-n100-sep30-k4-m3", "blt-n100-sep100-k1-mauto",
                                  "band-auto-N50000-L1024-n1465-eps1-delta1e-05",
                                  "band-auto-N600-L60-n30-eps0.25-delta1e-05"])
 def test_keys_parse_back(key):
-    assert streaming_file.is_key(key)
-    kind, params = streaming_file.parse_key(key)
+    assert streamed_factorization.is_key(key)
+    kind, params = streamed_factorization.parse_key(key)
     assert kind == key.split("-n")[0].split("-N")[0]
     assert params["n"] == int(key.split("-n")[1].split("-")[0])
 
@@ -61,20 +61,20 @@ def test_keys_parse_back(key):
                                      ("blt-n100-sep30-k4-m9", "buffers must be"), ("me-k30-b48", "not a streaming")])
 def test_bad_keys_are_refused(key, why):
     with pytest.raises(ValueError, match=why):
-        streaming_file.parse_key(key)
+        streamed_factorization.parse_key(key)
 
 
 def test_file_round_trips_exactly_and_plan_reads_it_without_optimising(tmp_path, monkeypatch):
     def no(*a, **k):
         raise AssertionError("a run with a cached factorization must not optimise")
-    for module, name in ((blt, "optimize"), (banded, "optimize"), (streaming, "choose_bands")):
+    for module, name in ((blt, "optimize"), (banded, "optimize"), (streamed_mechanism, "choose_bands")):
         monkeypatch.setattr(module, name, no)
     key = "blt-n30-sep10-k3-m2"
     strategy = blt.BLT.from_pair([0.9, 0.3], [0.7, 0.1], 30)
     cached = cache.streaming_path(tmp_path / "c", key)  # as the workflow's factorize stage leaves it
-    streaming_file.save(streaming_file.StreamingFactorization(key, strategy), cached)
+    streamed_factorization.save(streamed_factorization.StreamingFactorization(key, strategy), cached)
     path = tmp_path / "f.json"
-    streaming_file.save(streaming_file.load(cached, key), path)
+    streamed_factorization.save(streamed_factorization.load(cached, key), path)
     assert path.read_text() == cached.read_text()  # exact decimal float64: the round trip is the identity
     mech = get_optimizer("dpmatrix-blt").mechanism
     for run in (cfg(hyperparameters={"buffers": 2}, factorization=str(path)),
@@ -95,7 +95,7 @@ def test_amplified_auto_reads_the_band_search_from_its_file(tmp_path, monkeypatc
     assert plan.extras["factorization_key"] == key and (tmp_path / "streaming" / f"{key}.json").exists()
     proxies = {e["bands"]: e["proxy"] for e in plan.extras["band_search"]}
     assert plan.extras["bands"] == min(proxies, key=proxies.get)
-    monkeypatch.setattr(streaming, "choose_bands", lambda *a, **k: pytest.fail("the search ran again"))
+    monkeypatch.setattr(streamed_mechanism, "choose_bands", lambda *a, **k: pytest.fail("the search ran again"))
     again = mech.plan(600, 60, 3, run)
     assert again.extras["bands"] == plan.extras["bands"] and again.sample_rate == plan.sample_rate
     # another target epsilon is another search, hence another file
@@ -104,7 +104,7 @@ def test_amplified_auto_reads_the_band_search_from_its_file(tmp_path, monkeypatc
 
 def damaged(tmp_path, key, edit):
     path = tmp_path / f"{key}.json"
-    streaming_file.save(streaming.compute(key), path)
+    streamed_factorization.save(streamed_mechanism.compute(key), path)
     record = json.loads(path.read_text())
     edit(record)
     path.write_text(json.dumps(record))
@@ -126,21 +126,21 @@ def damaged(tmp_path, key, edit):
 def test_damaged_files_are_refused_naming_the_check_and_the_fix(tmp_path, key, edit, why):
     path = damaged(tmp_path, key, edit)
     with pytest.raises(StreamingFactorizationError, match=why) as exc:
-        streaming_file.load(path, key)
+        streamed_factorization.load(path, key)
     assert str(path) in str(exc.value) and "delete" in str(exc.value)
 
 
 def test_a_file_for_another_setting_and_unreadable_files_are_refused(tmp_path):
     path = tmp_path / "f.json"
-    streaming_file.save(streaming.compute("band-n40-b5"), path)
+    streamed_factorization.save(streamed_mechanism.compute("band-n40-b5"), path)
     with pytest.raises(StreamingFactorizationError, match="is for 'band-n40-b5', but this run needs 'band-n40-b4'"):
-        streaming_file.load(path, "band-n40-b4")
+        streamed_factorization.load(path, "band-n40-b4")
     mech = get_optimizer("dpmatrix-band").mechanism
     with pytest.raises(StreamingFactorizationError, match="this run needs 'band-n30-b10'"):
         mech.plan(600, 60, 3, cfg(factorization=str(path)))
     path.write_text(path.read_text()[:100])  # truncated
     with pytest.raises(StreamingFactorizationError, match="unreadable"):
-        streaming_file.load(path)
+        streamed_factorization.load(path)
     with pytest.raises(ValueError, match="does not exist"):
         mech.plan(600, 60, 3, cfg(factorization=str(tmp_path / "missing.json")))
 
@@ -165,7 +165,7 @@ def test_workflow_names_the_file_the_plan_reads(tmp_path):
 
 def test_noise_estimate_counts_dense_files_only(tmp_path, capsys):
     from dpbench.cli import main
-    from dpbench.matrix.noise_file import file_bytes
+    from dpbench.matrix.dense_noise import file_bytes
 
     config = tmp_path / "c.yaml"
     config.write_text(f"""results_dir: {tmp_path / 'results'}
@@ -196,7 +196,7 @@ def test_factorize_command_writes_a_streaming_key(tmp_path):
 
     out = tmp_path / "f.json"
     assert main(["factorize", "--key", "band-n50-b4", "--out", str(out)]) == 0
-    fact = streaming_file.load(out, "band-n50-b4")
+    fact = streamed_factorization.load(out, "band-n50-b4")
     assert fact.strategy.bands == 4 and math.isclose(np.linalg.norm(fact.strategy.coef), 1.0, rel_tol=1e-12)
     assert main(["factorize", "--key", "band-n50-b4", "--out", str(out), "--tol", "1e-3"]) == 2
 
@@ -212,7 +212,7 @@ def test_workflow_factorizes_once_and_trains_streamed_cells(tmp_path, fmnist_dir
     import yaml
 
     from conftest import REPO, snakemake_exe
-    from dpbench.results import read_meta
+    from dpbench.reporting.results import read_meta
 
     config = {"data_dir": str(fmnist_dir), "results_dir": "out", "train": {"train_subset": 256, "test_subset": 200},
               "figures": {},
@@ -246,7 +246,7 @@ def test_workflow_factorizes_once_and_trains_streamed_cells(tmp_path, fmnist_dir
 def test_config_schema_accepts_auto_or_a_positive_integer(name, value, ok):
     import copy
 
-    from dpbench.grid import ConfigError, expand, validate
+    from dpbench.pipeline.grid import ConfigError, expand, validate
 
     optimizer = "dpmatrix-band-amp" if name == "bands" else "dpmatrix-blt"
     config = {"grid": [{"problems": ["P2"], "batch_sizes": [32], "epochs": [1], "epsilons": [1],

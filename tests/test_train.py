@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 
 from conftest import run_cell, run_cli
-from dpbench import accounting
-from dpbench.results import read_run
+from dpbench.privacy import accounting
+from dpbench.reporting.results import read_run
 from dpbench.optimizers import get_optimizer
-from dpbench.seeds import stream_seeds
-from dpbench.train import RunConfig
+from dpbench.training.seeds import stream_seeds
+from dpbench.training.train import RunConfig
 
 
 def test_seed_streams_are_distinct_and_stable():
@@ -158,7 +158,7 @@ def test_killed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkeypa
     """Interrupt mid-epoch 1 and mid-epoch 2 (after mid-epoch checkpoints); the resumed run
     ends with exactly the metrics of an uninterrupted one: model, optimizer state, noise
     stream (i.i.d. or correlated), sampler and metrics all continue where they stopped. On a
-    GPU this needs deterministic kernels (dpbench.cuda)."""
+    GPU this needs deterministic kernels (dpbench.training.cuda)."""
     from dpbench.optimizers import get_optimizer
 
     eps = None if optimizer == "sgd" else 3.0
@@ -187,7 +187,7 @@ def test_killed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkeypa
 def test_checkpoint_of_another_configuration_is_ignored(tiny_fmnist, tmp_path, capsys):
     ckpt = tmp_path / "run.ckpt"
     base = dict(problem="P2", optimizer="dpsgd", batch_size=60, epochs=2, seed=1, epsilon=2.0, progress_every_s=1e9)
-    from dpbench.train import Checkpoint
+    from dpbench.training.train import Checkpoint
 
     Checkpoint(ckpt, RunConfig(lr=0.1, **base)).save({"step": 99})
     fresh = run_cell(RunConfig(lr=0.2, **base), checkpoint=ckpt)

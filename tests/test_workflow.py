@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from conftest import REPO, snakemake_exe
-from dpbench import figures
-from dpbench.results import read_meta
+from dpbench.reporting import figures
+from dpbench.reporting.results import read_meta
 
 
 PROFILES = REPO / "workflow" / "profiles"

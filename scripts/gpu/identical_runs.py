@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 
-from dpbench.results import read_run  # noqa: E402
+from dpbench.reporting.results import read_run  # noqa: E402
 
 
 def command(args, out: Path) -> list[str]:

@@ -15,8 +15,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_gpu as B  # noqa: E402
-from dpbench import cuda as dpcuda  # noqa: E402
-from dpbench.per_sample import LayerGrads  # noqa: E402
+from dpbench.training import cuda as dpcuda  # noqa: E402
+from dpbench.privacy.per_sample import LayerGrads  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/profile-out"))
 OUT.mkdir(parents=True, exist_ok=True)

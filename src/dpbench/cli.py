@@ -110,7 +110,7 @@ def device(text: str) -> str:
     the data is loaded)."""
     if text in ("auto", "cpu"):
         return text
-    from dpbench.train import resolve_device
+    from dpbench.training.train import resolve_device
 
     try:
         resolve_device(text)
@@ -126,10 +126,10 @@ def cmd_train(args) -> int:
         check_output(args.checkpoint, "--checkpoint")
     import torch
 
-    from dpbench.fingerprint import optimizer_fingerprint
+    from dpbench.pipeline.fingerprint import optimizer_fingerprint
     from dpbench.optimizers import get_optimizer
-    from dpbench.results import write_run
-    from dpbench.train import RunConfig, run
+    from dpbench.reporting.results import write_run
+    from dpbench.training.train import RunConfig, run
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -166,9 +166,9 @@ def cmd_train(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from dpbench import data
+    from dpbench.data import images
 
-    manifest = data.prepare(args.dataset, args.data_dir, allow_download=args.download)
+    manifest = images.prepare(args.dataset, args.data_dir, allow_download=args.download)
     text = json.dumps(manifest, indent=2, sort_keys=True)
     if args.manifest:
         Path(args.manifest).parent.mkdir(parents=True, exist_ok=True)
@@ -178,7 +178,7 @@ def cmd_data(args) -> int:
 
 
 def cmd_aggregate(args) -> int:
-    from dpbench.aggregate import aggregate
+    from dpbench.reporting.aggregate import aggregate
 
     aggregate(args.runs, args.out_runs, args.out_epochs, audits=args.audits)
     return 0
@@ -194,7 +194,7 @@ def cmd_audits(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from dpbench import figures
+    from dpbench.reporting import figures
 
     png, pdf = figures.plot(args.figure, args.runs, args.out, **figures.parse_options(args.option or []))
     print(f"wrote {png} and {pdf}", file=sys.stderr)
@@ -202,33 +202,33 @@ def cmd_plot(args) -> int:
 
 
 def cmd_factorize(args) -> int:
-    from dpbench.matrix import factorization, streaming_file
-    from dpbench.matrix.noise_file import log_stderr
+    from dpbench.matrix import dense_factorization, streamed_factorization
+    from dpbench.matrix.dense_noise import log_stderr
 
-    if streaming_file.is_key(args.key):  # a streamed mechanism's: one JSON file, no noise file
-        from dpbench.matrix import streaming
+    if streamed_factorization.is_key(args.key):  # a streamed mechanism's: one JSON file, no noise file
+        from dpbench.matrix import streamed_mechanism
 
         if args.tol is not None or args.report:
             raise ValueError(f"--tol and --report apply to dense factorizations, not to {args.key!r}")
-        streaming_file.save(streaming.compute(args.key), args.out)
+        streamed_factorization.save(streamed_mechanism.compute(args.key), args.out)
         print(Path(args.out).read_text(), end="")
         return 0
-    fact = factorization.factorize(args.key, tol=args.tol, log=log_stderr)
-    factorization.save(fact, args.out, args.report)
-    print(factorization.report_json(fact.report), end="")
+    fact = dense_factorization.factorize(args.key, tol=args.tol, log=log_stderr)
+    dense_factorization.save(fact, args.out, args.report)
+    print(dense_factorization.report_json(fact.report), end="")
     return 0
 
 
 def cmd_noise(args) -> int:
-    from dpbench.matrix import factorization, noise_file
+    from dpbench.matrix import dense_factorization, dense_noise
 
     if args.estimate:
         return noise_estimate(args.estimate)
     missing = [f"--{n.replace('_', '-')}" for n in ("factorization", "dim", "seed", "out") if getattr(args, n) is None]
     if missing:
         raise ValueError(f"writing a noise file needs {', '.join(missing)} (or --estimate CONFIG)")
-    fact = factorization.load(args.factorization)
-    info = noise_file.write_noise(args.out, fact.noising, args.dim, args.seed, log=noise_file.log_stderr,
+    fact = dense_factorization.load(args.factorization)
+    info = dense_noise.write_noise(args.out, fact.noising, args.dim, args.seed, log=dense_noise.log_stderr,
                                   meta={"factorization_key": fact.key, "factorization_digest": fact.digest})
     print(json.dumps(info, indent=2, sort_keys=True))
     return 0
@@ -251,7 +251,7 @@ def cmd_audit(args) -> int:
         raise ValueError(f"{', '.join(missing)} required (or --self-test)")
     from dpbench.audit.run import audit
     from dpbench.optimizers import get_optimizer
-    from dpbench.results import write_table
+    from dpbench.reporting.results import write_table
 
     spec = get_optimizer(args.optimizer)
     rows, record = audit(spec, args.epsilon, args.trials, args.mode, args.beta, args.seed, dict(args.hp or []),
@@ -305,8 +305,8 @@ def noise_estimate(config_path: str) -> int:
     noise file; their factorizations are listed by count."""
     import shutil
 
-    from dpbench.grid import expand, load_config
-    from dpbench.matrix import cache, factorization, noise_file
+    from dpbench.pipeline.grid import expand, load_config
+    from dpbench.matrix import cache, dense_factorization, dense_noise
 
     config = load_config(config_path)
     cache_dir = Path(config["results_dir"]) / "cache"
@@ -314,14 +314,14 @@ def noise_estimate(config_path: str) -> int:
     for cell in expand(config):
         files = cell.cache_files(config["train"], cache_dir)
         if "noise" in files:
-            _, k, b, _ = factorization.parse_key(files["factorization"].parent.name)
+            _, k, b, _ = dense_factorization.parse_key(files["factorization"].parent.name)
             steps, dim = k * b, cache.PARAMETER_COUNTS[cell.problem]
             entry = noise.setdefault(files["noise"], {"steps": steps, "dim": dim, "cells": 0})
             entry["cells"] += 1
             dense[files["factorization"]] = 3 * 8 * steps * steps  # C, C^-1, B in float64
         elif "factorization" in files:
             streamed.add(files["factorization"])
-    rows = [(path, e["steps"], e["dim"], noise_file.file_bytes(e["steps"], e["dim"]), e["cells"])
+    rows = [(path, e["steps"], e["dim"], dense_noise.file_bytes(e["steps"], e["dim"]), e["cells"])
             for path, e in sorted(noise.items())]
     total_noise = sum(r[3] for r in rows)
     total = total_noise + sum(dense.values())
@@ -346,7 +346,7 @@ def noise_estimate(config_path: str) -> int:
 
 
 def cmd_grid(args) -> int:
-    from dpbench.grid import expand, load_config
+    from dpbench.pipeline.grid import expand, load_config
 
     for cell in expand(load_config(args.config)):
         print(cell.id)
@@ -354,8 +354,8 @@ def cmd_grid(args) -> int:
 
 
 def cmd_cost(args) -> int:
-    from dpbench import cluster
-    from dpbench.grid import expand, load_config
+    from dpbench.pipeline import cluster
+    from dpbench.pipeline.grid import expand, load_config
 
     costs = cluster.GpuCosts.from_file(args.costs) if args.costs else cluster.COSTS
     k = args.cells_per_gpu
@@ -458,11 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "config needs, their sizes and the total; writes nothing")
     n.add_argument("--factorization", help="the factorization .npz")
     n.add_argument("--dim", type=positive_int, help="d, the number of model parameters")
-    n.add_argument("--seed", type=nonnegative_int, help="the run's noise seed (dpbench.seeds.stream_seeds)")
+    n.add_argument("--seed", type=nonnegative_int, help="the run's noise seed (dpbench.training.seeds.stream_seeds)")
     n.add_argument("--out", help="output .npy (written atomically, JSON sidecar next to it)")
     n.set_defaults(func=cmd_noise)
 
-    c = sub.add_parser("cost", help="projected GPU-hours of workflow configs (dpbench.cluster's cost model)")
+    c = sub.add_parser("cost", help="projected GPU-hours of workflow configs (dpbench.pipeline.cluster's cost model)")
     c.add_argument("configs", nargs="*", default=[f"config/{n}.yaml" for n in ("setup1", "setup2", "setup3", "thesis")],
                    help="workflow configs (default: the three setups and the thesis grid)")
     c.add_argument("--costs", help="a cost file of benchmarks/bench_gpu.py costs (default: src/dpbench/gpu_costs.json "
@@ -498,11 +498,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dpbench import watch
-    from dpbench.data import DataError
+    from dpbench.pipeline import watch
+    from dpbench.data.images import DataError
 
     args = build_parser().parse_args(argv)
-    watch.start()  # started by the workflow: stop when it is gone (dpbench.watch)
+    watch.start()  # started by the workflow: stop when it is gone (dpbench.pipeline.watch)
     try:
         return args.func(args)
     except (ValueError, KeyError, DataError) as exc:

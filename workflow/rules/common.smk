@@ -1,4 +1,4 @@
-# Config validation and the grid, expanded once (dpbench.grid) into CELLS: cell id -> Cell.
+# Config validation and the grid, expanded once (dpbench.pipeline.grid) into CELLS: cell id -> Cell.
 import os
 import shlex
 import sys
@@ -11,9 +11,9 @@ min_version("9.0")
 
 SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
-from dpbench import cluster, watch  # noqa: E402
-from dpbench.fingerprint import figure_fingerprint, modules_fingerprint, optimizer_fingerprint  # noqa: E402
-from dpbench.grid import ConfigError, expand as expand_grid, own_audit, precheck, refuse_inherited_grid  # noqa: E402
+from dpbench.pipeline import cluster, watch  # noqa: E402
+from dpbench.pipeline.fingerprint import figure_fingerprint, modules_fingerprint, optimizer_fingerprint  # noqa: E402
+from dpbench.pipeline.grid import ConfigError, expand as expand_grid, own_audit, precheck, refuse_inherited_grid  # noqa: E402
 
 FIGURES_GIVEN = "figures" in config  # else the schema's default, {fig5_1: {}}, fills it in
 try:
@@ -28,7 +28,7 @@ except ConfigError as exc:
 RESULTS = config["results_dir"]
 # Jobs stop when this Snakemake process is gone (kill -9 cannot be caught, and would leave
 # them running as orphans): every dpbench command watches the process named here
-# (dpbench.watch). Not a param: it changes with every invocation.
+# (dpbench.pipeline.watch). Not a param: it changes with every invocation.
 os.environ[watch.ENV] = watch.token()
 # What each job runs (params.dpbench), namely the package from src/ with the interpreter
 # running Snakemake (the venv), or the job's conda environment under
@@ -104,14 +104,14 @@ def dataset_manifest(wildcards):
 # factorization (keyed by kind, k, b, tau) and its noise file (keyed by the factorization,
 # the parameter count d and the run seed); a cell of a streamed one (dpmatrix-band,
 # dpmatrix-band-amp, dpmatrix-blt) only its factorization (keyed by what determines it:
-# dpbench.matrix.streaming_file). Rules factorize, factorize_streaming and noise (matrix.smk)
+# dpbench.matrix.streamed_factorization). Rules factorize, factorize_streaming and noise (matrix.smk)
 # make them once and every cell that shares them reads them (common random numbers).
 MATRIX_CACHE = f"{RESULTS}/cache/matrix"
 STREAMING_CACHE = f"{RESULTS}/cache/streaming"
 
 
 def cell_files(cell):
-    """{"factorization": path, "noise": path} of a cell (dpbench.grid.Cell.cache_files)."""
+    """{"factorization": path, "noise": path} of a cell (dpbench.pipeline.grid.Cell.cache_files)."""
     return cell.cache_files(config["train"], f"{RESULTS}/cache")
 
 
@@ -122,15 +122,15 @@ def train_inputs(wildcards):
 
 
 # Incremental reruns: a content hash of the code behind each job is one of its params, so
-# Snakemake reruns exactly the jobs whose code changed (see dpbench.fingerprint): editing one
+# Snakemake reruns exactly the jobs whose code changed (see dpbench.pipeline.fingerprint): editing one
 # optimizer's module reruns its cells, editing the harness reruns all cells, editing one
 # figure reruns that figure.
 def train_code(wildcards):
     return optimizer_fingerprint(CELLS[wildcards.cell].optimizer)
 
 
-MATRIX_CODE = modules_fingerprint(("dpbench.matrix.factorization", "dpbench.matrix.noise_file"))
-STREAMING_CODE = modules_fingerprint(("dpbench.matrix.streaming",))
+MATRIX_CODE = modules_fingerprint(("dpbench.matrix.dense_factorization", "dpbench.matrix.dense_noise"))
+STREAMING_CODE = modules_fingerprint(("dpbench.matrix.streamed_mechanism",))
 
 
 # Training runs that share one GPU at a time: the profile's `resources: gpu_slots` (each run
@@ -144,7 +144,7 @@ def _gpu_slots():
 GPU_SLOTS = _gpu_slots()
 
 
-# Cluster resources of a training cell (dpbench.cluster: from its problem, batch size, epochs
+# Cluster resources of a training cell (dpbench.pipeline.cluster: from its problem, batch size, epochs
 # and device, and, on a GPU, the measured slowdown of GPU_SLOTS runs sharing it; they grow with
 # each retry); the SLURM profile bundles runs of similar length into shared jobs.
 def train_resource(name):
@@ -159,7 +159,7 @@ def train_group(wildcards):
 
 def matrix_resource(name):
     def resource(wildcards, attempt):
-        from dpbench.matrix.factorization import parse_key
+        from dpbench.matrix.dense_factorization import parse_key
 
         _, k, b, _ = parse_key(wildcards.factorization)
         return cluster.factorization_resources(k * b, attempt)[name]

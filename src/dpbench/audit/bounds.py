@@ -65,7 +65,7 @@ from numpy.typing import ArrayLike
 from scipy.special import betaincinv, expit, ndtri
 from scipy.stats import binom
 
-from dpbench import accounting
+from dpbench.privacy import accounting
 from dpbench.audit.statistics import jitter
 
 EPSILON_GRID = np.arange(1501) * 0.02  # {0, 0.02, ..., 30}

@@ -6,7 +6,7 @@ output distributions P, Q the tight profile is the hockey-stick divergence
 The violation test (``bounds.analyse``) flags a run whose measured false-positive and
 false-negative rates leave this region at some epsilon, so a profile here must never be
 smaller than what the run's own accountant certifies; every function returns an UPPER bound
-of the claim, built from the accountant the runs use (``dpbench.accounting``):
+of the claim, built from the accountant the runs use (``dpbench.privacy.accounting``):
 
 - ``prv_profile``: T Poisson-subsampled Gaussian steps (any history of (sigma, q, steps)
   segments), the numerical composition of privacy loss random variables of Gopi, Lee &
@@ -42,8 +42,8 @@ of the claim, built from the accountant the runs use (``dpbench.accounting``):
   (the ``fast_rdp_epsilon`` path); other orders Opacus's ``compute_rdp``.
 
 A profile is a function from an array of epsilons to an array of deltas in [0, 1]. Each
-mechanism says which of these is its claim (``privacy_profile`` in ``dpbench.mechanisms`` and
-``dpbench.matrix.mechanism``), from the accountant it was calibrated with and its sigma.
+mechanism says which of these is its claim (``privacy_profile`` in ``dpbench.privacy.mechanisms`` and
+``dpbench.matrix.dense_mechanism``), from the accountant it was calibrated with and its sigma.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import log_ndtr, ndtr
 
-from dpbench import accounting
+from dpbench.privacy import accounting
 
 Profile = Callable[[ArrayLike], np.ndarray]
 

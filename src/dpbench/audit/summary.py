@@ -12,7 +12,7 @@ from typing import Iterable
 
 import pandas as pd
 
-from dpbench.results import read_meta, write_table
+from dpbench.reporting.results import read_meta, write_table
 
 COLUMNS = ("optimizer", "epsilon_claimed", "delta", "beta", "trials", "mode", "epsilon_lower", "epsilon_gdp",
            "epsilon_gdp_sound", "mu_lower", "violation", "violation_statistical", "participation_ok",

@@ -5,7 +5,7 @@ problem, half with a canary example ("in") and half without ("out"), and records
 white-box adversary sees: the releases r_t, i.e. the privatised mean gradients that the
 harness hands to the optimizer's update rule (Nasr et al. 2023, arXiv 2302.07956).
 
-Nothing of the mechanism is re-implemented here: ``dpbench.harness`` (calibrate_noise, assemble)
+Nothing of the mechanism is re-implemented here: ``dpbench.training.harness`` (calibrate_noise, assemble)
 builds it exactly as for a training cell, from the optimizer's own ``OptimizerSpec``, which builds
 its step from a ``Context`` exactly as a training cell does: its mechanism plans the run,
 calibrates sigma, draws the batches and the noise; its step forms per-sample gradients with
@@ -44,10 +44,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpbench.clipping import Clipping
+from dpbench.privacy.clipping import Clipping
 from dpbench.matrix.cache import default_cache_dir
-from dpbench.mechanisms import AuditSpec, Plan
-from dpbench.harness import assemble, calibrate_noise
+from dpbench.privacy.mechanisms import AuditSpec, Plan
+from dpbench.training.harness import assemble, calibrate_noise
 from dpbench.optimizers.registry import OptimizerSpec
 
 

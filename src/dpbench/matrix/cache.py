@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from dpbench.seeds import stream_seeds
+from dpbench.training.seeds import stream_seeds
 
 TRAIN_SIZES = {"fashion-mnist": 60_000, "cifar10": 50_000}  # official training sets
 PARAMETER_COUNTS = {"P1": 258_762, "P2": 225_034, "P3": 1_875_265}  # checked by tests
@@ -59,10 +59,10 @@ def _locked(path: Path):
 
 
 def ensure_factorization(cache_dir: str | Path, key: str, log: Callable[[str], None] | None = None) -> Path:
-    from dpbench.matrix import factorization
+    from dpbench.matrix import dense_factorization
 
     path = factorization_path(cache_dir, key)
-    return ensure_file(path, lambda p: factorization.save(factorization.factorize(key, log=log), p), log,
+    return ensure_file(path, lambda p: dense_factorization.save(dense_factorization.factorize(key, log=log), p), log,
                        f"factorizing {key} into {path}")
 
 
@@ -70,7 +70,7 @@ def ensure_file(path: Path, make: Callable[[Path], None], log: Callable[[str], N
                 message: str | None = None) -> Path:
     """``path``, made by ``make(path)`` if missing, under an exclusive lock (concurrent runs make
     each file once; ``make`` writes atomically); ``message`` is logged before making it. Dense
-    factorizations, noise files and the streamed mechanisms' factorizations (matrix/streaming.py)
+    factorizations, noise files and the streamed mechanisms' factorizations (matrix/streamed_mechanism.py)
     are made this way."""
     if path.exists():
         return path
@@ -84,12 +84,12 @@ def ensure_file(path: Path, make: Callable[[Path], None], log: Callable[[str], N
 
 def ensure_noise(cache_dir: str | Path, fact, dim: int, seed: int,
                  log: Callable[[str], None] | None = None) -> Path:
-    """The noise file of a loaded factorization (``factorization.Factorization``), d and seed."""
-    from dpbench.matrix import noise_file
+    """The noise file of a loaded factorization (``dense_factorization.Factorization``), d and seed."""
+    from dpbench.matrix import dense_noise
 
     path = noise_path(cache_dir, fact.key, dim, seed)
     meta = {"factorization_key": fact.key, "factorization_digest": fact.digest}
-    return ensure_file(path, lambda p: noise_file.write_noise(p, fact.noising, dim, seed, log=log, meta=meta), log,
+    return ensure_file(path, lambda p: dense_noise.write_noise(p, fact.noising, dim, seed, log=log, meta=meta), log,
                        f"writing correlated noise {path} ({fact.steps} x {dim} float32)")
 
 

@@ -14,9 +14,9 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import nn
 
-from dpbench.clipping import Clipping, NoClipping
-from dpbench.mechanisms import NoiseSource
-from dpbench.per_sample import PerSampleGradients, Tape
+from dpbench.privacy.clipping import Clipping, NoClipping
+from dpbench.privacy.mechanisms import NoiseSource
+from dpbench.privacy.per_sample import PerSampleGradients, Tape
 
 # (model, x, y) -> (per-sample losses (B,), per-sample correctness (B,) or None)
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]

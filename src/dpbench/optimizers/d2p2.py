@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dpbench.mechanisms import PoissonSubsampledGaussian, inverse_sqrt_schedule
+from dpbench.privacy.mechanisms import PoissonSubsampledGaussian, inverse_sqrt_schedule
 import dpbench.optimizers.projection as projection
 from dpbench.optimizers.base import SGD, Context, DPStep
 from dpbench.optimizers.registry import OptimizerSpec

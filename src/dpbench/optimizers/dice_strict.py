@@ -57,8 +57,8 @@ from __future__ import annotations
 
 import math
 
-from dpbench import accounting
-from dpbench.mechanisms import AuditSpec, Plan, PoissonSubsampledGaussian
+from dpbench.privacy import accounting
+from dpbench.privacy.mechanisms import AuditSpec, Plan, PoissonSubsampledGaussian
 from dpbench.optimizers.base import SGD
 from dpbench.optimizers.dice import DiceStep
 from dpbench.optimizers.registry import OptimizerSpec

@@ -24,7 +24,7 @@ import torch
 
 from dpbench.optimizers.base import SGD, Context, DPStep, StepOutput
 from dpbench.optimizers.registry import OptimizerSpec
-from dpbench.per_sample import PerSampleGradients
+from dpbench.privacy.per_sample import PerSampleGradients
 
 
 class CombinedGradients:

@@ -65,9 +65,9 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from dpbench import accounting
-from dpbench.mechanisms import AuditSpec, Plan, PoissonSubsampledGaussian
-from dpbench.noise import GaussianNoise
+from dpbench.privacy import accounting
+from dpbench.privacy.mechanisms import AuditSpec, Plan, PoissonSubsampledGaussian
+from dpbench.privacy.noise import GaussianNoise
 
 KINDS = ("srht", "gaussian")
 # the hyperparameters the mechanism reads when it plans a run, with their defaults

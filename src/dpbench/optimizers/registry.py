@@ -7,7 +7,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dpbench.mechanisms import AuditSpec, Mechanism, PoissonSubsampledGaussian
+from dpbench.privacy.mechanisms import AuditSpec, Mechanism, PoissonSubsampledGaussian
 from dpbench.optimizers.base import Context, DPStep
 
 

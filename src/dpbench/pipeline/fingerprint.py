@@ -20,12 +20,12 @@ PACKAGE = "dpbench"
 # Modules whose imports are not followed, and which do not count themselves: the registry
 # imports every optimizer module (following it would make each optimizer depend on all the
 # others, and adding one would rerun everything); this module only computes fingerprints.
-LEAVES = ("dpbench.optimizers", "dpbench.fingerprint")
+LEAVES = ("dpbench.optimizers", "dpbench.pipeline.fingerprint")
 # What every training run executes, whatever its optimizer.
-HARNESS = ("dpbench.train", "dpbench.optimizers.base", "dpbench.optimizers.registry")
+HARNESS = ("dpbench.training.train", "dpbench.optimizers.base", "dpbench.optimizers.registry")
 
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # src/dpbench
 
 
 def _module_file(name: str) -> Path | None:
@@ -110,7 +110,7 @@ def function_closure(fn) -> list:
 
 def figure_fingerprint(figure_id: str) -> str:
     """Hash of what draws one figure: its builder, the shared plotting path, its defaults."""
-    from dpbench import figures
+    from dpbench.reporting import figures
 
     spec = figures.FIGURES[figure_id]
     functions = {f.__qualname__: f for f in function_closure(spec.build) + _plot_closure()}
@@ -121,8 +121,8 @@ def figure_fingerprint(figure_id: str) -> str:
 
 @lru_cache(maxsize=1)
 def _plot_closure() -> list:
-    """The shared plotting path of every figure (dpbench.figures.plot and what it calls)."""
-    from dpbench import figures
+    """The shared plotting path of every figure (dpbench.reporting.figures.plot and what it calls)."""
+    from dpbench.reporting import figures
 
     return function_closure(figures.plot)
 

@@ -1,6 +1,6 @@
 """The independent random streams of one run, derived from its seed.
 
-A run's seed (a grid cell's, ``dpbench.grid.seeds_from_root``) is split with numpy's
+A run's seed (a grid cell's, ``dpbench.pipeline.grid.seeds_from_root``) is split with numpy's
 SeedSequence into one child per stream, so that model initialisation, batch sampling, noise,
 the VAE's sampling, data subsets and evaluation never share random numbers: runs that differ
 only in optimizer share initialisation and batches, and the correlated-noise files of the

@@ -1,6 +1,6 @@
 """Streaming correlated-noise mechanisms: BandMF, amplified BandMF and BLT, with no noise file.
 
-The three ``Mechanism`` objects (dpbench.mechanisms) behind ``dpmatrix-band``,
+The three ``Mechanism`` objects (dpbench.privacy.mechanisms) behind ``dpmatrix-band``,
 ``dpmatrix-band-amp`` and ``dpmatrix-blt``. Their noise is generated step by step from
 O(b d) or O(m d) state (streaming_noise.py); their factorizations are a few hundred numbers
 computed by ``factorize``, a pure function of (kind, n, b', k, bands or buffers). Each
@@ -16,7 +16,7 @@ its sensitivity is recomputed from the loaded coefficients and its own participa
   participates k = E times, S steps apart: Pi(b' = S, k). A column-normalised banded Toeplitz
   C with b <= b' bands has sens = sqrt(k) exactly (banded.py); sigma is the analytic-Gaussian
   noise multiplier of ONE release C G + sigma Z of that sensitivity (Balle & Wang 2018), as
-  for the dense matrix mechanisms (matrix/mechanism.py has the full argument). No
+  for the dense matrix mechanisms (matrix/dense_mechanism.py has the full argument). No
   amplification. ``bands`` = "auto" takes b = min(64, b', n): more bands lower the error but
   cost (b - 1) d floats of state and a (b - 1)-term GEMV per step.
 * ``dpmatrix-band-amp`` (AmplifiedBandedMechanism): cyclic Poisson sampling over b groups at
@@ -44,12 +44,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpbench import accounting, pld
-from dpbench.matrix import banded, blt, cache, cyclic_poisson, streaming_file
+from dpbench.privacy import accounting, pld
+from dpbench.matrix import banded, blt, cache, cyclic_poisson, streamed_factorization
 from dpbench.matrix.participation import FixedBatchSampler
-from dpbench.matrix.streaming_file import StreamingFactorization
-from dpbench.matrix.streaming_noise import BandedNoise, BLTNoise
-from dpbench.mechanisms import AuditSpec, Plan
+from dpbench.matrix.streamed_factorization import StreamingFactorization
+from dpbench.matrix.streamed_noise import BandedNoise, BLTNoise
+from dpbench.privacy.mechanisms import AuditSpec, Plan
 
 KINDS = ("band", "blt")
 DEFAULT_BANDS = 64  # dpmatrix-band's "auto": min(64, b', n)
@@ -73,7 +73,7 @@ def factorize(kind: str, steps: int, min_separation: int, participations: int, s
 
 def compute(key: str) -> StreamingFactorization:
     """The factorization a streaming key names (streaming_file.py), computed."""
-    kind, p = streaming_file.parse_key(key)
+    kind, p = streamed_factorization.parse_key(key)
     if kind == "band":  # C depends on (n, b) only: any b' >= b admits it
         return StreamingFactorization(key, factorize("band", p["n"], p["bands"], 1, p["bands"]))
     if kind == "blt":
@@ -99,10 +99,10 @@ class StreamingMechanism:
         else:
             cache_dir = getattr(run_config, "cache_dir", None) or cache.default_cache_dir()
             path = cache.streaming_path(cache_dir, key)
-            cache.ensure_file(path, lambda p: streaming_file.save(compute(key), p), _log,
+            cache.ensure_file(path, lambda p: streamed_factorization.save(compute(key), p), _log,
                               f"making factorization {key} into {path}")
         try:
-            return streaming_file.load(path, key), path
+            return streamed_factorization.load(path, key), path
         except FileNotFoundError:
             raise ValueError(f"factorization file {path} does not exist (make it with `dpbench factorize --key {key} "
                              f"--out {path}`, or leave --factorization out to compute it into the cache)") from None
@@ -204,7 +204,7 @@ class BandedMechanism(_FixedOrderMechanism):
 
     @staticmethod
     def _key(steps: int, batches: int, epochs: int, bands: int) -> str:
-        return streaming_file.band_key(steps, bands)
+        return streamed_factorization.band_key(steps, bands)
 
     @staticmethod
     def _size(hyper: dict, batches: int, steps: int) -> int:
@@ -239,7 +239,7 @@ class BLTMechanism(_FixedOrderMechanism):
 
     @staticmethod
     def _key(steps: int, batches: int, epochs: int, buffers: int | None) -> str:
-        return streaming_file.blt_key(steps, batches, epochs, buffers)
+        return streamed_factorization.blt_key(steps, batches, epochs, buffers)
 
     @staticmethod
     def _size(hyper: dict, batches: int, steps: int) -> int | None:
@@ -367,11 +367,11 @@ class AmplifiedBandedMechanism(StreamingMechanism):
                 raise ValueError("dpmatrix-band-amp with bands = 'auto' chooses b for the target epsilon: give "
                                  "--epsilon, or set the hyperparameter bands explicitly")
             delta = getattr(run_config, "delta", accounting.DELTA)
-            return streaming_file.band_search_key(n_train, batch_size, steps, target, delta)
+            return streamed_factorization.band_search_key(n_train, batch_size, steps, target, delta)
         if bands > steps:
             raise ValueError(f"bands = {bands} exceeds the number of steps T = {steps}")
         cyclic_poisson.sample_rate(bands, batch_size, n_train)  # refuses b > N / L
-        return streaming_file.band_key(steps, bands)
+        return streamed_factorization.band_key(steps, bands)
 
     def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> Plan:
         key = self.key(n_train, batch_size, epochs, run_config)
@@ -423,7 +423,7 @@ class AmplifiedBandedMechanism(StreamingMechanism):
         return {
             "epsilon": done, "epsilon_planned": planned,
             "epsilon_rdp": accounting.epsilon(done_history, delta, "rdp"),
-            # an independent cross-check: our own pessimistic PLD of the same event (dpbench.pld)
+            # an independent cross-check: our own pessimistic PLD of the same event (dpbench.privacy.pld)
             "epsilon_pld": pld.epsilon(delta, rate, sigma_acc, rounds_done) if rounds_done else 0.0,
             "noise_multiplier": self.accounted_sigma(plan, noise_multiplier),
             "noise_multiplier_streamed": noise_multiplier,

@@ -27,12 +27,12 @@ from typing import Any, Callable
 
 import torch
 
-from dpbench import accounting
-from dpbench.matrix import cache, factorization
-from dpbench.matrix.noise_file import NoiseFile, read_meta, row_variances
+from dpbench.privacy import accounting
+from dpbench.matrix import cache, dense_factorization
+from dpbench.matrix.dense_noise import NoiseFile, read_meta, row_variances
 from dpbench.matrix.participation import FixedBatchSampler
 from dpbench.matrix.sensitivity import prefix_sensitivity
-from dpbench.mechanisms import AuditSpec, Plan
+from dpbench.privacy.mechanisms import AuditSpec, Plan
 
 
 def _log(message: str) -> None:
@@ -79,7 +79,7 @@ class CorrelatedNoise:
 
 
 class MatrixMechanism:
-    """Mechanism (dpbench.mechanisms) for the single-epoch (``single_epoch=True``) and the
+    """Mechanism (dpbench.privacy.mechanisms) for the single-epoch (``single_epoch=True``) and the
     multi-epoch matrix mechanisms, optionally convergence-aware (Lambda_tau objective)."""
 
     audit = AuditSpec("matrix", neighbours="zero-out")
@@ -97,7 +97,7 @@ class MatrixMechanism:
         if self.single_epoch and epochs > 1:
             raise ValueError(f"the single-epoch matrix mechanism ({self.kind}) lets each example participate once: "
                              f"it cannot train for E = {epochs} epochs (use dpmatrix-me{self.kind[2:]} for E > 1)")
-        return factorization.make_key(self.kind, epochs, n_train // batch_size,
+        return dense_factorization.make_key(self.kind, epochs, n_train // batch_size,
                                       tau if self.convergence_aware else None)
 
     def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> Plan:
@@ -107,7 +107,7 @@ class MatrixMechanism:
         cache_dir = getattr(run_config, "cache_dir", None) or cache.default_cache_dir()
         given = getattr(run_config, "factorization", None)
         path = Path(given) if given else cache.ensure_factorization(cache_dir, key, _log)
-        fact = factorization.load(path)
+        fact = dense_factorization.load(path)
         if (fact.epochs, fact.batches) != (epochs, batches) or fact.kind not in (self.kind, "identity") or \
                 (fact.kind != "identity" and fact.key != key):
             raise ValueError(f"factorization {path} is {fact.key!r}, but this run needs {key!r} "

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpbench.results import dp_guarantee, read_run
+from dpbench.reporting.results import dp_guarantee, read_run
 
 RUN_KEYS = ["problem", "optimizer", "private", "lr", "batch_size", "epochs", "seed", "target_epsilon"]
 # Columns computed from private data without noise (results.NOT_PRIVATE): marked private: false.
@@ -98,7 +98,7 @@ def aggregate(paths: list[str | Path], out_runs: str | Path, out_epochs: str | P
     """The runs and per-epoch tables of ``paths``; with ``audits`` (the table of ``dpbench
     audits``), the runs table's ``audit_violation``: True where an audit of the run's optimizer
     refuted its claim, False where its audits found none, missing where it was not audited."""
-    from dpbench.results import write_table
+    from dpbench.reporting.results import write_table
 
     paths = [Path(p) for p in paths]
     rows, epochs = [], []

@@ -1,4 +1,4 @@
-"""The benchmark problems P1-P3 (thesis Table 4.1): model, preprocessing, loss and metric.
+"""The image models of problems P1-P3 (thesis Table 4.1) and their fixed preprocessing constants.
 
 Architectures follow the thesis authors' released code; the parameter counts
 (258,762 / 225,034 / 1,875,265) are checked by the tests.
@@ -6,10 +6,6 @@ Architectures follow the thesis authors' released code; the parameter counts
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -101,50 +97,3 @@ class ConvVAE(nn.Module):
         mu, logvar = self.encode(x)
         z = mu + noise * torch.exp(0.5 * logvar)
         return self.decode(z), mu, logvar
-
-
-@dataclass(frozen=True)
-class Problem:
-    """A benchmark problem. ``per_sample_loss(model, x, y, generator)`` returns
-    ``(losses, correct)``: per-sample losses (B,) and per-sample correctness (B,) or None."""
-
-    id: str
-    dataset: str
-    task: str  # "classification" or "vae"
-    build: Callable[[], nn.Module]
-    metric: str  # "accuracy" or "loss"
-
-    def preprocess(self, images: np.ndarray) -> torch.Tensor:
-        """uint8 images (N, C, H, W) -> float32 model inputs."""
-        x = torch.from_numpy(np.ascontiguousarray(images)).float().div_(255.0)
-        if self.task == "classification":
-            mean, std = CHANNEL_STATS[self.dataset]
-            x = (x - torch.tensor(mean).view(1, -1, 1, 1)) / torch.tensor(std).view(1, -1, 1, 1)
-        return x
-
-    def per_sample_loss(self, model: nn.Module, x, y, generator: torch.Generator | None = None):
-        if self.task == "classification":
-            logits = model(x)
-            losses = F.cross_entropy(logits, y, reduction="none")
-            return losses, (logits.argmax(1) == y)
-        # VAE: reconstruction (binary cross-entropy summed over pixels) + KL summed over
-        # latent dims, per sample. The Sigmoid output is compared with inputs in [0, 1].
-        noise = torch.randn(x.shape[0], model.mu.out_features, generator=generator, device=x.device)
-        recon, mu, logvar = model(x, noise)
-        rec = F.binary_cross_entropy(recon, x, reduction="none").flatten(1).sum(1)
-        kl = -0.5 * (1 + logvar - mu.pow(2) - logvar.exp()).sum(1)
-        return rec + kl, None
-
-
-PROBLEMS: dict[str, Problem] = {
-    "P1": Problem("P1", "cifar10", "classification", CNN3c3d, "accuracy"),
-    "P2": Problem("P2", "fashion-mnist", "classification", CNN2c2d, "accuracy"),
-    "P3": Problem("P3", "fashion-mnist", "vae", ConvVAE, "loss"),
-}
-
-
-def get_problem(problem_id: str) -> Problem:
-    try:
-        return PROBLEMS[problem_id]
-    except KeyError:
-        raise KeyError(f"unknown problem {problem_id!r}; choose one of {sorted(PROBLEMS)}") from None

@@ -13,9 +13,9 @@ from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
-from dpbench import accounting
-from dpbench.noise import GaussianNoise
-from dpbench.sampling import PoissonSampler
+from dpbench.privacy import accounting
+from dpbench.privacy.noise import GaussianNoise
+from dpbench.privacy.sampling import PoissonSampler
 
 
 @dataclass(frozen=True)

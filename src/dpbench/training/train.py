@@ -25,14 +25,16 @@ import pandas as pd
 import torch
 from torch import nn
 
-from dpbench import accounting, cuda, data
+from dpbench.privacy import accounting
+from dpbench.training import cuda
+from dpbench.data import images
 from dpbench.files import atomic_write, is_no_space, no_space, remove_stale_partials
-from dpbench.harness import Assembly, assemble, build_model, calibrate_noise
-from dpbench.mechanisms import Plan
+from dpbench.training.harness import Assembly, assemble, build_model, calibrate_noise
+from dpbench.privacy.mechanisms import Plan
 from dpbench.optimizers.registry import OptimizerSpec
 from dpbench.problems import Problem, get_problem
-from dpbench.results import provenance
-from dpbench.seeds import stream_seeds
+from dpbench.reporting.results import provenance
+from dpbench.training.seeds import stream_seeds
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ class Splits:
 
 
 def load_splits(cfg: RunConfig, problem, seeds: dict[str, int], device) -> Splits:
-    ds = data.load(problem.dataset, cfg.data_dir)
+    ds = images.load(problem.dataset, cfg.data_dir)
     train_idx = _subset(len(ds.train_labels), cfg.train_subset, seeds["subset"])
     test_idx = _subset(len(ds.test_labels), cfg.test_subset, seeds["subset"] + 1)
     val_idx = None
@@ -519,7 +521,7 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     problem = get_problem(cfg.problem)
     device = resolve_device(cfg.device)
     if device.type == "cuda":
-        cuda.configure()  # IEEE float32 (no TF32) and deterministic kernels: dpbench.cuda
+        cuda.configure()  # IEEE float32 (no TF32) and deterministic kernels: dpbench.training.cuda
     seeds = stream_seeds(cfg.seed)
     splits = load_splits(cfg, problem, seeds, device)
     n_train = splits.x_train.shape[0]

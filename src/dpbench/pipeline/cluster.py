@@ -226,7 +226,7 @@ def slowdown(cell: Any, on_gpu: bool = True, cells_per_gpu: int = 1, costs: GpuC
 
 def resources(cell: Any, train: Mapping | None = None, attempt: int = 1, on_gpu: bool = True,
               costs: GpuCosts | None = None, cells_per_gpu: int = 1) -> dict[str, int]:
-    """Cluster resources of one training cell (a ``dpbench.grid.Cell`` or a mapping with
+    """Cluster resources of one training cell (a ``dpbench.pipeline.grid.Cell`` or a mapping with
     problem, optimizer, batch_size, epochs) under the config's ``train`` section, on a GPU or
     on the CPU: ``mem_mb`` and ``runtime`` (minutes), the latter for a run that shares its GPU
     with ``cells_per_gpu`` - 1 others (``slowdown``). The GPU request itself and the CPUs are

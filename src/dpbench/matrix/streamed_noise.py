@@ -1,6 +1,6 @@
 """Correlated noise generated on the fly: row t of C^-1 Z without a T x d noise file.
 
-Both sources implement the ``NoiseSource`` protocol (dpbench.mechanisms): ``sample(like)``
+Both sources implement the ``NoiseSource`` protocol (dpbench.privacy.mechanisms): ``sample(like)``
 returns step t's noise shaped like the parameters, in units of the noise multiplier (the
 step multiplies it by sigma times the clipping sensitivity), exactly as the file-backed
 ``matrix.mechanism.CorrelatedNoise`` returns row t of C^-1 Z.

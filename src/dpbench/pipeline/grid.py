@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA_PATH = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
 
 class ConfigError(ValueError):
@@ -91,8 +91,8 @@ class Cell:
         from types import SimpleNamespace
 
         from dpbench.matrix import cache
-        from dpbench.matrix.mechanism import MatrixMechanism
-        from dpbench.matrix.streaming import StreamingMechanism
+        from dpbench.matrix.dense_mechanism import MatrixMechanism
+        from dpbench.matrix.streamed_mechanism import StreamingMechanism
         from dpbench.optimizers import get_optimizer
 
         mechanism = get_optimizer(self.optimizer).mechanism

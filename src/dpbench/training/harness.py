@@ -1,6 +1,6 @@
 """What a private training step is built from, built one way for every caller.
 
-A grid cell (``dpbench.train.run``) and the empirical privacy audit must run exactly the same
+A grid cell (``dpbench.training.train.run``) and the empirical privacy audit must run exactly the same
 mechanism: the same noise multiplier for the same plan, the same clipping, the same noise
 source and sampler seeded from the same streams. Both build them here:
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dpbench.clipping import Clipping, NoClipping
-from dpbench.mechanisms import Plan, Sampler
+from dpbench.privacy.clipping import Clipping, NoClipping
+from dpbench.privacy.mechanisms import Plan, Sampler
 from dpbench.optimizers.base import Context, DPStep, LossFn
 from dpbench.optimizers.registry import OptimizerSpec
 from dpbench.problems import Problem
@@ -74,7 +74,7 @@ def assemble(spec: OptimizerSpec, plan: Plan, model: nn.Module, loss_fn: LossFn,
              device: torch.device | str, lanes: int = 1) -> Assembly:
     """The optimizer's step and sampler for one run. ``hyperparameters`` are the given ones
     (the spec's defaults fill in the rest; an unknown name is an error); ``noise_seed`` and
-    ``sampler_seed`` are the run's "noise" and "sampler" streams (``dpbench.seeds``).
+    ``sampler_seed`` are the run's "noise" and "sampler" streams (``dpbench.training.seeds``).
     ``lanes`` > 1 builds that many independent replicas side by side (``Context.lanes``; the
     empirical audit's trials): the model's parameters carry the lane on their first axis and
     the sampler draws ``lanes`` blocks of ``n_train`` examples."""
