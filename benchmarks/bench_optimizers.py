@@ -57,7 +57,7 @@ def build(name: str, batch_size: int, threads: int, data_dir: str | None, projec
     """Optimizer ``name``'s step on P2 (model initialised from seed 0), and the training data."""
     import torch
 
-    from dpbench.data import images
+    from dpbench.data import image_datasets
     from dpbench.privacy.clipping import Clipping, NoClipping
     from dpbench.optimizers import get_optimizer
     from dpbench.optimizers.base import Context
@@ -66,7 +66,7 @@ def build(name: str, batch_size: int, threads: int, data_dir: str | None, projec
     torch.set_num_threads(threads)
     problem, spec = get_problem("P2"), get_optimizer(name)
     hp = {"projection": projection} if name in PROJECTED else None
-    ds = images.load(problem.dataset, data_dir)
+    ds = image_datasets.load(problem.dataset, data_dir)
     x, y = problem.preprocess(ds.train_images), torch.from_numpy(ds.train_labels)
     n = len(y)
     torch.manual_seed(0)

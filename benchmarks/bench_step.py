@@ -35,7 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gpu import SIGMA, build_model, opacus_step, our_step  # noqa: E402
 
-from dpbench.data import images  # noqa: E402
+from dpbench.data import image_datasets  # noqa: E402
 from dpbench.problems import get_problem  # noqa: E402
 from dpbench.privacy.sampling import PoissonSampler  # noqa: E402
 
@@ -90,7 +90,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     problem = get_problem("P2")
-    ds = images.load(problem.dataset, args.data_dir)
+    ds = image_datasets.load(problem.dataset, args.data_dir)
     x = problem.preprocess(ds.train_images)
     y = torch.from_numpy(ds.train_labels)
     n, L = len(y), args.batch_size

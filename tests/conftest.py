@@ -17,15 +17,15 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 from dpbench.privacy import accounting
 from dpbench.training import cuda
-from dpbench.data import images  # noqa: E402
+from dpbench.data import image_datasets  # noqa: E402
 
 FMNIST_DIRS = [Path(os.environ["DPBENCH_DATA_DIR"]) / "fashion-mnist"] if os.environ.get("DPBENCH_DATA_DIR") else []
-FMNIST_DIRS += [REPO / "data" / "fashion-mnist", *images.SYSTEM_DIRS["fashion-mnist"]]
+FMNIST_DIRS += [REPO / "data" / "fashion-mnist", *image_datasets.SYSTEM_DIRS["fashion-mnist"]]
 
 
 def _fmnist_dir():
     for d in FMNIST_DIRS:
-        if all((d / f"{k}.gz").is_file() for k in images.FASHION_MNIST_MD5):
+        if all((d / f"{k}.gz").is_file() for k in image_datasets.FASHION_MNIST_MD5):
             return d
     return None
 
@@ -43,15 +43,15 @@ def fmnist_dir():
 @pytest.fixture
 def tiny_fmnist(monkeypatch):
     """In-process unit tests of the training loop: a small random dataset in Fashion-MNIST's
-    shapes, patched into dpbench.data.images.load. Never used by the product, only by loop tests."""
+    shapes, patched into dpbench.data.image_datasets.load. Never used by the product, only by loop tests."""
     def fake_load(name, data_dir=None, **kw):
         assert name == "fashion-mnist"
         rng = np.random.default_rng(0)
-        return images.Dataset(name, rng.integers(0, 256, (600, 1, 28, 28), dtype=np.uint8),
+        return image_datasets.Dataset(name, rng.integers(0, 256, (600, 1, 28, 28), dtype=np.uint8),
                             rng.integers(0, 10, 600), rng.integers(0, 256, (200, 1, 28, 28), dtype=np.uint8),
                             rng.integers(0, 10, 200), "generated-for-tests")
 
-    monkeypatch.setattr(images, "load", fake_load)
+    monkeypatch.setattr(image_datasets, "load", fake_load)
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Tests of dpbench.data.images on small files generated in the official formats, plus the real
+"""Tests of dpbench.data.image_datasets on small files generated in the official formats, plus the real
 Fashion-MNIST when it is installed."""
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 
 try:
-    from dpbench.data import images
+    from dpbench.data import image_datasets
 except ImportError:  # running from a checkout without an installed package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from dpbench.data import images
+    from dpbench.data import image_datasets
 
-from dpbench.data.images import DataError
+from dpbench.data.image_datasets import DataError
 
 FMNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -89,24 +89,24 @@ def no_system_dirs(monkeypatch, tmp_path):
     """Point SYSTEM_DIRS at an empty directory so tests never see installed data."""
     empty = tmp_path / "system"
     empty.mkdir()
-    monkeypatch.setattr(images, "SYSTEM_DIRS", {"fashion-mnist": [empty], "cifar10": [empty]})
+    monkeypatch.setattr(image_datasets, "SYSTEM_DIRS", {"fashion-mnist": [empty], "cifar10": [empty]})
     return empty
 
 
 def test_read_idx_round_trip():
     images = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
-    out = images.read_idx(idx_bytes(images))
+    out = image_datasets.read_idx(idx_bytes(images))
     assert out.dtype == np.uint8 and out.shape == (2, 3, 4)
     np.testing.assert_array_equal(out, images)
     ints = np.array([[-5, 70000], [1, 2]], dtype=">i4")
-    out = images.read_idx(idx_bytes(ints, code=0x0C))
+    out = image_datasets.read_idx(idx_bytes(ints, code=0x0C))
     assert out.dtype == np.int32 and out.dtype.isnative
     np.testing.assert_array_equal(out, [[-5, 70000], [1, 2]])
 
 
 def test_load_fashion_round_trip(tmp_path, no_system_dirs):
     arrays, _, sums = make_fashion(tmp_path)
-    ds = images.load("fashion-mnist", tmp_path, checksums=sums)
+    ds = image_datasets.load("fashion-mnist", tmp_path, checksums=sums)
     assert ds.name == "fashion-mnist" and ds.source == str(tmp_path)
     assert ds.train_images.shape == (20, 1, 28, 28) and ds.test_images.shape == (10, 1, 28, 28)
     assert ds.train_images.dtype == np.uint8 and ds.train_labels.dtype == np.int64
@@ -114,7 +114,7 @@ def test_load_fashion_round_trip(tmp_path, no_system_dirs):
     np.testing.assert_array_equal(ds.train_labels, arrays["train-labels-idx1-ubyte"])
     np.testing.assert_array_equal(ds.test_images[:, 0], arrays["t10k-images-idx3-ubyte"])
     np.testing.assert_array_equal(ds.test_labels, arrays["t10k-labels-idx1-ubyte"])
-    verified = images.verify("fashion-mnist", tmp_path, checksums=sums)
+    verified = image_datasets.verify("fashion-mnist", tmp_path, checksums=sums)
     assert verified == {k: f"md5:{v}" for k, v in sums.items()}
 
 
@@ -126,7 +126,7 @@ def test_load_cifar_round_trip(tmp_path, no_system_dirs):
     blob = cifar_tar(batches)
     (tmp_path / "cifar10").mkdir()
     (tmp_path / "cifar10" / "cifar-10-python.tar.gz").write_bytes(blob)
-    ds = images.load("cifar10", tmp_path, checksums={"cifar-10-python.tar.gz": md5(blob)})
+    ds = image_datasets.load("cifar10", tmp_path, checksums={"cifar-10-python.tar.gz": md5(blob)})
     assert ds.source == str(tmp_path / "cifar10" / "cifar-10-python.tar.gz")
     assert ds.train_images.shape == (15, 3, 32, 32) and ds.test_images.shape == (3, 3, 32, 32)
     assert ds.train_images.dtype == np.uint8 and ds.train_labels.dtype == np.int64
@@ -148,7 +148,7 @@ def test_cifar_refuses_foreign_pickle_globals(tmp_path):
     path = tmp_path / "cifar-10-python.tar.gz"
     path.write_bytes(cifar_tar({name: {b"data": Evil(), b"labels": []} for name in CIFAR_BATCHES}))
     with pytest.raises(DataError, match="refusing to load global .*print"):
-        images.read_cifar10(path)
+        image_datasets.read_cifar10(path)
 
 
 def test_cifar_missing_member(tmp_path):
@@ -157,55 +157,55 @@ def test_cifar_missing_member(tmp_path):
     del batches["test_batch"]
     path.write_bytes(cifar_tar(batches))
     with pytest.raises(DataError, match="lacks member.*cifar-10-batches-py/test_batch"):
-        images.read_cifar10(path)
+        image_datasets.read_cifar10(path)
 
 
 def test_checksum_failure_names_file(tmp_path, no_system_dirs):
     make_fashion(tmp_path)
     with pytest.raises(DataError) as err:
-        images.load("fashion-mnist", tmp_path)  # official table: generated files must not pass
+        image_datasets.load("fashion-mnist", tmp_path)  # official table: generated files must not pass
     message = str(err.value)
     assert "train-images-idx3-ubyte" in message and str(tmp_path) in message
-    assert images.FASHION_MNIST_MD5["train-images-idx3-ubyte"] in message
+    assert image_datasets.FASHION_MNIST_MD5["train-images-idx3-ubyte"] in message
 
     blob = cifar_tar(cifar_batches())
     (tmp_path / "cifar-10-python.tar.gz").write_bytes(blob)
     with pytest.raises(DataError, match="cifar-10-python.tar.gz.*c58f30108f718f92721af3b95e74349a"):
-        images.load("cifar10", tmp_path)
+        image_datasets.load("cifar10", tmp_path)
 
 
 def test_missing_file_names_file_and_places(tmp_path, no_system_dirs):
     make_fashion(tmp_path)
     (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
     with pytest.raises(DataError) as err:
-        images.locate("fashion-mnist", tmp_path)
+        image_datasets.locate("fashion-mnist", tmp_path)
     message = str(err.value)
     assert "missing t10k-labels-idx1-ubyte.gz" in message
     for place in (tmp_path, tmp_path / "fashion-mnist", no_system_dirs):
         assert str(place) in message
     assert "apt-get install dataset-fashion-mnist" in message
-    assert "dpbench data --download" in message and images.FASHION_MNIST_URL in message
+    assert "dpbench data --download" in message and image_datasets.FASHION_MNIST_URL in message
 
     with pytest.raises(DataError) as err:
-        images.load("cifar10", tmp_path)
-    assert "cifar-10-python.tar.gz" in str(err.value) and images.CIFAR10_URL in str(err.value)
+        image_datasets.load("cifar10", tmp_path)
+    assert "cifar-10-python.tar.gz" in str(err.value) and image_datasets.CIFAR10_URL in str(err.value)
 
 
 def test_corrupt_idx_header(tmp_path, no_system_dirs):
     good = idx_bytes(np.zeros((2, 28, 28), dtype=np.uint8))
     with pytest.raises(DataError, match="magic"):
-        images.read_idx(b"\x01" + good[1:])
+        image_datasets.read_idx(b"\x01" + good[1:])
     with pytest.raises(DataError, match="size mismatch"):
-        images.read_idx(good[:-1])
+        image_datasets.read_idx(good[:-1])
     with pytest.raises(DataError, match="type code"):
-        images.read_idx(good[:2] + b"\x42" + good[3:])
+        image_datasets.read_idx(good[:2] + b"\x42" + good[3:])
 
     _, payloads, sums = make_fashion(tmp_path)
     bad = payloads["t10k-images-idx3-ubyte"][:-5]  # truncated, but with a matching checksum
     (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(gzip.compress(bad))
     sums["t10k-images-idx3-ubyte"] = md5(bad)
     with pytest.raises(DataError, match="t10k-images-idx3-ubyte.gz: IDX size mismatch"):
-        images.load("fashion-mnist", tmp_path, checksums=sums)
+        image_datasets.load("fashion-mnist", tmp_path, checksums=sums)
 
 
 def test_label_range_and_count_checked(tmp_path, no_system_dirs):
@@ -216,19 +216,19 @@ def test_label_range_and_count_checked(tmp_path, no_system_dirs):
     ]:
         (tmp_path / f"{key}.gz").write_bytes(gzip.compress(idx_bytes(labels)))
         with pytest.raises(DataError, match="train-labels-idx1-ubyte"):
-            images.load("fashion-mnist", tmp_path, checksums={**sums, key: md5(idx_bytes(labels))})
+            image_datasets.load("fashion-mnist", tmp_path, checksums={**sums, key: md5(idx_bytes(labels))})
 
 
 def test_locate_search_order(tmp_path, monkeypatch):
     system, mine = tmp_path / "system", tmp_path / "mine"
     make_fashion(system)
-    monkeypatch.setattr(images, "SYSTEM_DIRS", {"fashion-mnist": [system], "cifar10": []})
-    assert images.locate("fashion-mnist") == system
-    assert images.locate("fashion-mnist", mine) == system  # data_dir empty: fall back
+    monkeypatch.setattr(image_datasets, "SYSTEM_DIRS", {"fashion-mnist": [system], "cifar10": []})
+    assert image_datasets.locate("fashion-mnist") == system
+    assert image_datasets.locate("fashion-mnist", mine) == system  # data_dir empty: fall back
     make_fashion(mine / "fashion-mnist")
-    assert images.locate("fashion-mnist", mine) == mine / "fashion-mnist"
+    assert image_datasets.locate("fashion-mnist", mine) == mine / "fashion-mnist"
     make_fashion(mine)
-    assert images.locate("fashion-mnist", mine) == mine  # data_dir itself comes first
+    assert image_datasets.locate("fashion-mnist", mine) == mine  # data_dir itself comes first
 
 
 class _MemoryHandler(urllib.request.BaseHandler):
@@ -267,48 +267,48 @@ def _install(monkeypatch, handler: _MemoryHandler) -> None:
 
 def test_download_is_atomic_and_verified(tmp_path, monkeypatch, capsys, no_system_dirs):
     arrays, payloads, sums = make_fashion(tmp_path / "upstream")
-    files = {images.FASHION_MNIST_URL + f"{k}.gz": gzip.compress(p) for k, p in payloads.items()}
+    files = {image_datasets.FASHION_MNIST_URL + f"{k}.gz": gzip.compress(p) for k, p in payloads.items()}
     handler = _MemoryHandler(files, must_not_exist=tmp_path / "dl" / "fashion-mnist")
     _install(monkeypatch, handler)
 
     # A corrupted body fails verification and leaves neither final nor temporary files.
-    bad_url = images.FASHION_MNIST_URL + "train-images-idx3-ubyte.gz"
+    bad_url = image_datasets.FASHION_MNIST_URL + "train-images-idx3-ubyte.gz"
     good_body, files[bad_url] = files[bad_url], gzip.compress(b"\0\0\x08\x01" + b"\0" * 8)
     with pytest.raises(DataError, match="checksum mismatch for train-images-idx3-ubyte"):
-        images.download("fashion-mnist", tmp_path / "dl", checksums=sums)
+        image_datasets.download("fashion-mnist", tmp_path / "dl", checksums=sums)
     assert list((tmp_path / "dl" / "fashion-mnist").iterdir()) == []
 
     files[bad_url] = good_body
-    directory = images.download("fashion-mnist", tmp_path / "dl", checksums=sums)
+    directory = image_datasets.download("fashion-mnist", tmp_path / "dl", checksums=sums)
     assert directory == tmp_path / "dl" / "fashion-mnist"
     assert sorted(p.name for p in directory.iterdir()) == sorted(f"{k}.gz" for k in payloads)
     assert "fashion-mnist/train-images-idx3-ubyte.gz" in capsys.readouterr().err
-    ds = images.load("fashion-mnist", tmp_path / "dl", checksums=sums)
+    ds = image_datasets.load("fashion-mnist", tmp_path / "dl", checksums=sums)
     np.testing.assert_array_equal(ds.train_images[:, 0], arrays["train-images-idx3-ubyte"])
 
     # Valid files already present are not fetched again.
     handler.requests.clear()
-    images.download("fashion-mnist", tmp_path / "dl", checksums=sums, progress=False)
+    image_datasets.download("fashion-mnist", tmp_path / "dl", checksums=sums, progress=False)
     assert handler.requests == []
 
 
 def test_download_network_failure(tmp_path, monkeypatch, no_system_dirs):
     _install(monkeypatch, _MemoryHandler({}))
     with pytest.raises(DataError, match="cifar-10-python.tar.gz failed: .*no route to host"):
-        images.download("cifar10", tmp_path, progress=False)
+        image_datasets.download("cifar10", tmp_path, progress=False)
     assert list((tmp_path / "cifar10").iterdir()) == []
 
 
 def test_prepare_manifest(tmp_path, monkeypatch, no_system_dirs):
     _, payloads, sums = make_fashion(tmp_path / "upstream")
-    monkeypatch.setitem(images.OFFICIAL_MD5, "fashion-mnist", sums)
+    monkeypatch.setitem(image_datasets.OFFICIAL_MD5, "fashion-mnist", sums)
     with pytest.raises(DataError, match="missing train-images-idx3-ubyte.gz"):
-        images.prepare("fashion-mnist", tmp_path / "dl", allow_download=False)
+        image_datasets.prepare("fashion-mnist", tmp_path / "dl", allow_download=False)
     with pytest.raises(DataError, match="Cannot download: no data directory"):
-        images.prepare("fashion-mnist", None)
-    files = {images.FASHION_MNIST_URL + f"{k}.gz": gzip.compress(p) for k, p in payloads.items()}
+        image_datasets.prepare("fashion-mnist", None)
+    files = {image_datasets.FASHION_MNIST_URL + f"{k}.gz": gzip.compress(p) for k, p in payloads.items()}
     _install(monkeypatch, _MemoryHandler(files))
-    manifest = images.prepare("fashion-mnist", tmp_path / "dl")
+    manifest = image_datasets.prepare("fashion-mnist", tmp_path / "dl")
     assert manifest == {
         "dataset": "fashion-mnist",
         "directory": str(tmp_path / "dl" / "fashion-mnist"),
@@ -320,12 +320,12 @@ def test_prepare_manifest(tmp_path, monkeypatch, no_system_dirs):
 
 @pytest.mark.realdata
 @pytest.mark.skipif(
-    not all((FMNIST_SYSTEM_DIR / f"{k}.gz").is_file() for k in images.FASHION_MNIST_MD5),
+    not all((FMNIST_SYSTEM_DIR / f"{k}.gz").is_file() for k in image_datasets.FASHION_MNIST_MD5),
     reason=f"real Fashion-MNIST not installed in {FMNIST_SYSTEM_DIR} "
     "(apt-get install dataset-fashion-mnist)",
 )
 def test_real_fashion_mnist():
-    ds = images.load("fashion-mnist", FMNIST_SYSTEM_DIR)
+    ds = image_datasets.load("fashion-mnist", FMNIST_SYSTEM_DIR)
     assert ds.train_images.shape == (60000, 1, 28, 28) and ds.train_images.dtype == np.uint8
     assert ds.test_images.shape == (10000, 1, 28, 28) and ds.test_images.dtype == np.uint8
     assert ds.train_labels.dtype == np.int64 and ds.test_labels.dtype == np.int64

@@ -31,12 +31,12 @@ NON_FINITE = [math.inf, -math.inf, math.nan]
 @pytest.fixture(autouse=True)
 def no_data(monkeypatch):
     """A bad value must be refused before the data is read: reading it fails these tests."""
-    from dpbench.data import images
+    from dpbench.data import image_datasets
 
     def load(*args, **kwargs):
         raise AssertionError("the data was read: the bad value was not refused up front")
 
-    monkeypatch.setattr(images, "load", load)
+    monkeypatch.setattr(image_datasets, "load", load)
 
 
 def train_argv(tmp_path, *extra, optimizer="dpsgd"):

@@ -366,7 +366,7 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
     """B = A, C = I: the matrix run equals DP-SGD on the same fixed batches with the same
     i.i.d. noise Z, step for step, and sigma is that of one Gaussian release of sensitivity
     sqrt(k) (k participations of norm 1)."""
-    from dpbench.data import images
+    from dpbench.data import image_datasets
     from dpbench.privacy.clipping import Clipping
     from dpbench.optimizers.base import SGD, Context, DPStep
     from dpbench.problems import get_problem
@@ -390,7 +390,7 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
 
     # DP-SGD by hand: same model init, same fixed batches, same Z, no amplification
     problem = get_problem("P2")
-    ds = images.load("fashion-mnist")
+    ds = image_datasets.load("fashion-mnist")
     x, y = problem.preprocess(ds.train_images), torch.from_numpy(ds.train_labels)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seeds["init"])
@@ -428,13 +428,13 @@ def test_matrix_run_records_privacy_and_reuses_its_cache(tiny_fmnist, tmp_path):
 
 
 def test_constants_match_the_problems_and_datasets():
-    from dpbench.data import images
+    from dpbench.data import image_datasets
     from dpbench.problems import PROBLEMS
 
     for pid, count in cache.PARAMETER_COUNTS.items():
         assert sum(p.numel() for p in PROBLEMS[pid].build().parameters()) == count
     assert set(cache.TRAIN_SIZES) == {p.dataset for p in PROBLEMS.values()}
-    assert hasattr(images, "load")
+    assert hasattr(image_datasets, "load")
 
 
 # -- commands and workflow ----------------------------------------------------------------------

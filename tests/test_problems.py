@@ -37,9 +37,9 @@ def test_preprocessing():
 
 
 def test_published_normalisation_constants_match_real_data(fmnist_dir):
-    from dpbench.data import images
+    from dpbench.data import image_datasets
 
-    ds = images.load("fashion-mnist", fmnist_dir)
+    ds = image_datasets.load("fashion-mnist", fmnist_dir)
     x = ds.train_images.astype(np.float64) / 255
     mean, std = CHANNEL_STATS["fashion-mnist"]
     assert x.mean() == pytest.approx(mean[0], abs=1e-3)

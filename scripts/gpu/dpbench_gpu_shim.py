@@ -5,7 +5,7 @@ tarball in the official format with random images (scripts/gpu/make_cifar.py). d
 every dataset file against the official MD5; when DPBENCH_TEST_CIFAR10_MD5 is set (run.sh sets it
 to the generated file's MD5), this module, imported at interpreter start through a .pth file
 that run.sh writes into a throwaway interpreter, replaces the expected CIFAR-10 checksum as soon as
-dpbench.data.images is imported. Without the variable it does nothing. Never installed by dpbench.
+dpbench.data.image_datasets is imported. Without the variable it does nothing. Never installed by dpbench.
 """
 
 import importlib.abc
@@ -18,7 +18,7 @@ _MD5 = os.environ.get("DPBENCH_TEST_CIFAR10_MD5")
 
 class _PatchCifarChecksum(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "dpbench.data.images":
+        if name != "dpbench.data.image_datasets":
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)

@@ -166,9 +166,9 @@ def cmd_train(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from dpbench.data import images
+    from dpbench.data import image_datasets
 
-    manifest = images.prepare(args.dataset, args.data_dir, allow_download=args.download)
+    manifest = image_datasets.prepare(args.dataset, args.data_dir, allow_download=args.download)
     text = json.dumps(manifest, indent=2, sort_keys=True)
     if args.manifest:
         Path(args.manifest).parent.mkdir(parents=True, exist_ok=True)
@@ -499,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from dpbench.pipeline import watch
-    from dpbench.data.images import DataError
+    from dpbench.data.image_datasets import DataError
 
     args = build_parser().parse_args(argv)
     watch.start()  # started by the workflow: stop when it is gone (dpbench.pipeline.watch)

@@ -27,7 +27,7 @@ from torch import nn
 
 from dpbench.privacy import accounting
 from dpbench.training import cuda
-from dpbench.data import images
+from dpbench.data import image_datasets
 from dpbench.files import atomic_write, is_no_space, no_space, remove_stale_partials
 from dpbench.training.harness import Assembly, assemble, build_model, calibrate_noise
 from dpbench.privacy.mechanisms import Plan
@@ -163,7 +163,7 @@ class Splits:
 
 
 def load_splits(cfg: RunConfig, problem, seeds: dict[str, int], device) -> Splits:
-    ds = images.load(problem.dataset, cfg.data_dir)
+    ds = image_datasets.load(problem.dataset, cfg.data_dir)
     train_idx = _subset(len(ds.train_labels), cfg.train_subset, seeds["subset"])
     test_idx = _subset(len(ds.test_labels), cfg.test_subset, seeds["subset"] + 1)
     val_idx = None
