@@ -4,6 +4,7 @@ separated by lines holding only "%"), plus the real Debian corpus when it is ins
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 from pathlib import Path
 
@@ -137,3 +138,27 @@ def test_real_corpus():
     assert n == indexed == 14396
     assert (len(corpus.train), len(corpus.validation)) == (12979, 1417)
     assert len(fortunes.SHA256) == 40
+
+
+def test_cli_data_fortunes(tmp_path, monkeypatch, capsys, no_system_dirs):
+    from dpbench.cli import main
+
+    records = ["short", "x" * 20, "é" * 3]  # [BOS]+bytes+[EOS]: 7, 22, 8 tokens
+    manifest = write_fortunes(tmp_path / "data" / "fortunes", {"art": records})
+    monkeypatch.setattr(fortunes, "SHA256", manifest)
+    out = tmp_path / "m.json"
+    assert main(["data", "--dataset", "fortunes", "--data-dir", str(tmp_path / "data"), "--context", "6",
+                 "--manifest", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out.read_text())
+    assert printed["files"] == {"art": f"sha256:{manifest['art']}"}
+    assert printed["directory"] == str(tmp_path / "data" / "fortunes") and printed["package"].startswith("fortunes 1:")
+    assert (printed["records"], printed["train"] + printed["validation"]) == (3, 3)
+    assert (printed["tokens_total"], printed["tokens_max"], printed["context"]) == (37, 22, 6)
+    # truncated when longer than context + 1 = 7 tokens: 22 and 8, not 7
+    assert printed["truncated"] == 2 and printed["truncated_share"] == pytest.approx(2 / 3)
+    # damaged: one line naming the file, exit status 2
+    (tmp_path / "data" / "fortunes" / "art").write_text("tampered\n%\n")
+    assert main(["data", "--dataset", "fortunes", "--data-dir", str(tmp_path / "data")]) == 2
+    err = capsys.readouterr().err
+    assert "checksum mismatch" in err and str(tmp_path / "data" / "fortunes" / "art") in err

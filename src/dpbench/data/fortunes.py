@@ -40,6 +40,8 @@ from dpbench.data.image_datasets import DataError
 NAME = "fortunes"
 SYSTEM_DIRS: list[Path] = [Path("/usr/share/games/fortunes")]
 VALIDATION_PERCENT = 10
+CONTEXT = 128  # the context length at which `dpbench data` reports truncation
+PACKAGE_VERSION = "1:1.99.1-7.3"  # the Debian version whose files SHA256 holds
 HOW_TO_GET = (
     "To obtain the corpus: `apt-get install fortunes` (Debian/Ubuntu; installs "
     "/usr/share/games/fortunes/), or copy the package's plain-text files into DATA_DIR/fortunes/."
@@ -227,4 +229,20 @@ def stats(corpus: Corpus, context: int) -> dict:
         "context": context,
         "truncated": sum(length > context + 1 for length in lengths),
         "truncated_share": sum(length > context + 1 for length in lengths) / n if n else 0.0,
+    }
+
+
+def prepare(data_dir: str | Path | None = None, context: int = CONTEXT, *,
+            manifest: Mapping[str, str] | None = None) -> dict:
+    """Locate, verify and parse the corpus; return a JSON manifest with its statistics
+    (``dpbench data --dataset fortunes``). Nothing is downloaded: the files come from the
+    Debian package."""
+    manifest = SHA256 if manifest is None else manifest
+    corpus = load(data_dir, manifest=manifest)
+    return {
+        "dataset": NAME,
+        "directory": corpus.source,
+        "package": f"fortunes {PACKAGE_VERSION}" if manifest is SHA256 else None,
+        "files": {name: f"sha256:{manifest[name].lower().removeprefix('sha256:')}" for name in sorted(manifest)},
+        **stats(corpus, context),
     }
