@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Shared set-up, sourced by scripts/run.sh and scripts/test.sh: a virtual environment in
-# .venv with dpbench and its pinned dependencies, and the official Fashion-MNIST files.
+# .venv with dpbench and its pinned dependencies, the official Fashion-MNIST files and Debian's
+# fortunes corpus (problem P4).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -35,5 +36,17 @@ if [ ! -d /usr/share/datasets/fashion-mnist ] && [ ! -d data/fashion-mnist ] && 
         echo "==> installing Debian's dataset-fashion-mnist" >&2
         { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq dataset-fashion-mnist; } >&2 \
             || echo "    (apt-get failed; the workflow will download Fashion-MNIST instead)" >&2
+    fi
+fi
+
+# The fortunes corpus (P4's text): Debian's fortunes package installs the plain-text files in
+# /usr/share/games/fortunes (verified by SHA-256 when loaded). There is no download fallback:
+# without the package, copy its files into data/fortunes/.
+if [ ! -f /usr/share/games/fortunes/art ] && [ ! -d data/fortunes ] && command -v apt-get >/dev/null; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && sudo -n true 2>/dev/null && SUDO="sudo -n"
+    if [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; then
+        echo "==> installing Debian's fortunes" >&2
+        { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq fortunes; } >&2 \
+            || echo "    (apt-get failed; P4 needs the fortunes files: apt-get install fortunes)" >&2
     fi
 fi

@@ -166,9 +166,12 @@ def cmd_train(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from dpbench.data import image_datasets
+    from dpbench.data import fortunes, image_datasets
 
-    manifest = image_datasets.prepare(args.dataset, args.data_dir, allow_download=args.download)
+    if args.dataset == fortunes.NAME:  # a Debian package: verified, never downloaded
+        manifest = fortunes.prepare(args.data_dir, args.context)
+    else:
+        manifest = image_datasets.prepare(args.dataset, args.data_dir, allow_download=args.download)
     text = json.dumps(manifest, indent=2, sort_keys=True)
     if args.manifest:
         Path(args.manifest).parent.mkdir(parents=True, exist_ok=True)
@@ -415,9 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
 
     d = sub.add_parser("data", help="find (or download) a dataset, verify its checksums, write a manifest")
-    d.add_argument("--dataset", required=True, choices=["fashion-mnist", "cifar10"])
+    d.add_argument("--dataset", required=True, choices=["fashion-mnist", "cifar10", "fortunes"])
     d.add_argument("--data-dir", help="where to look first and where downloads go")
-    d.add_argument("--download", action=argparse.BooleanOptionalAction, default=True)
+    d.add_argument("--download", action=argparse.BooleanOptionalAction, default=True,
+                   help="image datasets only; fortunes comes from Debian (apt-get install fortunes)")
+    d.add_argument("--context", type=positive_int, default=128,
+                   help="fortunes: the context length at which truncated records are counted")
     d.add_argument("--manifest", help="write the manifest JSON here")
     d.set_defaults(func=cmd_data)
 
