@@ -44,7 +44,7 @@ def edit(path):
 prints()
 edit("optimizers/sgd.py")
 prints()
-edit("per_sample.py")
+edit("privacy/per_sample.py")
 prints()
 """
     out = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(src)}, capture_output=True,
