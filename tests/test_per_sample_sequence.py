@@ -99,6 +99,15 @@ def test_embedding_takes_the_cheaper_path(positions, vocab, ghost):
     assert LayerGrads(layer, idx, torch.randn(2, positions, 4)).use_ghost is ghost
 
 
+@pytest.mark.parametrize("d_in,d_out,positions,ghost", [(128, 128, 128, False), (128, 512, 128, False),
+                                                          (128, 128, 32, True), (512, 512, 128, True), (7, 5, 1, True)])
+def test_linear_on_sequences_takes_the_cheaper_path(d_in, d_out, positions, ghost):
+    """P = T positions per record: ghost ~P^2 (d_in + d_out), materialising ~P d_in d_out."""
+    x = torch.randn(2, positions, d_in)
+    layer = LayerGrads(nn.Linear(d_in, d_out), x, torch.randn(2, positions, d_out))
+    assert layer._positions == positions and layer.use_ghost is ghost
+
+
 @pytest.mark.parametrize("option,value", [("padding_idx", 0), ("max_norm", 1.0), ("scale_grad_by_freq", True),
                                           ("sparse", True)])
 def test_embedding_options_are_refused_by_name(option, value):
