@@ -44,7 +44,7 @@ def check_against_reference(model, loss_batch, loss_one, batch, batch2, rtol=1e-
     ref, ref2 = reference(model, loss_one, *batch), reference(model, loss_one, *batch2)
     torch.testing.assert_close(psg.sq_norms(), flat_dot(ref, ref), rtol=rtol, atol=atol)
     torch.testing.assert_close(psg.inner(psg2), flat_dot(ref, ref2), rtol=rtol, atol=atol)
-    coef = torch.rand(len(batch[0]), dtype=torch.float64)
+    coef = torch.rand(len(batch[0]), dtype=torch.float64, device=batch[0].device)
     summed = psg2.weighted_sum(coef)
     assert set(summed) == set(model.parameters())
     for p, w in summed.items():
@@ -72,13 +72,13 @@ LAYERS = [
 
 @pytest.mark.parametrize("ghost", [True, False], ids=["ghost", "materialised"])
 @pytest.mark.parametrize("layer,make", LAYERS, ids=[repr(m) + str(tuple(f().shape)) for m, f in LAYERS])
-def test_sequence_layers_both_paths(layer, make, ghost, monkeypatch):
+def test_sequence_layers_both_paths(layer, make, ghost, monkeypatch, device):
     monkeypatch.setattr(LayerGrads, "use_ghost", property(lambda self: ghost))
-    layer = copy.deepcopy(layer).double()
+    layer = copy.deepcopy(layer).double().to(device)
     with torch.no_grad():  # weights away from LayerNorm's initial (1, 0) so every term counts
         for p in layer.parameters():
             p.add_(torch.randn_like(p))
-    x, x2 = make(), make()
+    x, x2 = make().to(device), make().to(device)
     target = torch.randn_like(layer(x))
 
     def loss_batch(x, t):
@@ -183,13 +183,13 @@ def test_p4_parameter_count_and_shapes():
 
 
 @pytest.mark.parametrize("ghost", [None, True, False], ids=["chosen", "ghost", "materialised"])
-def test_p4_per_sample_gradients_match_torch_func(ghost, monkeypatch):
+def test_p4_per_sample_gradients_match_torch_func(ghost, monkeypatch, device):
     if ghost is not None:
         monkeypatch.setattr(LayerGrads, "use_ghost", property(lambda self: ghost))
-    model = tiny_lm()
+    model = tiny_lm().to(device)
     g = torch.Generator().manual_seed(1)
-    batch = padded([8, 3, 6], 8, g)
-    batch2 = padded([2, 8, 5], 8, g)
+    batch = [t.to(device) for t in padded([8, 3, 6], 8, g)]
+    batch2 = [t.to(device) for t in padded([2, 8, 5], 8, g)]
     check_against_reference(model, *lm_losses(model), batch, batch2)
 
 
