@@ -105,8 +105,35 @@ def test_noise_std_normalised_clipping():
 
 def test_refused_layer_is_named():
     model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(32, 3))
-    with pytest.raises(UnsupportedLayerError, match=r"opacus-dpsgd.*BatchNorm"):
+    with pytest.raises(UnsupportedLayerError, match=r"opacus-dpsgd.*layer '1' \(BatchNorm2d\)"):
         make_context("opacus-dpsgd", model, clipping=Clipping(1.0), sigma=1.0, L=10, lr=0.1)
+
+    class Attention(nn.Module):  # nn.MultiheadAttention: Opacus asks for its DPMultiheadAttention
+        def __init__(self):
+            super().__init__()
+            self.emb, self.att, self.out = nn.Embedding(10, 8), nn.MultiheadAttention(8, 2, batch_first=True), nn.Linear(8, 10)
+
+        def forward(self, x):
+            h = self.emb(x)
+            return self.out(self.att(h, h, h)[0])
+
+    with pytest.raises(UnsupportedLayerError, match=r"layer 'att' \(MultiheadAttention\): .*DPMultiheadAttention"):
+        make_context("opacus-dpsgd", Attention(), clipping=Clipping(1.0), sigma=1.0, L=10, lr=0.1)
+
+
+def test_functorch_fallback_layers_are_recorded():
+    class Scaled(nn.Module):  # a parameter directly on a module Opacus has no grad sampler for
+        def __init__(self):
+            super().__init__()
+            self.scale, self.fc = nn.Parameter(torch.ones(4)), nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.fc(x * self.scale)
+
+    step, _, _ = make_context("opacus-dpsgd", Scaled(), clipping=Clipping(1.0), sigma=1.0, L=10, lr=0.1)
+    assert step.privacy_record() == {"opacus_functorch_layers": ["Scaled"]}
+    out = step(torch.randn(6, 4), torch.randint(0, 3, (6,)))
+    assert out.losses.shape == (6,)
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # torch's note on the outside pass

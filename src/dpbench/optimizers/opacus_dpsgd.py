@@ -45,6 +45,7 @@ import warnings
 import torch
 from opacus.grad_sample import GradSampleModule
 from opacus.optimizers import DPOptimizer
+from opacus.utils.module_utils import trainable_modules
 from opacus.validators import ModuleValidator
 
 from dpbench.optimizers.base import SGD, Context, DPStep, StepOutput
@@ -57,7 +58,11 @@ from dpbench.privacy.per_sample import UnsupportedLayerError
 def wrap(model: torch.nn.Module) -> GradSampleModule:
     """Opacus's ``GradSampleModule`` around ``model`` (hooks on its layers, summed losses), or
     an ``UnsupportedLayerError`` naming every layer Opacus refuses."""
-    refused = [str(e) for e in ModuleValidator.validate(model, strict=False)]
+    # ModuleValidator.validate's checks, layer by layer, so that each refusal names its layer
+    refused = [] if model.training else ["the model must be in training mode"]
+    for name, module in trainable_modules(model):
+        check = ModuleValidator.VALIDATORS.get(type(module))
+        refused += [f"layer {name!r} ({type(module).__name__}): {e}" for e in (check(module) if check else [])]
     if not refused:
         try:
             return GradSampleModule(model, batch_first=True, loss_reduction="sum", strict=True)
@@ -133,7 +138,7 @@ class OpacusDPStep(DPStep):
         return [p.summed_grad.detach() * self.scale for p in self.params]
 
     def privacy_record(self) -> dict:
-        return {"opacus_functorch_layers": self.functorch_layers}
+        return {**super().privacy_record(), "opacus_functorch_layers": self.functorch_layers}
 
 
 OPACUS_DPSGD = OptimizerSpec(
