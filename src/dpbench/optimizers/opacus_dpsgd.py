@@ -35,7 +35,10 @@ update are ours. The privacy guarantee is unchanged by a post-processing scale.
   (``opacus_functorch_layers``).
 * Opacus's hooks are enabled only inside the step's own forward and backward pass: any other
   pass through the model (evaluation, a memorisation test) records no activations.
-* One lane only (``Context.lanes`` = 1): Opacus has no notion of independent replicas.
+* Lanes (``Context.lanes`` > 1, the empirical audit's replicas) need nothing of Opacus: an
+  example's loss depends on its own lane's parameters only, so its per-sample gradient is zero
+  outside that lane, its norm over the whole vector is its lane's norm, and Opacus's clipping is
+  per lane; the noise is element-wise.
 """
 
 from __future__ import annotations
@@ -83,8 +86,6 @@ class OpacusDPStep(DPStep):
     """DP-SGD's step with Opacus's per-sample gradients, clipping, noise and averaging."""
 
     def __init__(self, ctx: Context, rule):
-        if ctx.lanes != 1:
-            raise ValueError(f"opacus-dpsgd runs one lane (Opacus has no independent replicas), got {ctx.lanes}")
         if not isinstance(ctx.clipping, Clipping):
             raise TypeError(f"opacus-dpsgd is private: it needs a Clipping, got {ctx.clipping!r}")
         if not isinstance(ctx.noise, GaussianNoise):
