@@ -21,5 +21,5 @@ rule all:
     input:
         rules.aggregate.output if CELLS else [],
         [AUDIT_TABLE] if AUDITS else [],
-        expand(f"{RESULTS}/figures/{{figure}}.{{ext}}", figure=FIGURES, ext=("png", "pdf")),
+        [f"{RESULTS}/figures/{f}.{ext}" for f in FIGURES for ext in figure_extensions(f)],
     default_target: True

@@ -36,7 +36,7 @@ def missing(opt, eps, lr, size, epochs, seed):
 def _row(problem, task, opt, eps, lr, size, epochs, seed, acc, loss, status):
     private = eps is not None
     return {"run_id": f"{problem}/{opt}/L{size}-E{epochs}-eps{eps}-lr{lr:g}-s{seed}", "problem": problem,
-            "dataset": {"P1": "cifar10", "P2": "fashion-mnist", "P3": "fashion-mnist"}[problem],
+            "dataset": {"P1": "cifar10", "P2": "fashion-mnist", "P3": "fashion-mnist", "P4": "lm"}[problem],
             "task": task, "optimizer": opt, "private": private, "lr": lr, "batch_size": size, "epochs": epochs,
             "seed": seed, "hyperparameters": "{}", "target_epsilon": eps if private else np.nan,
             "epsilon": (eps * 0.99) if private else np.nan, "status": status,
@@ -277,3 +277,112 @@ def test_every_registered_optimizer_has_a_figure_label():
 
     assert sorted(set(OPTIMIZERS) - set(figures.LABELS)) == []
     assert len(set(figures.LABELS.values())) == len(figures.LABELS)  # no two optimizers look alike
+
+
+# -- the language model (P4): loss, exposure, ranking --------------------------------------------
+
+def _canaries(opt, eps, lr, seed):
+    """Two canaries per k; exposure falls with privacy and rises with k; extracted above 17 bits."""
+    scale = {None: 3.0, 1.0: 0.2, 10.0: 1.0}[eps] * (1.5 if opt == "dpadamw" else 1.0)
+    out = []
+    for k in (0, 1, 5, 25):
+        for j in range(2):
+            exposure = 1.0 + scale * k ** 0.5 * (1 + 0.1 * j) + 0.5 * seed + (lr == 1.0)
+            out.append({"secret": f"{k}-{j}", "repeats": k, "log_perplexity": 1.0, "rank": 1,
+                        "exposure": exposure, "extracted": exposure > 17})
+    return out
+
+
+def _val_loss(opt, eps, lr, seed):
+    base = {"sgd": 3.0, "dpsgd": 4.0, "dpadamw": 3.8}[opt] + (0.3 if eps == 1.0 else 0.0)
+    if opt == "dpsgd" and eps == 1.0 and lr == 1.0:  # the better learning rate, but one seed diverged
+        return np.inf if seed == 2 else base - 0.2 + 0.01 * seed
+    return base + (0.1 if lr == 1.0 else 0.0) + 0.01 * seed
+
+
+def lm_runs():
+    from dpbench.reporting.aggregate import memorisation_columns
+
+    rows = []
+    for opt, eps in [("sgd", None), ("dpsgd", 1.0), ("dpsgd", 10.0), ("dpadamw", 1.0), ("dpadamw", 10.0)]:
+        for lr, seed in itertools.product([0.5, 1.0], SEEDS):
+            val = _val_loss(opt, eps, lr, seed)
+            row = _row("P4", "language_model", opt, eps, lr, 256, 1, seed, np.nan, val, "completed")
+            row.update({"best_val_loss": val, "final_train_loss": val - 0.1, "dataset": "lm",
+                        "val_perplexity": math.exp(val),
+                        **memorisation_columns({"canaries": _canaries(opt, eps, lr, seed)})})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_memorisation_columns():
+    from dpbench.reporting.aggregate import memorisation_columns
+
+    cols = memorisation_columns({"space_size": 10**6, "method": "exact", "canaries": [
+        {"repeats": 5, "exposure": 2.0, "extracted": False}, {"repeats": 5, "exposure": 6.0, "extracted": True},
+        {"repeats": 0, "exposure": 1.0, "extracted": False}]})
+    assert cols["exposure_k5"] == 4.0 and cols["exposure_std_k5"] == 2.0 and cols["canaries_k5"] == 2
+    assert cols["extracted_k5"] == 0.5 and cols["extracted_k0"] == 0.0 and cols["exposure_k0"] == 1.0
+    assert cols["canaries_k25"] == 0 and math.isnan(cols["exposure_k25"]) and math.isnan(cols["extracted_k1"])
+    assert memorisation_columns(None)["canaries_k1"] == 0
+
+
+def test_lm_loss_data_selects_on_validation():
+    d = figures.lm_loss_data(lm_runs()).set_index(["optimizer", "epsilon", "split"])
+    assert len(d) == 5 * 2
+    # dpsgd at eps 1: lr 1.0 is better on two seeds but diverged on the third: lr 0.5 is chosen
+    r = d.loc[("dpsgd", 1.0, "val")]
+    assert r["lr"] == 0.5 and r["mean"] == pytest.approx(4.31) and r["std"] == pytest.approx(0.01)
+    assert r["n_seeds"] == 3
+    assert d.loc[("dpsgd", 1.0, "train"), "mean"] == pytest.approx(4.21)
+    assert d.loc[("dpadamw", 10.0, "val"), "mean"] == pytest.approx(3.81)
+    sgd = d.loc[("sgd", np.inf, "val")]
+    assert not sgd["private"] and sgd["lr"] == 0.5 and sgd["mean"] == pytest.approx(3.01)
+
+
+def test_lm_exposure_data_pools_seeds_and_canaries():
+    runs = lm_runs()
+    d = figures.lm_exposure_data(runs).set_index(["optimizer", "epsilon", "k"])
+    assert len(d) == 5 * 4
+    for opt, eps, k in [("dpsgd", 10.0, 25), ("sgd", np.inf, 5), ("dpadamw", 1.0, 0)]:
+        lr = 0.5  # the chosen configuration (lowest validation loss)
+        raw = [c["exposure"] for s in SEEDS for c in _canaries(opt, None if eps == np.inf else eps, lr, s)
+               if c["repeats"] == k]
+        r = d.loc[(opt, eps, k)]
+        assert r["n_canaries"] == 6 and r["n_seeds"] == 3
+        assert r["mean"] == pytest.approx(statistics.mean(raw), rel=1e-12)
+        assert r["std"] == pytest.approx(statistics.stdev(raw), rel=1e-12)  # over seeds and canaries
+    # sgd, k = 25: 1 + 3 * 5 * (1, 1.1) + 0.5 s: 16, 17.5 / 16.5, 18 / 17, 18.5 -> 3 of 6 above 17
+    assert d.loc[("sgd", np.inf, 25), "extracted"] == 0.5
+    assert d.loc[("dpsgd", 1.0, 0), "mean"] == pytest.approx(1.5)
+
+
+def test_lm_ranking_orders_by_validation_perplexity():
+    d = figures.lm_ranking_data(lm_runs())
+    eps1 = d[d.epsilon == 1.0]
+    assert list(eps1.optimizer) == ["dpadamw", "dpsgd"] and list(eps1["rank"]) == [1, 2]
+    assert eps1.iloc[0]["val_perplexity"] == pytest.approx(np.mean(np.exp([4.1, 4.11, 4.12])))
+    assert list(d[d.epsilon == np.inf].optimizer) == ["sgd"]
+    # exposure at k = 25, dpsgd at eps 10, lr 0.5: mean of 1 + 5 (1, 1.1) + 0.5 s
+    r = d[(d.epsilon == 10.0) & (d.optimizer == "dpsgd")].iloc[0]
+    assert r["exposure"] == pytest.approx(6.25 + 0.5)
+    md = figures.draw_lm_ranking(d)
+    assert "## ε = 1" in md and "## non-private (ε = ∞)" in md
+    assert md.index("## ε = 1") < md.index("## ε = 10") < md.index("## non-private")
+    # exp(4.1), exp(4.11), exp(4.12): 60.95 +- 0.61; k = 25: 1 + 0.3 * 5 * (1, 1.1) + 0.5 s: 3.075
+    assert "| 1 | DP-AdamW | 60.95 ± 0.61 | 3.08 ± 0.45 | 0% | 0.5 | 3 |" in md
+    assert "| 1 | SGD (non-private) | 20.29 ± 0.20 | 17.25 ± 0.94 | 50% | 0.5 | 3 |" in md
+
+
+@pytest.mark.parametrize("figure_id", figures.LM_FIGURES)
+def test_every_lm_figure_draws(tmp_path, figure_id):
+    runs_path = tmp_path / "runs.parquet"
+    lm_runs().to_parquet(runs_path)
+    paths = figures.plot(figure_id, runs_path, tmp_path / "figs" / figure_id)
+    assert [p.suffix for p in paths] == [f".{e}" for e in figures.extensions(figure_id)]
+    if figure_id == "lm_ranking":
+        assert paths[0].read_text().startswith("# Language model")
+    else:
+        assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths[0].stat().st_size > 20_000
+    fig = figures.build(figure_id, lm_runs().iloc[:0])
+    assert ("No language-model runs" in fig) if isinstance(fig, str) else fig.texts

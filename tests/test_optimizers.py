@@ -104,6 +104,17 @@ def ref_adam(th, grad_fn, st, env):  # Kingma & Ba, Alg. 1
     return th - env.lr * m / (v.sqrt() + env.h["eps"])
 
 
+def ref_adamw(th, grad_fn, st, env):  # Loshchilov & Hutter 2019 (arXiv:1711.05101) Alg. 2, eta_t = 1
+    m, v = _moments(grad_fn(th).sum(0) / env.L, st, env.h)
+    return th - env.lr * (m / (v.sqrt() + env.h["eps"]) + env.h["weight_decay"] * th)
+
+
+def ref_opacus_dpsgd(th, grad_fn, st, env):  # Opacus 1.6 DPOptimizer: clip factor min(1, C / (||g|| + 1e-6))
+    G = grad_fn(th)
+    f = torch.clamp(env.C / (G.norm(dim=1, keepdim=True) + 1e-6), max=1.0)
+    return th - env.lr * (G * f).sum(0) / env.L * (sens(env) / env.C)  # rescaled to the run's clipping
+
+
 def ref_dpadam(th, grad_fn, st, env):  # Tang et al. 2024, DP-Adam
     m, v = _moments(_private_mean(th, grad_fn, env), st, env.h)
     return th - env.lr * m / (v.sqrt() + env.h["eps"])
@@ -181,7 +192,9 @@ class Row:
 OPTIMIZERS_UNDER_TEST = [
     Row("sgd", ref_sgd, 0.5),
     Row("dpsgd", ref_dpsgd, 0.5),
+    Row("opacus-dpsgd", ref_opacus_dpsgd, 0.5),
     Row("adam", ref_adam, 0.05),
+    Row("adamw", ref_adamw, 0.05, lambda C: {"weight_decay": 0.5}),
     Row("dpadam", ref_dpadam, 0.05),
     Row("dpadambc", ref_dpadambc, 0.01),
     Row("dpadamw", ref_dpadamw, 0.05, lambda C: {"weight_decay": 0.5}),

@@ -141,3 +141,27 @@ def test_beyond_figures_draw_every_mechanism_of_their_grid(name):
         heat = figures.heatmap_data(runs, problem)
         assert set(heat.optimizer) == optimizers
         assert len(heat) == len({(c.optimizer, c.epsilon, c.batch_size, c.lr) for c in cells if c.problem == problem})
+
+
+def test_lm_config_expands_to_the_study(monkeypatch):
+    """config/lm.yaml: P4 x {sgd, adamw} x 2 lrs x 3 seeds + {dpsgd, opacus-dpsgd, dpadamw,
+    dpmatrix-band-amp} x 2 lrs x eps {1, 10, 50} x 3 seeds = 84 cells, with a validation split
+    and the three LM figures. Until P4 is registered, a placeholder stands in for it (grid
+    expansion only checks the problem's id)."""
+    from dpbench import problems
+
+    if "P4" not in problems.PROBLEMS:
+        monkeypatch.setitem(problems.PROBLEMS, "P4", problems.PROBLEMS["P2"])
+    cfg = load_config(REPO / "config" / "lm.yaml")
+    cells = expand(cfg)
+    assert len(cells) == 84 and {c.problem for c in cells} == {"P4"}
+    assert cfg["train"]["validation_size"] > 0 and set(cfg["figures"]) == set(figures.LM_FIGURES)
+    by = {}
+    for c in cells:
+        by.setdefault(c.optimizer, set()).add((c.epsilon, c.lr, c.seed_index))
+    assert set(by) == {"sgd", "adamw", "dpsgd", "opacus-dpsgd", "dpadamw", "dpmatrix-band-amp"}
+    assert by["sgd"] == {(None, lr, s) for lr in (0.1, 0.4) for s in range(3)}
+    assert by["opacus-dpsgd"] == by["dpsgd"] == {(e, lr, s) for e in (1.0, 10.0, 50.0) for lr in (0.5, 2.0)
+                                                 for s in range(3)}
+    assert {lr for _, lr, _ in by["dpadamw"] | by["adamw"]} == {1e-3, 3e-3}
+    assert {(c.batch_size, c.epochs) for c in cells} == {(256, 1)}

@@ -199,8 +199,8 @@ def cmd_audits(args) -> int:
 def cmd_plot(args) -> int:
     from dpbench.reporting import figures
 
-    png, pdf = figures.plot(args.figure, args.runs, args.out, **figures.parse_options(args.option or []))
-    print(f"wrote {png} and {pdf}", file=sys.stderr)
+    paths = figures.plot(args.figure, args.runs, args.out, **figures.parse_options(args.option or []))
+    print(f"wrote {' and '.join(map(str, paths))}", file=sys.stderr)
     return 0
 
 
@@ -440,9 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
     at.set_defaults(func=cmd_audits)
 
     p = sub.add_parser("plot", help="a figure of thesis chapter 5 / appendix B, as PNG and PDF")
-    p.add_argument("figure", help="fig5_1 ... fig5_8, figB_1, figB_2")
+    p.add_argument("figure", help="fig5_1 ... fig5_8, figB_1, figB_2, lm_loss, lm_exposure, lm_ranking")
     p.add_argument("--runs", required=True, help="the aggregated runs table")
-    p.add_argument("--out", required=True, help="output stem: writes STEM.png and STEM.pdf")
+    p.add_argument("--out", required=True, help="output stem: writes STEM.png and STEM.pdf (a table: STEM.md)")
     p.add_argument("-o", "--option", action="append", metavar="KEY=VALUE",
                    help="figure option, e.g. problem=P2, select_by=val, filters=thesis, filter.epochs=250,500")
     p.set_defaults(func=cmd_plot)

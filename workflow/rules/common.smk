@@ -239,6 +239,13 @@ def audit_code(wildcards):
     )
 
 
+def figure_extensions(figure):
+    """The files a figure's rule writes: png and pdf, or md for a table (lm_ranking)."""
+    from dpbench.reporting.figures import extensions
+
+    return extensions(figure)
+
+
 def figure_input(figure):
     """The table a figure is drawn from: the audits for `audit`, the runs for the others."""
     return AUDIT_TABLE if figure == "audit" else f"{RESULTS}/aggregate/runs.parquet"

@@ -1,7 +1,7 @@
 """The optimizer registry. To add an optimizer, write a module with an ``OptimizerSpec`` and
 add it to the list below (see README, "Adding an optimizer")."""
 
-from dpbench.optimizers import adam, d2p2, dice, dice_strict, disk, dpmatrix, sgd, streaming
+from dpbench.optimizers import adam, d2p2, dice, dice_strict, disk, dpmatrix, opacus_dpsgd, sgd, streaming
 from dpbench.optimizers.registry import OptimizerSpec
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
@@ -9,7 +9,9 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
     for spec in [
         sgd.SGD_REFERENCE,
         sgd.DPSGD,
+        opacus_dpsgd.OPACUS_DPSGD,
         adam.ADAM,
+        adam.ADAMW,
         adam.DPADAM,
         adam.DPADAMBC,
         adam.DPADAMW,

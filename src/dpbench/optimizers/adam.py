@@ -9,14 +9,21 @@ The papers differ only in the denominator of the step and in weight decay::
 id             paper                           Phi    floor       eps_in   eps_out  wd
 =============  ==============================  =====  ==========  =======  =======  ====
 adam, dpadam   Kingma & Ba 2015                0      --          0        eps      0
+adamw          Loshchilov & Hutter 2019        0      --          0        eps      lam
 dpadambc       Tang et al. 2024; thesis Alg. 2 Phi    zeta'       0        0        0
 dpadamw        Chooi et al. 2025 Alg. 1        0      --          eps0     0        lam
 dpadamw-bc     Chooi et al. 2025 Alg. 2        Phi    gamma       0        0        lam
 =============  ==============================  =====  ==========  =======  =======  ====
 
-Kingma & Ba, "Adam", ICLR 2015 (arXiv:1412.6980); Tang, Shpilevskiy, Lécuyer, "DP-AdamBC",
+Kingma & Ba, "Adam", ICLR 2015 (arXiv:1412.6980); Loshchilov & Hutter, "Decoupled Weight
+Decay Regularization", ICLR 2019 (arXiv:1711.05101); Tang, Shpilevskiy, Lécuyer, "DP-AdamBC",
 AAAI 2024 (arXiv:2312.14334); Chooi, Cong, Li, Sun, "DP-AdamW: Investigating Decoupled Weight
 Decay and Bias Correction in Private Deep Learning", 2025 (arXiv:2511.07843).
+
+``adam`` and ``adamw`` are the non-private references (no clipping, no noise); ``adamw`` is
+Loshchilov & Hutter's Alg. 2 with the schedule multiplier eta_t = lr and alpha = lr, i.e.
+PyTorch's ``AdamW`` (theta <- theta (1 - lr wd), then the Adam step), the non-private baseline
+of Gong, Pavliv & Peng's language-model comparison.
 
 Phi = (sigma * s / L)^2 is the variance of the noise on each coordinate of the privatised mean
 gradient (s the sensitivity: 1 under normalised clipping, C under flat clipping), i.e. the
@@ -113,6 +120,18 @@ ADAM = OptimizerSpec(
     description="non-private Adam on the same Poisson batches (no clipping, no noise)",
     reference="Kingma & Ba 2015",
     defaults={**BETAS, "eps": 1e-8},
+)
+
+ADAMW = OptimizerSpec(
+    name="adamw",
+    build=lambda ctx: NonPrivateStep(ctx, Adam(ctx.lr, **_betas(ctx.hyperparameters),
+                                               eps_out=float(ctx.hyperparameters["eps"]),
+                                               weight_decay=float(ctx.hyperparameters["weight_decay"]))),
+    private=False,
+    description="non-private AdamW on the same Poisson batches: decoupled weight decay, "
+                "m^ / (sqrt(v^) + eps) + lambda theta (no clipping, no noise)",
+    reference="Loshchilov & Hutter 2019 (arXiv:1711.05101), Alg. 2",
+    defaults={**BETAS, "eps": 1e-8, "weight_decay": 1e-5},  # weight decay as dpadamw's
 )
 
 DPADAM = OptimizerSpec(

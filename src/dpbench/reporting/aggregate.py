@@ -4,6 +4,15 @@
   status, timing), hyperparameters as a JSON string;
 * epochs: one row per run and epoch (test and validation loss/accuracy, mean training
   loss/accuracy).
+
+Language models (P4) add to the runs table the final training and validation loss, the
+validation perplexity exp(best_val_loss), and from the run's memorisation test (metadata key
+``memorisation``: canaries inserted ``repeats`` = k times into the training text, each with its
+exposure, Carlini et al. 2019, "The Secret Sharer", arXiv:1802.08232) per k in
+``CANARY_REPEATS``: ``exposure_k<k>`` (mean over that k's canaries), ``exposure_std_k<k>``
+(their std, ddof = 0, so that figures can pool seeds and canaries exactly), ``canaries_k<k>``
+(how many) and ``extracted_k<k>`` (the share whose secret was extracted). Runs without a
+memorisation test have NaN there and 0 canaries.
 """
 
 from __future__ import annotations
@@ -27,6 +36,14 @@ RUNS_NOT_PRIVATE = {
     "test_loss_at_best_val": "not differentially private: the epoch is chosen on the validation split",
     "status": "not differentially private when diverged: decided from the private training losses",
 }
+_CANARY = ("not differentially private: computed from the canaries inserted into the training data "
+           "(their secrets) and the model")
+CANARY_REPEATS = (0, 1, 5, 25)  # k = 0: canaries never seen in training (the reference)
+RUNS_NOT_PRIVATE.update({
+    "final_val_loss": _VAL, "val_perplexity": _VAL,
+    "final_train_loss": "not differentially private: mean loss on the private training batches of the last epoch",
+    **{f"{c}_k{k}": _CANARY for k in CANARY_REPEATS for c in ("exposure", "exposure_std", "extracted")},
+})
 EPOCHS_NOT_PRIVATE = {
     "val_loss": _VAL, "val_accuracy": _VAL,
     "train_loss": "not differentially private: mean loss on the private training batches, without noise",
@@ -72,13 +89,31 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
         "best_val_loss": res.get("best_val_loss", math.nan),
         "test_accuracy_at_best_val": res.get("test_accuracy_at_best_val", math.nan),
         "test_loss_at_best_val": res.get("test_loss_at_best_val", math.nan),
+        "val_perplexity": math.exp(res["best_val_loss"]) if "best_val_loss" in res else math.nan,
         "n_val": meta["data"].get("n_val", 0),
         "wall_time_s": timing["wall_time_s"],
         "steps_per_second": timing["steps_per_second"],
         "device": meta["environment"]["device"],
         "git_commit": meta["environment"]["git_commit"],
         "path": str(path),
+        **memorisation_columns(meta.get("memorisation")),
     }
+
+
+def memorisation_columns(memorisation: dict | None) -> dict:
+    """Per k in CANARY_REPEATS: mean and std (ddof = 0) of the exposures of the canaries
+    repeated k times, their number and the share extracted (NaN, 0 without any)."""
+    canaries = (memorisation or {}).get("canaries", [])
+    out = {}
+    for k in CANARY_REPEATS:
+        exposure = np.array([c["exposure"] for c in canaries if c["repeats"] == k], dtype=float)
+        extracted = np.array([bool(c["extracted"]) for c in canaries if c["repeats"] == k], dtype=float)
+        n = len(exposure)
+        out[f"exposure_k{k}"] = float(exposure.mean()) if n else math.nan
+        out[f"exposure_std_k{k}"] = float(exposure.std()) if n else math.nan
+        out[f"canaries_k{k}"] = n
+        out[f"extracted_k{k}"] = float(extracted.mean()) if n else math.nan
+    return out
 
 
 def epoch_rows(run_id: str, metrics: pd.DataFrame) -> pd.DataFrame:
@@ -110,6 +145,9 @@ def aggregate(paths: list[str | Path], out_runs: str | Path, out_epochs: str | P
     runs = pd.DataFrame(rows)
     per_epoch = pd.concat(epochs, ignore_index=True).merge(runs[["run_id"] + RUN_KEYS], on="run_id")
     per_epoch = per_epoch[["run_id"] + RUN_KEYS + [c for c in per_epoch.columns if c not in RUN_KEYS + ["run_id"]]]
+    last = per_epoch.sort_values(["run_id", "epoch"]).groupby("run_id").tail(1).set_index("run_id")
+    runs["final_train_loss"] = runs["run_id"].map(last["train_loss"]).astype(float)
+    runs["final_val_loss"] = runs["run_id"].map(last["val_loss"]).astype(float)
     runs["best_epoch"] = [_best_epoch(per_epoch[per_epoch.run_id == r], t) for r, t in zip(runs.run_id, runs.task)]
     flagged = {}
     if audits is not None:
