@@ -54,3 +54,23 @@ def test_mkdocs_build_strict(tmp_path):
     # config/README.md is part of the configuration page, and the API pages carry the docstrings
     assert "train.delta" in (site / "configuration" / "index.html").read_text()
     assert "calibrate_noise" in (site / "api" / "training" / "index.html").read_text()
+
+
+def test_bench_step_reports_every_ratio_as_a_median_of_per_repeat_ratios_with_its_range(monkeypatch):
+    """docs/speed.md quotes benchmarks/bench_step.py: medians over >= 5 repeats with their range,
+    each ratio taken repeat by repeat against the baseline of the same run."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import bench_step
+
+    times = {bench_step.DP: [1.1, 1.2, 1.3, 1.4, 3.0], bench_step.BASELINE: [1.0, 1.0, 1.0, 1.0, 1.0],
+             "Opacus hooks (same batches)": [2.2, 2.4, 2.6, 2.8, 3.0]}
+    out = bench_step.report(times, steps=10, epoch_steps=100, L=256, threads=2, repeats=5, started="2026-01-01 00:00",
+                            load_before="0.00 0.00 0.00")
+    assert "machine: " in out and "date: 2026-01-01 00:00" in out and "WARNING" not in out
+    assert "| dpbench DP-SGD step | 1300.0 | 1100.0-3000.0 | 1.30 | 1.10-3.00 |" in out
+    assert "DP step / non-private step: 1.30x, range 1.10-3.00 over 5 repeats" in out
+    assert "Opacus hooks (same batches) / DP step: 2.00x, range 1.00-2.00" in out
+    assert bench_step.MIN_REPEATS >= 5
+    short = bench_step.report({k: v[:3] for k, v in times.items()}, steps=10, epoch_steps=100, L=256, threads=2,
+                              repeats=3, started="2026-01-01 00:00", load_before="0")
+    assert "WARNING: 3 repeats < 5" in short
