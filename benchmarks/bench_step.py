@@ -9,19 +9,25 @@
 6. a plain Opacus loop: ``make_private`` (Poisson sampling, hooks) over a DataLoader of the
    same in-memory tensors.
 
-Every method is timed ``--repeats`` times, round-robin (so a busy shared machine slows all
-methods alike), each time from a fresh model over the same ``--steps`` batches, which it first
-runs once untimed (every batch size seen: oneDNN caches a primitive per shape, as over a long
-run; the Opacus DataLoader loop only gets a few warm-up steps); the table gives the median ms
-per step and the range over the repeats.
+Every method is timed ``--repeats`` times (default 5, the least the docs accept), round-robin
+(so a busy shared machine slows all methods alike), each time from a fresh model over the same
+``--steps`` batches, which it first runs once untimed (every batch size seen: oneDNN caches a
+primitive per shape, as over a long run; the Opacus DataLoader loop only gets a few warm-up
+steps). For every method the table gives the median ms per step with its range (min-max) over
+the repeats, and its ratio to the non-private step as the median of the per-repeat ratios (each
+repeat's method time over the same repeat's non-private time) with their range: every ratio is
+measured in this one run, beside its baseline. The header states the machine, the date and the
+load average, which the docs quote with the numbers.
 
-Usage:  python benchmarks/bench_step.py [--batch-size 256] [--threads 2] [--steps N] [--repeats 3]
-Prints a Markdown table (ms per step, steps per second, ratios) for the README.
+Usage:  python benchmarks/bench_step.py [--batch-size 256] [--threads 2] [--steps N] [--repeats 5]
+Prints a Markdown table for docs/speed.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
 import platform
 import statistics
 import sys
@@ -40,6 +46,62 @@ from dpbench.problems import get_problem  # noqa: E402
 from dpbench.privacy.sampling import PoissonSampler  # noqa: E402
 
 WARMUP = 3
+MIN_REPEATS = 5  # docs/speed.md quotes only medians over at least this many repeats
+BASELINE = "non-private step (same model, same batches)"
+DP = "dpbench DP-SGD step"
+
+
+def machine() -> str:
+    """The CPU model and core count, for the header the docs quote."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}"
+
+
+def load() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def median_range(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def report(times: dict[str, list[float]], *, steps: int, epoch_steps: int, L: int, threads: int, repeats: int,
+           started: str, load_before: str) -> str:
+    """The Markdown the docs quote: header (machine, date, load), table, ratios."""
+    import opacus
+
+    lines = [f"P2, L = {L}, {steps} steps (one epoch = {epoch_steps}) x {repeats} repeats, {threads} CPU threads",
+             f"machine: {machine()}",
+             f"date: {started} (UTC start) to {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} (end)",
+             f"torch {torch.__version__}, opacus {opacus.__version__}; load average (1, 5, 15 min) at start "
+             f"{load_before}, at end {load()}", ""]
+    if repeats < MIN_REPEATS:
+        lines += [f"WARNING: {repeats} repeats < {MIN_REPEATS}: not enough for the docs", ""]
+    lines += ["| method | ms / step, median | range over repeats | x non-private, median of per-repeat ratios "
+              "| range | steps / s | epoch (s) |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, v in times.items():
+        med, lo, hi = median_range(v)
+        r_med, r_lo, r_hi = median_range([a / b for a, b in zip(v, times[BASELINE])])
+        lines.append(f"| {name} | {1e3 * med:.1f} | {1e3 * lo:.1f}-{1e3 * hi:.1f} | {r_med:.2f} | {r_lo:.2f}-{r_hi:.2f} "
+                     f"| {1 / med:.1f} | {med * epoch_steps:.1f} |")
+    dp = median_range([a / b for a, b in zip(times[DP], times[BASELINE])])
+    lines += ["", f"DP step / non-private step: {dp[0]:.2f}x, range {dp[1]:.2f}-{dp[2]:.2f} over {repeats} repeats "
+                  f"(goal <= 1.3x)"]
+    for name in [k for k in times if k.startswith("Opacus")]:
+        r = median_range([a / b for a, b in zip(times[name], times[DP])])
+        lines.append(f"{name} / DP step: {r[0]:.2f}x, range {r[1]:.2f}-{r[2]:.2f} (goal > 1)")
+    return "\n".join(lines)
 
 
 def timed(step_fn, batches) -> float:
@@ -84,10 +146,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, help="steps to time (default: one epoch, round(N/L))")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=MIN_REPEATS,
+                        help=f"timed repeats per method (default {MIN_REPEATS}; fewer are flagged as not enough)")
     parser.add_argument("--data-dir")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    started, load_before = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}", load()
 
     problem = get_problem("P2")
     ds = image_datasets.load(problem.dataset, args.data_dir)
@@ -99,8 +165,8 @@ def main() -> None:
     batches = [(x[i], y[i]) for i in (sampler.sample() for _ in range(steps))]
 
     methods = {
-        "dpbench DP-SGD step": lambda: our_step("P2", "dpsgd", L, "cpu", steps)[0],
-        "non-private step (same model, same batches)": lambda: our_step("P2", "sgd", L, "cpu", steps)[0],
+        DP: lambda: our_step("P2", "dpsgd", L, "cpu", steps)[0],
+        BASELINE: lambda: our_step("P2", "sgd", L, "cpu", steps)[0],
         "Opacus hooks (same batches)": lambda: opacus_step("P2", "hooks", L, n, "cpu")[0],
         "Opacus ghost clipping (same batches)": lambda: opacus_step("P2", "ghost", L, n, "cpu")[0],
         "Opacus functorch (same batches)": lambda: opacus_step("P2", "functorch", L, n, "cpu")[0],
@@ -112,21 +178,8 @@ def main() -> None:
         times["Opacus make_private + DataLoader"].append(opacus_loop(x, y, L, steps))
         print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(f"{k.split(' (')[0]} {1e3 * v[-1]:.1f} ms"
                                                              for k, v in times.items()), file=sys.stderr, flush=True)
-    med = {name: statistics.median(v) for name, v in times.items()}
-    epoch_steps = round(n / L)
-    print(f"P2, L = {L}, {steps} steps (one epoch = {epoch_steps}) x {args.repeats} repeats, {args.threads} CPU "
-          f"threads, torch {torch.__version__}, {platform.processor() or platform.machine()}\n")
-    print("| method | ms / step (median) | range over repeats | steps / s | epoch (s) |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for name, s in med.items():
-        lo, hi = min(times[name]), max(times[name])
-        print(f"| {name} | {1e3 * s:.1f} | {1e3 * lo:.1f}-{1e3 * hi:.1f} | {1 / s:.1f} | {s * epoch_steps:.1f} |")
-    dp, nonpriv = med["dpbench DP-SGD step"], med["non-private step (same model, same batches)"]
-    fastest = min((v, k) for k, v in med.items() if k.startswith("Opacus"))
-    print(f"\nDP step / non-private step: {dp / nonpriv:.2f}x (goal <= 1.3x; per repeat: "
-          + ", ".join(f"{a / b:.2f}" for a, b in zip(times["dpbench DP-SGD step"],
-                                                     times["non-private step (same model, same batches)"])) + ")")
-    print(f"fastest Opacus mode ({fastest[1]}) / DP step: {fastest[0] / dp:.2f}x (goal > 1)")
+    print(report(times, steps=steps, epoch_steps=round(n / L), L=L, threads=args.threads, repeats=args.repeats,
+                 started=started, load_before=load_before))
 
 
 if __name__ == "__main__":

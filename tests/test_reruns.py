@@ -157,7 +157,7 @@ def test_switching_to_conda_environments_reruns_nothing(workdir, tmp_path):
 
 
 def training_jobs(workdir) -> list[psutil.Process]:
-    """The `dpbench train` processes working in ``workdir`` (as README's recovery steps find them)."""
+    """The `dpbench train` processes working in ``workdir`` (as the recovery steps of docs/running.md find them)."""
     found = []
     for p in psutil.process_iter(["cmdline", "cwd"]):
         cmd = " ".join(p.info["cmdline"] or [])

@@ -1,5 +1,5 @@
 """The optimizer registry. To add an optimizer, write a module with an ``OptimizerSpec`` and
-add it to the list below (see README, "Adding an optimizer")."""
+add it to the list below (see docs/adding-an-optimizer.md)."""
 
 from dpbench.optimizers import adam, d2p2, dice, dice_strict, disk, dpmatrix, opacus_dpsgd, sgd, streaming
 from dpbench.optimizers.registry import OptimizerSpec

@@ -13,7 +13,8 @@ The numbers are a deliberately conservative cost model, not a measurement of eac
   see docs/gpu.md); without that file, or for a problem or cost class it does not hold, the
   assumed ``STEP_OVERHEAD_S`` + L x ``GPU_S_PER_EXAMPLE`` (2-4x what a DP step of these models
   was expected to take; P2, L = 256: 17.7 ms). On the CPU: ``STEP_OVERHEAD_S`` + L x
-  ``CPU_S_PER_EXAMPLE``, the measured 2-thread P2 step of the README (74.7 ms at L = 256, i.e.
+  ``CPU_S_PER_EXAMPLE``, the 2-thread P2 DP-SGD step measured by an earlier ``benchmarks/bench_step.py``
+  (74.7 ms at L = 256, docs/speed.md; i.e.
   0.29 ms per example) with P1 and P3 scaled by their FLOPs; plus one test pass per epoch;
 * matrix mechanisms (optimizers named ``dpmatrix*``) read one d-vector of precomputed
   correlated noise per step from a memory-mapped file (``dpbench.matrix``), which costs
