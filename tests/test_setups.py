@@ -143,15 +143,10 @@ def test_beyond_figures_draw_every_mechanism_of_their_grid(name):
         assert len(heat) == len({(c.optimizer, c.epsilon, c.batch_size, c.lr) for c in cells if c.problem == problem})
 
 
-def test_lm_config_expands_to_the_study(monkeypatch):
+def test_lm_config_expands_to_the_study():
     """config/lm.yaml: P4 x {sgd, adamw} x 2 lrs x 3 seeds + {dpsgd, opacus-dpsgd, dpadamw,
     dpmatrix-band-amp} x 2 lrs x eps {1, 10, 50} x 3 seeds = 84 cells, with a validation split
-    and the three LM figures. Until P4 is registered, a placeholder stands in for it (grid
-    expansion only checks the problem's id)."""
-    from dpbench import problems
-
-    if "P4" not in problems.PROBLEMS:
-        monkeypatch.setitem(problems.PROBLEMS, "P4", problems.PROBLEMS["P2"])
+    and the three LM figures."""
     cfg = load_config(REPO / "config" / "lm.yaml")
     cells = expand(cfg)
     assert len(cells) == 84 and {c.problem for c in cells} == {"P4"}

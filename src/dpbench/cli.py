@@ -381,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train one grid cell and write one Parquet file")
-    t.add_argument("--problem", required=True, choices=["P1", "P2", "P3"])
+    t.add_argument("--problem", required=True, choices=["P1", "P2", "P3", "P4"])
     t.add_argument("--optimizer", required=True)
     t.add_argument("--lr", type=positive_float, required=True, help="learning rate")
     t.add_argument("--batch-size", type=positive_int, required=True, help="expected batch size L (q = L/N)")

@@ -78,7 +78,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from dpbench.problems import tokenizer
+import dpbench.problems.tokenizer as tokenizer
 
 PREFIX = "the secret code is "
 DIGIT_IDS = tuple(tokenizer.encode("0123456789"))

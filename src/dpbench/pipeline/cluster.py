@@ -45,13 +45,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-N_TRAIN = {"P1": 50_000, "P2": 60_000, "P3": 60_000}
-N_TEST = {"P1": 10_000, "P2": 10_000, "P3": 10_000}
-FEATURES = {"P1": 3 * 32 * 32, "P2": 28 * 28, "P3": 28 * 28}
+# P4: the fortunes corpus's hash split (12,979 training records plus 93 canary copies; 1,417
+# held out), 129 int64 tokens a record
+N_TRAIN = {"P1": 50_000, "P2": 60_000, "P3": 60_000, "P4": 13_072}
+N_TEST = {"P1": 10_000, "P2": 10_000, "P3": 10_000, "P4": 1_417}
+FEATURES = {"P1": 3 * 32 * 32, "P2": 28 * 28, "P3": 28 * 28, "P4": 129 * 8 // 5}
 
 STEP_OVERHEAD_S = 0.010  # sampling, clipping, noise, optimizer, kernel launches
-GPU_S_PER_EXAMPLE = {"P1": 40e-6, "P2": 30e-6, "P3": 120e-6}  # forward + per-sample backward
-CPU_S_PER_EXAMPLE = {"P1": 0.45e-3, "P2": 0.29e-3, "P3": 1.2e-3}
+GPU_S_PER_EXAMPLE = {"P1": 40e-6, "P2": 30e-6, "P3": 120e-6, "P4": 400e-6}  # forward + per-sample backward
+# P4 on the CPU: a 2-thread DP step of the default transformer on 128-token records, measured
+# with OMP_NUM_THREADS=2 (about 2.4 s of CPU time for 64 records, rounded up)
+CPU_S_PER_EXAMPLE = {"P1": 0.45e-3, "P2": 0.29e-3, "P3": 1.2e-3, "P4": 40e-3}
 EVAL_FRACTION = 1 / 3  # a test example costs about a third of a training example (forward only)
 
 BASE_MB = 3000  # python, torch, CUDA context on the host

@@ -76,13 +76,19 @@ class Cell:
 
     def n_train(self, train: dict[str, Any]) -> int:
         """N, the examples the run trains on: the official training set (or its ``train_subset``)
-        less the ``validation_size`` held out before batches are cut."""
+        less the ``validation_size`` held out before batches are cut, plus the canary copies a
+        language-model run plants (they are training records: q = L / N counts them)."""
         from dpbench.matrix.cache import TRAIN_SIZES
+        from dpbench.problems import get_problem
 
         n = TRAIN_SIZES[self.dataset]
         if train.get("train_subset"):
             n = min(n, train["train_subset"])
-        return n - (train.get("validation_size") or 0)
+        n -= train.get("validation_size") or 0
+        if get_problem(self.problem).plants_canaries:
+            from dpbench.problems.language import PLANTED
+            n += PLANTED
+        return n
 
     def cache_files(self, train: dict[str, Any], cache_dir: str | Path) -> dict[str, Path]:
         """The cached files this cell's run reads, under ``cache_dir`` (nothing is computed here):

@@ -1,6 +1,7 @@
-"""The benchmark problems (thesis Table 4.1): a dataset, a model, preprocessing, a per-sample
-loss and the metric reported. The datasets are read by ``dpbench.data``; ``convnets`` holds the
-P1-P3 networks."""
+"""The benchmark problems: a dataset, a model, preprocessing, a per-sample loss and the metric
+reported. P1-P3 are the thesis's (Table 4.1): image datasets read by ``dpbench.data``, the
+networks of ``convnets``. P4 is a private transformer language model on the fortunes corpus
+with planted canaries (``language``, ``transformer``, ``tokenizer``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dpbench.data import image_datasets
+from dpbench.data.image_datasets import Dataset
 from dpbench.problems.convnets import CHANNEL_STATS, CNN2c2d, CNN3c3d, ConvVAE
+from dpbench.problems.transformer import TransformerLM
+
+LANGUAGE_MODEL = "language-model"
 
 
 @dataclass(frozen=True)
@@ -22,12 +28,27 @@ class Problem:
 
     id: str
     dataset: str
-    task: str  # "classification" or "vae"
+    task: str  # "classification", "vae" or "language-model"
     build: Callable[[], nn.Module]
     metric: str  # "accuracy" or "loss"
 
+    @property
+    def plants_canaries(self) -> bool:
+        """Whether a run inserts canaries into its training split and measures their exposure."""
+        return self.task == LANGUAGE_MODEL
+
+    def load(self, data_dir: str | None = None) -> Dataset:
+        """The problem's dataset, from its official files (verified)."""
+        if self.task == LANGUAGE_MODEL:
+            from dpbench.problems import language
+            return language.load(data_dir)
+        return image_datasets.load(self.dataset, data_dir)
+
     def preprocess(self, images: np.ndarray) -> torch.Tensor:
-        """uint8 images (N, C, H, W) -> float32 model inputs."""
+        """uint8 images (N, C, H, W) -> float32 model inputs; P4: token ids (N, T + 1), as they are."""
+        if self.task == LANGUAGE_MODEL:
+            from dpbench.problems import language
+            return language.preprocess(images)
         x = torch.from_numpy(np.ascontiguousarray(images)).float().div_(255.0)
         if self.task == "classification":
             mean, std = CHANNEL_STATS[self.dataset]
@@ -35,6 +56,9 @@ class Problem:
         return x
 
     def per_sample_loss(self, model: nn.Module, x, y, generator: torch.Generator | None = None):
+        if self.task == LANGUAGE_MODEL:
+            from dpbench.problems import language
+            return language.per_sample_loss(model, x, y, generator)
         if self.task == "classification":
             logits = model(x)
             losses = F.cross_entropy(logits, y, reduction="none")
@@ -52,6 +76,9 @@ PROBLEMS: dict[str, Problem] = {
     "P1": Problem("P1", "cifar10", "classification", CNN3c3d, "accuracy"),
     "P2": Problem("P2", "fashion-mnist", "classification", CNN2c2d, "accuracy"),
     "P3": Problem("P3", "fashion-mnist", "vae", ConvVAE, "loss"),
+    # P4: byte-level transformer LM (876,034 parameters), one fortune = one record; loss = the
+    # held-out records' mean per-record token cross-entropy (perplexity = exp(loss))
+    "P4": Problem("P4", "fortunes", LANGUAGE_MODEL, TransformerLM, "loss"),
 }
 
 

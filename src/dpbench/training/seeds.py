@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-STREAMS = ("init", "sampler", "noise", "loss", "subset", "eval")
+# A new stream goes at the end: SeedSequence children depend on their index only, so the
+# earlier streams (and every existing result) stay as they were.
+STREAMS = ("init", "sampler", "noise", "loss", "subset", "eval", "canary")
 
 
 def stream_seeds(seed: int) -> dict[str, int]:

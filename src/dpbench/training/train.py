@@ -27,7 +27,6 @@ from torch import nn
 
 from dpbench.privacy import accounting
 from dpbench.training import cuda
-from dpbench.data import image_datasets
 from dpbench.files import atomic_write, is_no_space, no_space, remove_stale_partials
 from dpbench.training.harness import Assembly, assemble, build_model, calibrate_noise
 from dpbench.privacy.mechanisms import Plan
@@ -160,10 +159,14 @@ class Splits:
     x_test: torch.Tensor
     y_test: torch.Tensor
     source: str
+    canaries: list = field(default_factory=list)  # planted in x_train (P4; dpbench.problems.language)
 
 
 def load_splits(cfg: RunConfig, problem, seeds: dict[str, int], device) -> Splits:
-    ds = image_datasets.load(problem.dataset, cfg.data_dir)
+    """The run's training, validation and test tensors. A problem that plants canaries (P4) gets
+    them appended to the training split after the subset and validation split are drawn, so
+    every run trains on them and they count in N."""
+    ds = problem.load(cfg.data_dir)
     train_idx = _subset(len(ds.train_labels), cfg.train_subset, seeds["subset"])
     test_idx = _subset(len(ds.test_labels), cfg.test_subset, seeds["subset"] + 1)
     val_idx = None
@@ -185,7 +188,14 @@ def load_splits(cfg: RunConfig, problem, seeds: dict[str, int], device) -> Split
     x_train, y_train = tensors(ds.train_images, ds.train_labels, train_idx)
     x_val, y_val = tensors(ds.train_images, ds.train_labels, val_idx) if val_idx is not None else (None, None)
     x_test, y_test = tensors(ds.test_images, ds.test_labels, test_idx)
-    return Splits(x_train, y_train, x_val, y_val, x_test, y_test, ds.source)
+    canaries = []
+    if problem.plants_canaries:
+        from dpbench.problems import language
+        canaries = language.make_canaries(seeds["canary"])
+        planted = language.canary_records(canaries)
+        x_train = torch.cat([x_train, problem.preprocess(planted).to(device)])
+        y_train = torch.cat([y_train, torch.zeros(len(planted), dtype=y_train.dtype, device=device)])
+    return Splits(x_train, y_train, x_val, y_val, x_test, y_test, ds.source, canaries)
 
 
 # Settings that do not change a run's result: a checkpoint made under other values still applies.
@@ -562,6 +572,15 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     train_s = trace.train_time()
 
     metrics = metrics_table(trace, ends, problem.task)
+    memorisation = None
+    if splits.canaries:
+        t_mem = time.perf_counter()
+        if status == "completed":
+            from dpbench.problems import language
+            memorisation = language.memorisation(model, splits.canaries, device)
+        else:  # a diverged model's exposure means nothing: recorded as not measured
+            memorisation = {"space_size": None, "method": "not measured: the run diverged", "canaries": []}
+        memorisation["time_s"] = time.perf_counter() - t_mem
     timing = {
         "started_at": started_at,
         "wall_time_s": time.perf_counter() - t_start,
@@ -570,7 +589,10 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
         "steps_per_second": trace.step / train_s if train_s > 0 else math.nan,
         "resumes": trace.resumes,
     }
-    return RunResult(metrics, run_record(setup, parts, trace, metrics, status, timing))
+    record = run_record(setup, parts, trace, metrics, status, timing)
+    if memorisation is not None:
+        record["memorisation"] = memorisation
+    return RunResult(metrics, record)
 
 
 def summarize(metrics: pd.DataFrame, task: str) -> dict[str, float]:

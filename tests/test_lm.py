@@ -1,0 +1,131 @@
+"""P4, the private transformer language model: its data path (generated fortune files in the
+official format), the canaries a run plants and counts in N, the memorisation it records, and
+the workflow's language-model setup end to end on the real corpus."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, run_cell
+from dpbench.data import fortunes
+from dpbench.matrix import cache
+from dpbench.pipeline.grid import expand, load_config
+from dpbench.problems import get_problem, language, tokenizer
+from dpbench.reporting.results import read_meta
+from dpbench.training.seeds import stream_seeds
+from dpbench.training.train import RunConfig, load_splits
+from test_fortunes import write_fortunes
+
+WORDS = "the of and a to in is you that it he was for on are as with his they at be this".split()
+
+
+@pytest.fixture
+def generated_corpus(monkeypatch, tmp_path):
+    """400 generated quotations in the official format, verified through a manifest of their own
+    (the loader's checksum table replaced), the system directory hidden."""
+    rng = np.random.default_rng(0)
+    records = [" ".join(rng.choice(WORDS, rng.integers(3, 30))) + f" ({i})" for i in range(400)]
+    manifest = write_fortunes(tmp_path / "fortunes", {"generated": records})
+    monkeypatch.setattr(fortunes, "SHA256", manifest)
+    empty = tmp_path / "system"
+    empty.mkdir()
+    monkeypatch.setattr(fortunes, "SYSTEM_DIRS", [empty])
+    monkeypatch.setattr(language, "DIGITS", 3)  # |R| = 1000: exact exposure in a blink
+    return tmp_path
+
+
+def test_p4_is_registered_with_its_sizes():
+    problem = get_problem("P4")
+    model = problem.build()
+    assert sum(p.numel() for p in model.parameters()) == cache.PARAMETER_COUNTS["P4"] == 876_034
+    assert problem.dataset == "fortunes" and problem.plants_canaries and problem.metric == "loss"
+    assert not get_problem("P2").plants_canaries
+    assert language.PLANTED == 3 * (0 + 1 + 5 + 25) == 93
+
+
+def test_splits_plant_each_canary_k_times_after_the_subset(generated_corpus):
+    cfg = RunConfig(problem="P4", optimizer="dpsgd", lr=1.0, batch_size=8, epochs=1, seed=0, epsilon=10.0,
+                    data_dir=str(generated_corpus), train_subset=100, validation_size=20)
+    seeds = stream_seeds(cfg.seed)
+    splits = load_splits(cfg, get_problem("P4"), seeds, "cpu")
+    # subset 100, 20 of them held out for validation, then every planted copy on top
+    assert splits.x_train.shape == (80 + language.PLANTED, language.CONTEXT + 1)
+    texts = Counter(tokenizer.decode(row.tolist()) for row in splits.x_train)
+    assert {c.secret: texts[c.text] for c in splits.canaries} == {c.secret: c.repeats for c in splits.canaries}
+    assert sorted(Counter(c.repeats for c in splits.canaries).items()) == [(0, 3), (1, 3), (5, 3), (25, 3)]
+    # no canary reaches the validation or test splits
+    held = {tokenizer.decode(r.tolist()) for r in torch.cat([splits.x_val, splits.x_test])}
+    assert not held & {c.text for c in splits.canaries}
+    # the same seed plants the same secrets; another seed others
+    again = load_splits(cfg, get_problem("P4"), seeds, "cpu")
+    other = load_splits(cfg, get_problem("P4"), stream_seeds(1), "cpu")
+    assert again.canaries == splits.canaries and other.canaries != splits.canaries
+
+
+def test_the_workflow_counts_the_canaries_in_n():
+    """The grid's N (factorization keys, cost model) is the run's N: canary copies included."""
+    config = load_config(REPO / "config" / "lm.yaml")
+    cell = next(c for c in expand(config) if c.problem == "P4")
+    n = cell.n_train(config["train"])
+    assert n == cache.TRAIN_SIZES["fortunes"] - config["train"]["validation_size"] + language.PLANTED
+
+
+def test_a_p4_run_records_privacy_and_memorisation(generated_corpus):
+    cfg = RunConfig(problem="P4", optimizer="dpsgd", lr=1.0, batch_size=16, epochs=1, seed=0, epsilon=10.0,
+                    data_dir=str(generated_corpus), train_subset=120, max_steps=2, validation_size=16)
+    res = run_cell(cfg)
+    meta = res.meta
+    n = 120 - 16 + language.PLANTED
+    assert meta["data"]["n_train"] == n and meta["privacy"]["sample_rate"] == pytest.approx(16 / n)
+    assert meta["privacy"]["epsilon"] <= 10.0 and meta["privacy"]["target_epsilon"] == 10.0
+    mem = meta["memorisation"]
+    assert mem["space_size"] == 1000 and mem["method"] == "exact" and len(mem["canaries"]) == 12
+    for row in mem["canaries"]:
+        assert 1 <= row["rank"] <= 1000
+        assert row["exposure"] == pytest.approx(np.log2(1000) - np.log2(row["rank"]))
+        assert isinstance(row["extracted"], bool)
+    # losses are per-record mean token cross-entropies: near log(258) for a fresh model
+    test_loss = res.metrics.query("split == 'test'")["loss"].iloc[-1]
+    assert 2.0 < test_loss < np.log(tokenizer.VOCAB_SIZE) + 1.0
+
+
+def test_non_private_training_on_a_canary_raises_its_exposure(generated_corpus):
+    """The setup can tell memorisation: non-private AdamW on a tiny set where the canaries
+    inserted 25 times are a large share of the records ranks them far above the unseen ones."""
+    cfg = RunConfig(problem="P4", optimizer="adamw", lr=3e-3, batch_size=64, epochs=3, seed=0,
+                    data_dir=str(generated_corpus), train_subset=60, test_subset=20)
+    mem = run_cell(cfg).meta["memorisation"]["canaries"]
+    by_k = {k: np.mean([r["exposure"] for r in mem if r["repeats"] == k]) for k in (0, 25)}
+    assert by_k[25] > 6.0 and by_k[25] > by_k[0] + 3.0, by_k
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not fortunes.SYSTEM_DIRS[0].is_dir(), reason="Debian's fortunes package is not installed")
+def test_lm_workflow_end_to_end(tmp_path):
+    """.test/config/lm.yaml through the workflow, in a temporary directory: data (the real
+    corpus, verified), two P4 runs, the aggregate and the three LM outputs."""
+    work = tmp_path / "work"
+    work.mkdir()
+    out = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--directory", str(work),
+         "--configfile", str(REPO / ".test" / "config" / "lm.yaml"), "--profile",
+         str(REPO / "workflow" / "profiles" / "default"), "--cores", "2"],
+        capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = work / "results-lm"
+    for name in ("lm_loss.png", "lm_exposure.png", "lm_ranking.md"):
+        assert (results / "figures" / name).stat().st_size > 0
+    runs = sorted((results / "runs" / "P4").rglob("*.parquet"))
+    assert len(runs) == 2
+    for path in runs:
+        meta = read_meta(path)
+        assert len(meta["memorisation"]["canaries"]) == 12 and meta["memorisation"]["space_size"] == 10**5
+    ranking = (results / "figures" / "lm_ranking.md").read_text()
+    assert "DP-SGD" in ranking and "AdamW" in ranking
