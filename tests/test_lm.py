@@ -4,9 +4,7 @@ the workflow's language-model setup end to end on the real corpus."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from collections import Counter
 
 import numpy as np
