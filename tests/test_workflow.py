@@ -16,38 +16,38 @@ from dpbench.reporting.results import read_meta
 PROFILES = REPO / "workflow" / "profiles"
 
 
-def snakemake(*args, cwd=REPO, timeout=900):
+def snakemake(*args, cwd, timeout=900):
     return subprocess.run([snakemake_exe(), *map(str, args)], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
 
 
-def test_lint_is_clean():
-    proc = snakemake("--lint")
+def test_lint_is_clean(repo_copy):
+    proc = snakemake("--lint", cwd=repo_copy)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Lints for" not in proc.stdout + proc.stderr
 
 
-def test_bad_config_value_stops_with_the_key(tmp_path):
+def test_bad_config_value_stops_with_the_key(tmp_path, repo_copy):
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     cfg["grid"][0]["batch_sizes"] = [-4]
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cfg))
-    proc = snakemake("-n", "--configfile", tmp_path / "bad.yaml")
+    proc = snakemake("-n", "--configfile", tmp_path / "bad.yaml", cwd=repo_copy)
     assert proc.returncode != 0
     assert "batch_sizes" in proc.stdout + proc.stderr
 
 
-def test_a_config_without_a_grid_is_refused_not_given_the_default_grid(tmp_path):
+def test_a_config_without_a_grid_is_refused_not_given_the_default_grid(tmp_path, repo_copy):
     """Snakemake merges a --configfile over the default config (config/config.yaml): a config
     without grid: would silently train the default's 6 cells."""
     (tmp_path / "nogrid.yaml").write_text(yaml.safe_dump({"results_dir": str(tmp_path / "out"),
                                                           "train": {"max_steps": 2}}))
-    proc = snakemake("-n", "--configfile", tmp_path / "nogrid.yaml")
+    proc = snakemake("-n", "--configfile", tmp_path / "nogrid.yaml", cwd=repo_copy)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-2000:]
     assert f"{tmp_path / 'nogrid.yaml'} has no grid" in out and "config/config.yaml" in out, out[-2000:]
 
 
-def test_a_config_without_audit_runs_no_audits_of_the_default_config(tmp_path):
+def test_a_config_without_audit_runs_no_audits_of_the_default_config(tmp_path, repo_copy):
     """The default config audits DP-SGD and DP-Dice; a --configfile without audit: must not
     inherit those jobs (Snakemake merges it over config/config.yaml), one with audit: gets its own."""
     config = {"results_dir": str(tmp_path / "out"),
@@ -57,7 +57,7 @@ def test_a_config_without_audit_runs_no_audits_of_the_default_config(tmp_path):
     (tmp_path / "audit.yaml").write_text(yaml.safe_dump({**config, "audit": {"optimizers": "grid", "epsilons": "grid"}}))
     jobs = {}
     for name in ("noaudit", "audit"):
-        proc = snakemake("-n", "--configfile", tmp_path / f"{name}.yaml")
+        proc = snakemake("-n", "--configfile", tmp_path / f"{name}.yaml", cwd=repo_copy)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
         jobs[name] = {line.split()[0]: int(line.split()[1]) for line in proc.stdout.splitlines()
                       if re.match(r"^\w+\s+\d+$", line.strip())}
@@ -65,12 +65,12 @@ def test_a_config_without_audit_runs_no_audits_of_the_default_config(tmp_path):
     assert jobs["audit"]["audit"] == 1 and jobs["audit"]["train"] == 1  # dpsgd at eps 2 only
 
 
-def test_the_gpu_profile_trains_in_the_cuda_environment():
+def test_the_gpu_profile_trains_in_the_cuda_environment(repo_copy):
     """Deployment is the profile's: the GPU it gives rule train sets --device and the training
     environment (one variable, common.smk's TRAIN_DEVICE). One conda environment per kind of
     rule; Snakemake names each as it prepares them (and stops after that where conda is
     absent, as here). (--device and --threads: the tiny grid below and tests/test_slurm.py.)"""
-    envs = snakemake("--containerize", "--profile", PROFILES / "gpu")
+    envs = snakemake("--containerize", "--profile", PROFILES / "gpu", cwd=repo_copy)
     # (audits always run on the CPU, in float64, in the CPU training environment)
     assert set(re.findall(r"envs/([\w-]+)\.yaml", envs.stdout + envs.stderr)) == {"data", "matrix", "train-cuda",
                                                                                   "train-cpu", "analysis"}
