@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from dpbench.files import refuse_special  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 # Thesis names, in the thesis's order; other optimizers follow alphabetically under their own name.
@@ -611,6 +612,8 @@ def save(fig: Figure, out_stem: str | Path) -> tuple[Path, Path]:
         stem = stem.with_suffix("")
     stem.parent.mkdir(parents=True, exist_ok=True)
     png, pdf = stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".pdf")
+    for out in (png, pdf):
+        refuse_special(out)
     fig.savefig(png, dpi=200, bbox_inches="tight", metadata={"Software": None})
     fig.savefig(pdf, bbox_inches="tight", metadata={"CreationDate": None, "Creator": None, "Producer": None})
     plt.close(fig)
