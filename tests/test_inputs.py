@@ -342,7 +342,7 @@ def test_device_cuda_without_a_gpu_names_the_option(tmp_path, capsys, device):
     code, err = cli_error(train_argv(tmp_path, "--device", device), capsys)
     assert code == 2 and f"argument --device: {device}: no CUDA GPU is available" in err, err
     with pytest.raises(ValueError, match="no CUDA GPU is available"):
-        __import__("dpbench.training.train").train.resolve_device(device)
+        __import__("dpbench.training.train").training.train.resolve_device(device)
 
 
 def test_a_damaged_run_file_is_refused_naming_it_and_the_fix(tmp_path):
