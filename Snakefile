@@ -1,6 +1,26 @@
 # dpbench: benchmark differentially private optimizers.
 # The science lives in the `dpbench` package (src/); rules only name files and call it.
-configfile: "config/config.yaml"
+import os
+import sys
+
+from snakemake.exceptions import WorkflowError
+
+sys.path.insert(0, os.path.join(workflow.basedir, "src"))
+from dpbench.pipeline.grid import ConfigError, read_yaml  # noqa: E402
+
+DEFAULT_CONFIG = "config/config.yaml"
+# The config files, read as `dpbench grid` reads them before Snakemake merges them: a YAML
+# syntax error names the file and line, a key given twice is refused (YAML keeps the last).
+# (A --configfile Snakemake cannot parse at all stops inside Snakemake, before this file runs.)
+CONFIG_FILES = [f for f in (DEFAULT_CONFIG,) if os.path.exists(f)] + [str(f) for f in workflow.overwrite_configfiles]
+try:
+    for _file in CONFIG_FILES:
+        read_yaml(_file)
+except ConfigError as exc:
+    raise WorkflowError(str(exc))
+
+
+configfile: DEFAULT_CONFIG
 
 
 include: "workflow/rules/common.smk"

@@ -530,3 +530,26 @@ def test_every_command_refuses_an_output_that_is_a_fifo(tmp_path, capsys, argv):
     argv = [a.replace("{special}", str(tmp_path / "fifo")) for a in argv]
     code, err = cli_error(argv, capsys)
     assert code == 2 and "is a FIFO, not a regular file" in err, err
+
+
+# -- one line for what no run can do ------------------------------------------------------------
+
+def test_train_subset_above_the_dataset_is_refused_naming_the_option(tmp_path, capsys):
+    code, err, seconds = timed_cli_error(train_argv(tmp_path, "--train-subset", 70000), capsys)
+    assert code == 2 and seconds < 1
+    assert err == "dpbench train: error: argument --train-subset: 70000 is above the 60000 training examples " \
+                  "of fashion-mnist\n"
+
+
+def test_an_unknown_figure_option_is_one_line_before_the_runs_are_read(tmp_path, capsys):
+    code, err = cli_error(["plot", "fig5_1", "--runs", str(tmp_path / "absent.parquet"), "--out",
+                           str(tmp_path / "f"), "-o", "bogus=1"], capsys)
+    assert code == 2 and err == ("dpbench plot: error: unknown option 'bogus' of figure fig5_1 "
+                                 "(options: problems, optimizers, select_by, filters)\n")
+
+
+def test_the_prv_accountant_refuses_absurd_step_counts_in_one_line():
+    with pytest.raises(ValueError, match=r"^the PRV accountant cannot account 1000000000000 steps \(at most 1e\+08\); "
+                                         r"use fewer epochs or --accountant rdp"):
+        accounting.epsilon([(1.0, 0.01, 10**12)], 1e-5, "prv")
+

@@ -138,3 +138,95 @@ def test_tiny_grid_end_to_end(tiny_workflow):
     # nothing left to do: a second invocation runs no job
     again = snakemake("--configfile", "run.yaml", "--cores", "2", "-n", cwd=tiny_workflow)
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+# ------------------------------------------ config errors: one line naming the key and the file
+# The workflow validates through dpbench.pipeline.grid (as `dpbench grid` does) before any job:
+# each case below is one bad config (the tiny grid's, edited), and both the Snakefile and
+# `dpbench grid` must print exactly this line. {file} is the config file given.
+
+def _tiny():
+    return yaml.safe_load((REPO / ".test" / "config" / "config.yaml").read_text())
+
+
+def _edit(change):
+    def make(path):
+        config = _tiny()
+        change(config)
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return make
+
+
+def _twice(key):
+    """The tiny config with ``key`` given twice, on its first two lines."""
+    def make(path):
+        config = _tiny()
+        value = config.pop(key)
+        path.write_text(f"{key}: {value}\n{key}: elsewhere\n" + yaml.safe_dump(config, sort_keys=False))
+    return make
+
+
+CONFIG_ERRORS = {
+    "schema": (_edit(lambda c: c["grid"][0].update(batch_sizes=[-4])),
+               "config key grid.0.batch_sizes.0: -4 is less than the minimum of 1 ({file})"),
+    "unknown-top-level-key": (_edit(lambda c: c.update(gird=[])),
+                              "config key gird: unknown key (did you mean 'grid'?) ({file})"),
+    "unknown-nested-key": (_edit(lambda c: c["train"].update(acountant="rdp")),
+                           "config key train.acountant: unknown key (did you mean 'accountant'?) ({file})"),
+    "duplicate-key": (_twice("results_dir"),
+                      "config key results_dir: given twice (lines 1 and 2); YAML would silently keep the last "
+                      "value: keep one ({file})"),
+    "unknown-figure-option": (_edit(lambda c: c["figures"].update(fig5_1={"bogus": 1})),
+                              "config key figures.fig5_1: unknown option 'bogus' of figure fig5_1 (options: problems, "
+                              "optimizers, select_by, filters) ({file})"),
+    "select-by-val-without-validation": (_edit(lambda c: c["train"].update(validation_size=0)),
+                                         "config key figures.fig5_6.select_by: 'val' selects on the validation split, "
+                                         "and there is none (set train.validation_size) ({file})"),
+    "figure-of-an-untrained-problem": (_edit(lambda c: c["figures"].update(fig5_4={})),
+                                       "config key figures.fig5_4.problem: 'P1' (its default) is not trained by the "
+                                       "grid (its problems: P2, P3): the figure would be empty ({file})"),
+    "batch-size-above-the-training-subset": (_edit(lambda c: c["grid"][0].update(batch_sizes=[2000])),
+                                             "config key grid.0.batch_sizes: batch size 2000 is above the 900 "
+                                             "training examples of P2 (after train.train_subset and validation_size) "
+                                             "({file})"),
+    "train-subset-above-the-dataset": (_edit(lambda c: c["train"].update(train_subset=70000)),
+                                       "config key train.train_subset: 70000 is above the 60000 training examples "
+                                       "of fashion-mnist ({file})"),
+}
+
+
+@pytest.mark.parametrize("case", CONFIG_ERRORS)
+def test_dpbench_grid_prints_one_line_naming_the_key_and_the_file(tmp_path, capsys, case):
+    from dpbench import cli
+
+    make, line = CONFIG_ERRORS[case]
+    make(tmp_path / "bad.yaml")
+    assert cli.main(["grid", str(tmp_path / "bad.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"dpbench grid: error: {line.format(file=tmp_path / 'bad.yaml')}\n"
+
+
+@pytest.mark.parametrize("case", CONFIG_ERRORS)
+def test_the_workflow_stops_before_any_job_with_the_same_line(tmp_path, repo_copy, case):
+    make, line = CONFIG_ERRORS[case]
+    make(tmp_path / "bad.yaml")
+    proc = snakemake("-n", "--configfile", tmp_path / "bad.yaml", cwd=repo_copy)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert line.format(file=tmp_path / "bad.yaml") in out.splitlines(), out[-2000:]
+    assert "Job stats" not in out and "jsonschema" not in out.lower()
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, repo_copy, capsys):
+    """In the default config (the Snakefile reads it, and each --configfile, strictly before
+    Snakemake merges them) and in `dpbench grid`."""
+    from dpbench import cli
+
+    (repo_copy / "config" / "config.yaml").write_text("results_dir: results\ngrid:\n  - problems: [P2\n")
+    line = ("config file {file}, line 4, column 1: YAML syntax error: while parsing a flow sequence "
+            "expected ',' or ']', but got '<stream end>'")
+    proc = snakemake("-n", cwd=repo_copy)
+    assert proc.returncode != 0
+    assert line.format(file="config/config.yaml") in (proc.stdout + proc.stderr).splitlines(), proc.stderr[-2000:]
+    assert cli.main(["grid", str(repo_copy / "config" / "config.yaml")]) == 2
+    assert capsys.readouterr().err == f"dpbench grid: error: {line.format(file=repo_copy / 'config' / 'config.yaml')}\n"

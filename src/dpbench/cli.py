@@ -133,6 +133,14 @@ def cmd_train(args) -> int:
     from dpbench.reporting.results import write_run
     from dpbench.training.train import RunConfig, run
 
+    if args.train_subset:
+        from dpbench.matrix.cache import TRAIN_SIZES
+        from dpbench.problems import get_problem
+
+        dataset = get_problem(args.problem).dataset
+        if args.train_subset > TRAIN_SIZES[dataset]:
+            raise ValueError(f"argument --train-subset: {args.train_subset} is above the {TRAIN_SIZES[dataset]} "
+                             f"training examples of {dataset}")
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = RunConfig(
@@ -203,7 +211,10 @@ def cmd_plot(args) -> int:
     stem = Path(args.out).with_suffix("") if Path(args.out).suffix in (".png", ".pdf") else Path(args.out)
     for suffix in (".png", ".pdf"):
         refuse_special(stem.with_name(stem.name + suffix), "argument --out:")
-    png, pdf = figures.plot(args.figure, args.runs, args.out, **figures.parse_options(args.option or []))
+    options = figures.parse_options(args.option or [])
+    if args.figure in figures.FIGURES:
+        figures.check_options(args.figure, options)  # before reading anything
+    png, pdf = figures.plot(args.figure, args.runs, args.out, **options)
     print(f"wrote {png} and {pdf}", file=sys.stderr)
     return 0
 

@@ -620,6 +620,22 @@ def save(fig: Figure, out_stem: str | Path) -> tuple[Path, Path]:
     return png, pdf
 
 
+def check_options(figure_id: str, options: dict) -> None:
+    """Refuses an option the figure does not take (naming it and the closest one it does) and
+    a ``select_by`` other than test or val, before any drawing."""
+    import difflib
+    import inspect
+
+    params = list(inspect.signature(FIGURES[figure_id].build).parameters)[1:]  # after the table
+    for key in options:
+        if key not in params:
+            close = difflib.get_close_matches(key, params, n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}?" if close else f"options: {', '.join(params)}"
+            raise ValueError(f"unknown option {key!r} of figure {figure_id} ({hint})")
+    if options.get("select_by", "test") not in ("test", "val"):
+        raise ValueError(f"select_by must be test or val, got {options['select_by']!r}")
+
+
 def build(figure_id: str, runs: pd.DataFrame, **options) -> Figure:
     """The figure `figure_id` (a key of FIGURES) of a runs table; options override the
     figure's defaults; filters="thesis" uses THESIS_FILTERS[figure_id]."""
@@ -627,6 +643,7 @@ def build(figure_id: str, runs: pd.DataFrame, **options) -> Figure:
         spec = FIGURES[figure_id]
     except KeyError:
         raise ValueError(f"unknown figure {figure_id!r}; known: {', '.join(FIGURES)}") from None
+    check_options(figure_id, options)
     if isinstance(options.get("filters"), str):
         if options["filters"] != "thesis":
             raise ValueError(f"filters must be a dict or 'thesis', got {options['filters']!r}")
