@@ -179,6 +179,39 @@ def _refuse_duplicate_keys(node, where: str, path: Path) -> None:
             _refuse_duplicate_keys(item, f"{where}.{i}" if where else str(i), path)
 
 
+def configfiles_of(snakemake_args: list[str]) -> list[str]:
+    """The files a Snakemake command line gives with --configfile (one or more after it, or
+    --configfile=FILE)."""
+    files, taking = [], False
+    for arg in snakemake_args:
+        if arg in ("--configfile", "--configfiles"):
+            taking = True
+        elif arg.startswith(("--configfile=", "--configfiles=")):
+            files.append(arg.split("=", 1)[1])
+            taking = False
+        elif taking and not arg.startswith("-"):
+            files.append(arg)
+        else:
+            taking = False
+    return files
+
+
+def check_configfiles(snakemake_args: list[str]) -> int:
+    """scripts/run.sh's check before Snakemake starts: each --configfile read as the workflow
+    reads it (``read_yaml``). Snakemake parses a --configfile before the Snakefile runs, and
+    stops on a YAML syntax error with a message naming neither the file nor the line; this
+    prints the one line that names both. Returns the exit status (0: all readable)."""
+    import sys
+
+    for path in configfiles_of(snakemake_args):
+        try:
+            read_yaml(path)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
 def load_config(path: str | Path) -> dict[str, Any]:
     """Reads a YAML config (``read_yaml``), validates it against the JSON schema and fills in
     defaults; every error is one line naming the key and the file."""
