@@ -185,6 +185,12 @@ CONFIG_ERRORS = {
     "figure-of-an-untrained-problem": (_edit(lambda c: c["figures"].update(fig5_4={})),
                                        "config key figures.fig5_4.problem: 'P1' (its default) is not trained by the "
                                        "grid (its problems: P2, P3): the figure would be empty ({file})"),
+    "figure-of-untrained-epsilons": (_edit(lambda c: c["figures"].update(fig5_6={"epsilons": [3]})),
+                                     "config key figures.fig5_6.epsilons: [3] is not trained by the grid (its "
+                                     "epsilons: 1, 10): the figure would be empty ({file})"),
+    "figure-needing-more-seeds": (_edit(lambda c: c["figures"].update(fig5_3={"min_seeds": 3})),
+                                  "config key figures.fig5_3.min_seeds: the figure needs 3 seeds of a setting and the "
+                                  "grid trains at most 2: the figure would be empty ({file})"),
     "batch-size-above-the-training-subset": (_edit(lambda c: c["grid"][0].update(batch_sizes=[2000])),
                                              "config key grid.0.batch_sizes: batch size 2000 is above the 900 "
                                              "training examples of P2 (after train.train_subset and validation_size) "

@@ -381,6 +381,8 @@ def check_figures(config: dict[str, Any], cells: list[Cell]) -> None:
     figures_config = config.get("figures") or {}
     if not figures_config or not cells:
         return  # an audit-only config: the workflow refuses figures other than 'audit' itself
+    import inspect
+
     from dpbench.reporting import figures
 
     problems = sorted({c.problem for c in cells})
@@ -403,6 +405,21 @@ def check_figures(config: dict[str, Any], cells: list[Cell]) -> None:
             given = "" if which in options else " (its default)"
             raise ConfigError(f"config key figures.{name}.{which}: {_short(merged[which])}{given} is not trained by "
                               f"the grid (its problems: {', '.join(problems)}): the figure would be empty")
+        epsilons = {c.epsilon for c in cells if c.epsilon is not None}
+        if merged.get("epsilons") is not None and not {float(e) for e in _as_list(merged["epsilons"])} & epsilons:
+            given = "" if "epsilons" in options else " (its default)"
+            raise ConfigError(f"config key figures.{name}.epsilons: {_short(merged['epsilons'])}{given} is not trained "
+                              f"by the grid (its epsilons: {', '.join(map(fmt, sorted(epsilons))) or 'none'}): the "
+                              "figure would be empty")
+        if "min_seeds" in inspect.signature(figures.FIGURES[name].build).parameters:
+            need = merged.get("min_seeds", inspect.signature(figures.FIGURES[name].build).parameters["min_seeds"].default)
+            seeds: dict = {}
+            for c in cells:
+                seeds.setdefault(c.id.rsplit("-s", 1)[0], set()).add(c.seed_index)
+            most = max(len(v) for v in seeds.values())
+            if most < need:
+                raise ConfigError(f"config key figures.{name}.min_seeds: the figure needs {need} seeds of a setting and "
+                                  f"the grid trains at most {most}: the figure would be empty")
         if merged.get("optimizers") and not set(merged["optimizers"]) & set(optimizers):
             raise ConfigError(f"config key figures.{name}.optimizers: none of {merged['optimizers']} is trained by "
                               f"the grid (its optimizers: {', '.join(optimizers)}): the figure would be empty")
