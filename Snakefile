@@ -1,6 +1,26 @@
 # dpbench: benchmark differentially private optimizers.
 # The science lives in the `dpbench` package (src/); rules only name files and call it.
-configfile: "config/config.yaml"
+import os
+import sys
+
+from snakemake.exceptions import WorkflowError
+
+sys.path.insert(0, os.path.join(workflow.basedir, "src"))
+from dpbench.pipeline.grid import ConfigError, read_yaml  # noqa: E402
+
+DEFAULT_CONFIG = "config/config.yaml"
+# The config files, read as `dpbench grid` reads them before Snakemake merges them: a YAML
+# syntax error names the file and line, a key given twice is refused (YAML keeps the last).
+# (A --configfile Snakemake cannot parse at all stops inside Snakemake, before this file runs.)
+CONFIG_FILES = [f for f in (DEFAULT_CONFIG,) if os.path.exists(f)] + [str(f) for f in workflow.overwrite_configfiles]
+try:
+    for _file in CONFIG_FILES:
+        read_yaml(_file)
+except ConfigError as exc:
+    raise WorkflowError(str(exc))
+
+
+configfile: DEFAULT_CONFIG
 
 
 include: "workflow/rules/common.smk"
@@ -17,8 +37,15 @@ localrules:
     aggregate,
 
 
+# `all` names every run file and audit file itself, not only the tables made of them: Snakemake
+# regenerates a missing input of an up-to-date table only where a target asks for it, so a
+# run file deleted by hand, or by a failed job (a damaged noise file or factorization), would
+# otherwise leave "Nothing to be done" with the run missing and the aggregate and figures
+# stale. Named here, a missing one is retrained and everything made from it redone.
 rule all:
     input:
+        [run_file(cell_id) for cell_id in sorted(CELLS)],
+        [audit_file(name) for name in AUDITS],
         rules.aggregate.output if CELLS else [],
         [AUDIT_TABLE] if AUDITS else [],
         [f"{RESULTS}/figures/{f}.{ext}" for f in FIGURES for ext in figure_extensions(f)],

@@ -99,7 +99,7 @@ def run_cell(cfg, **kwargs):
     return run(cfg, get_optimizer(cfg.optimizer), **kwargs)
 
 
-def run_cli(*args, cwd=REPO, check=True, timeout=600):
+def run_cli(*args, cwd=None, check=True, timeout=600):
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.run([sys.executable, "-m", "dpbench", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -121,6 +121,17 @@ def copy_repo(dest):
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
         else:
             shutil.copy(src, dest / name)
+
+
+@pytest.fixture
+def repo_copy(tmp_path):
+    """A fresh copy of the workflow's files (copy_repo) to run Snakemake in: no test reads or
+    depends on the working tree's results/, .snakemake/ or caches (CI runs the tests after the
+    README's quick start has made them)."""
+    d = tmp_path / "repo"
+    d.mkdir()
+    copy_repo(d)
+    return d
 
 
 @pytest.fixture(scope="session")

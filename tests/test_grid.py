@@ -111,3 +111,19 @@ def test_config_readme_documents_every_key():
     # and the settings that are deployment, not configuration, say where they went
     for key in ("software_env", "train.device", "train.threads"):
         assert f"`{key}`" in readme
+
+
+def test_run_sh_names_the_file_and_line_of_a_configfile_snakemake_cannot_parse(tmp_path, capsys):
+    """scripts/run.sh checks each --configfile before Snakemake (which would stop on a YAML
+    syntax error without naming the file or the line)."""
+    from dpbench.pipeline.grid import check_configfiles, configfiles_of
+
+    assert "check_configfiles" in (REPO / "scripts" / "run.sh").read_text()
+    assert configfiles_of(["--cores", "2", "--configfile", "a.yaml", "b.yaml", "-n", "--configfile=c.yaml"]) == \
+        ["a.yaml", "b.yaml", "c.yaml"]
+    (tmp_path / "ok.yaml").write_text("grid: []\n")
+    (tmp_path / "bad.yaml").write_text("grid:\n  - {problems: [P2\n")
+    assert check_configfiles(["--configfile", str(tmp_path / "ok.yaml")]) == 0
+    assert check_configfiles(["-n", "--configfile", str(tmp_path / "ok.yaml"), str(tmp_path / "bad.yaml")]) == 2
+    assert capsys.readouterr().err == (f"error: config file {tmp_path / 'bad.yaml'}, line 3, column 1: YAML syntax "
+                                       "error: while parsing a flow sequence expected ',' or ']', but got '<stream end>'\n")

@@ -467,3 +467,89 @@ def test_audit_refuses_bad_numbers_with_the_same_argument_types(tmp_path, capsys
             option, value]
     code, err = cli_error(argv, capsys)
     assert code == 2 and f"argument {option}: expected" in err, err
+
+
+# -- outputs are regular files or refused ------------------------------------------------------
+
+@pytest.fixture(params=["fifo", "char-device", "symlink-to-fifo"])
+def special_file(request, tmp_path):
+    """(path, what it is): a FIFO, a character device (made with os.mknod in the test's own
+    directory, never under /dev: root only, else skipped) or a symlink to a FIFO."""
+    path = tmp_path / "special"
+    if request.param == "char-device":
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 7))  # /dev/full's numbers
+        except PermissionError:
+            pytest.skip("making a character device (os.mknod) needs root")
+        return path, "a character device", stat.S_ISCHR
+    os.mkfifo(tmp_path / "fifo")
+    if request.param == "fifo":
+        return tmp_path / "fifo", "a FIFO", stat.S_ISFIFO
+    path.symlink_to(tmp_path / "fifo")
+    return path, "a symlink to a FIFO", stat.S_ISFIFO
+
+
+@pytest.mark.parametrize("option", ["--out", "--checkpoint"])
+def test_train_refuses_an_output_that_is_not_a_regular_file_before_any_work(tmp_path, capsys, special_file, option):
+    path, kind, still = special_file
+    argv = train_argv(tmp_path, option, path) if option == "--checkpoint" else \
+        [*train_argv(tmp_path)[:-2], "--out", str(path)]
+    code, err, seconds = timed_cli_error(argv, capsys)
+    assert code == 2 and f"argument {option}: {path} is {kind}, not a regular file" in err and seconds < 1, err
+    assert still(os.stat(path).st_mode)  # the node is still there, not replaced by a file
+
+
+def test_train_refuses_a_default_checkpoint_path_that_is_not_a_regular_file(tmp_path, capsys):
+    os.mkfifo(tmp_path / "run.parquet.ckpt")  # a FIFO would block the checkpoint's reader forever
+    code, err, _ = timed_cli_error(train_argv(tmp_path), capsys)
+    assert code == 2 and f"{tmp_path / 'run.parquet.ckpt'} is a FIFO, not a regular file" in err, err
+
+
+def test_the_atomic_writer_never_renames_over_a_special_file(tmp_path, special_file):
+    from dpbench.files import atomic_write
+    from dpbench.matrix import dense_noise
+    from dpbench.reporting.results import write_table
+
+    path, kind, still = special_file
+    with pytest.raises(ValueError, match=f"output {re.escape(str(path))} is {kind}, not a regular file"):
+        atomic_write(path, lambda f: f.write(b"x"))
+    with pytest.raises(ValueError, match="not a regular file"):
+        write_table(pd.DataFrame({"a": [1]}), path)
+    with pytest.raises(ValueError, match="not a regular file"):
+        dense_noise.write_noise(path, np.eye(3), 2, 0)
+    assert still(os.stat(path).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) in (["special"], ["fifo"], ["fifo", "special"])  # no temporary file
+
+
+@pytest.mark.parametrize("argv", [["plot", "fig5_1", "--runs", "runs.parquet", "--out", "{special}.png"],
+                                  ["factorize", "--key", "se-k4-b1", "--out", "{special}"],
+                                  ["noise", "--factorization", "f.npz", "--dim", "2", "--seed", "0", "--out", "{special}"]])
+def test_every_command_refuses_an_output_that_is_a_fifo(tmp_path, capsys, argv):
+    os.mkfifo(tmp_path / "fifo.png")
+    os.mkfifo(tmp_path / "fifo")
+    argv = [a.replace("{special}", str(tmp_path / "fifo")) for a in argv]
+    code, err = cli_error(argv, capsys)
+    assert code == 2 and "is a FIFO, not a regular file" in err, err
+
+
+# -- one line for what no run can do ------------------------------------------------------------
+
+def test_train_subset_above_the_dataset_is_refused_naming_the_option(tmp_path, capsys):
+    code, err, seconds = timed_cli_error(train_argv(tmp_path, "--train-subset", 70000), capsys)
+    assert code == 2 and seconds < 1
+    assert err == "dpbench train: error: argument --train-subset: 70000 is above the 60000 training examples " \
+                  "of fashion-mnist\n"
+
+
+def test_an_unknown_figure_option_is_one_line_before_the_runs_are_read(tmp_path, capsys):
+    code, err = cli_error(["plot", "fig5_1", "--runs", str(tmp_path / "absent.parquet"), "--out",
+                           str(tmp_path / "f"), "-o", "bogus=1"], capsys)
+    assert code == 2 and err == ("dpbench plot: error: unknown option 'bogus' of figure fig5_1 "
+                                 "(options: problems, optimizers, select_by, filters)\n")
+
+
+def test_the_prv_accountant_refuses_absurd_step_counts_in_one_line():
+    with pytest.raises(ValueError, match=r"^the PRV accountant cannot account 1000000000000 steps \(at most 1e\+08\); "
+                                         r"use fewer epochs or --accountant rdp"):
+        accounting.epsilon([(1.0, 0.01, 10**12)], 1e-5, "prv")
+

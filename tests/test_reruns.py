@@ -4,6 +4,7 @@ optimizer's code change reruns only its cells, a figure's code change only the f
 draws, a grid change only the cells it adds; a killed workflow resumes from its checkpoints."""
 
 import contextlib
+import re
 import os
 import shutil
 import signal
@@ -202,3 +203,107 @@ def test_a_killed_workflow_resumes_from_its_checkpoints(tmp_path, fmnist_dir):
     assert "resumed at step" in log
     assert list(runs.rglob("*.parquet")) and not list(runs.rglob("*.ckpt"))
     assert planned_jobs(tmp_path) == {}
+
+
+# ------------------------------------------ recovery: the documented next command completes
+# Each test damages or deletes a file of the finished tiny workflow, follows the message the
+# failure prints (delete the files it names), runs the README's command again and requires
+# complete, up-to-date outputs: the file back, the aggregate and figures remade from it, and a
+# dry run with nothing to do. Never "Nothing to be done" with a run file missing.
+
+def workflow(workdir):
+    """The README's command (profile default: keep-going, rerun-incomplete) on the tiny grid."""
+    return snakemake(workdir, "--profile", "workflow/profiles/default")
+
+
+def run_files(workdir, optimizer):
+    return sorted((workdir / "results" / "runs").glob(f"*/{optimizer}/*.parquet"))
+
+
+def assert_complete(workdir, remade):
+    """Every output there, ``remade`` and the tables and figures after it newer than before."""
+    aggregate = workdir / "results" / "aggregate" / "runs.parquet"
+    assert remade.is_file() and aggregate.stat().st_mtime >= remade.stat().st_mtime
+    for figure in ("fig5_1", "fig5_2", "fig5_6"):
+        assert (workdir / "results" / "figures" / f"{figure}.png").stat().st_mtime >= aggregate.stat().st_mtime
+    import pandas as pd
+    runs = pd.read_parquet(aggregate)
+    assert len(runs) == 6, runs
+    assert planned_jobs(workdir) == {}
+
+
+def fix_from(output, pattern):
+    """The files a failure's message says to delete (relative to the workflow's directory)."""
+    found = re.search(pattern, output)
+    assert found, output[-3000:]
+    return found.groups()
+
+
+def test_a_deleted_run_file_is_retrained_and_everything_after_it_redone(workdir):
+    run = run_files(workdir, "sgd")[0]
+    run.unlink()
+    assert planned_jobs(workdir) == {"train": 1, "aggregate": 1, **PLOTS, "all": 1}
+    done = workflow(workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_complete(workdir, run)
+
+
+def test_a_damaged_noise_file_recovers_with_the_commands_its_message_names(workdir):
+    run = run_files(workdir, "dpmatrix-se")[0]
+    noise = next((workdir / "results" / "cache" / "matrix").glob("se-*/noise-*.npy"))
+    with open(noise, "r+b") as f:  # a bad disk: zeros over the rows' middle
+        f.seek(noise.stat().st_size // 2)
+        f.write(bytes(4096))
+    run.unlink()  # the run reads it again (as after a code change)
+    failed = workflow(workdir)
+    out = failed.stdout + failed.stderr
+    assert failed.returncode != 0 and not run.exists(), out[-3000:]
+    for name in fix_from(out, r"delete (\S+) and (\S+); the workflow"):
+        (workdir / name).unlink()
+    done = workflow(workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert noise.is_file()
+    assert_complete(workdir, run)
+
+
+def test_a_damaged_factorization_recovers_with_the_commands_its_message_names(workdir):
+    run = run_files(workdir, "dpmatrix-se")[0]
+    factorization = next((workdir / "results" / "cache" / "matrix").glob("se-*/factorization.npz"))
+    factorization.write_bytes(factorization.read_bytes()[:100])  # truncated
+    run.unlink()
+    failed = workflow(workdir)
+    out = failed.stdout + failed.stderr
+    assert failed.returncode != 0 and not run.exists(), out[-3000:]
+    for name in fix_from(out, r"delete (\S+) \(and (\S+)\); the workflow"):
+        (workdir / name).unlink()
+    done = workflow(workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_complete(workdir, run)
+
+
+def test_a_damaged_run_file_recovers_with_the_command_its_message_names(workdir):
+    run = run_files(workdir, "sgd")[0]
+    run.write_bytes(run.read_bytes()[:-200])  # truncated: the aggregate reads it (its time is newer)
+    failed = workflow(workdir)
+    out = failed.stdout + failed.stderr
+    assert failed.returncode != 0, out[-3000:]
+    (damaged,) = fix_from(out, r"run file (\S+) is damaged .*delete it and run the workflow again")
+    (workdir / damaged).unlink()
+    done = workflow(workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_complete(workdir, run)
+
+
+def test_a_damaged_checkpoint_is_set_aside_and_the_run_completes(workdir):
+    run = run_files(workdir, "sgd")[0]
+    run.unlink()
+    checkpoint = run.with_name(run.name + ".ckpt")
+    checkpoint.write_bytes(b"not a checkpoint")  # a killed job's, damaged
+    done = workflow(workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = (workdir / "results" / "logs" / "train" / run.relative_to(workdir / "results" / "runs")).with_suffix(".log")
+    assert f"checkpoint results/runs/{run.relative_to(workdir / 'results' / 'runs')}.ckpt is damaged" in log.read_text()
+    aside = list(run.parent.glob(run.name + ".ckpt.damaged-*"))
+    assert len(aside) == 1 and not checkpoint.exists()
+    aside[0].unlink()
+    assert_complete(workdir, run)

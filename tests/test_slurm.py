@@ -220,11 +220,12 @@ def test_a_bundle_shares_one_gpu_between_gpu_slots_runs():
 
 
 @pytest.mark.parametrize("profile,device,threads", [("slurm", "cuda", 2), ("slurm-local", "cpu", 1)])
-def test_profile_dry_run(profile, device, threads):
+def test_profile_dry_run(profile, device, threads, repo_copy):
     """The profile is the deployment: GPU training (--device cuda, 2 threads) on the cluster,
     CPU training on the GPU-less test cluster."""
     pytest.importorskip("snakemake_executor_plugin_slurm", reason="snakemake-executor-plugin-slurm not installed")
-    proc = subprocess.run([snakemake_exe(), "-n", "-p", "--cores", "8", "--profile", PROFILES / profile], cwd=REPO,
+    proc = subprocess.run([snakemake_exe(), "-n", "-p", "--cores", "8", "--profile", PROFILES / profile],
+                          cwd=repo_copy,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stdout.count(f"--device {device} --threads {threads} ") == 6  # config/config.yaml: 6 cells

@@ -16,38 +16,38 @@ from dpbench.reporting.results import read_meta
 PROFILES = REPO / "workflow" / "profiles"
 
 
-def snakemake(*args, cwd=REPO, timeout=900):
+def snakemake(*args, cwd, timeout=900):
     return subprocess.run([snakemake_exe(), *map(str, args)], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
 
 
-def test_lint_is_clean():
-    proc = snakemake("--lint")
+def test_lint_is_clean(repo_copy):
+    proc = snakemake("--lint", cwd=repo_copy)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Lints for" not in proc.stdout + proc.stderr
 
 
-def test_bad_config_value_stops_with_the_key(tmp_path):
+def test_bad_config_value_stops_with_the_key(tmp_path, repo_copy):
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     cfg["grid"][0]["batch_sizes"] = [-4]
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cfg))
-    proc = snakemake("-n", "--configfile", tmp_path / "bad.yaml")
+    proc = snakemake("-n", "--configfile", tmp_path / "bad.yaml", cwd=repo_copy)
     assert proc.returncode != 0
     assert "batch_sizes" in proc.stdout + proc.stderr
 
 
-def test_a_config_without_a_grid_is_refused_not_given_the_default_grid(tmp_path):
+def test_a_config_without_a_grid_is_refused_not_given_the_default_grid(tmp_path, repo_copy):
     """Snakemake merges a --configfile over the default config (config/config.yaml): a config
     without grid: would silently train the default's 6 cells."""
     (tmp_path / "nogrid.yaml").write_text(yaml.safe_dump({"results_dir": str(tmp_path / "out"),
                                                           "train": {"max_steps": 2}}))
-    proc = snakemake("-n", "--configfile", tmp_path / "nogrid.yaml")
+    proc = snakemake("-n", "--configfile", tmp_path / "nogrid.yaml", cwd=repo_copy)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-2000:]
     assert f"{tmp_path / 'nogrid.yaml'} has no grid" in out and "config/config.yaml" in out, out[-2000:]
 
 
-def test_a_config_without_audit_runs_no_audits_of_the_default_config(tmp_path):
+def test_a_config_without_audit_runs_no_audits_of_the_default_config(tmp_path, repo_copy):
     """The default config audits DP-SGD and DP-Dice; a --configfile without audit: must not
     inherit those jobs (Snakemake merges it over config/config.yaml), one with audit: gets its own."""
     config = {"results_dir": str(tmp_path / "out"),
@@ -57,7 +57,7 @@ def test_a_config_without_audit_runs_no_audits_of_the_default_config(tmp_path):
     (tmp_path / "audit.yaml").write_text(yaml.safe_dump({**config, "audit": {"optimizers": "grid", "epsilons": "grid"}}))
     jobs = {}
     for name in ("noaudit", "audit"):
-        proc = snakemake("-n", "--configfile", tmp_path / f"{name}.yaml")
+        proc = snakemake("-n", "--configfile", tmp_path / f"{name}.yaml", cwd=repo_copy)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
         jobs[name] = {line.split()[0]: int(line.split()[1]) for line in proc.stdout.splitlines()
                       if re.match(r"^\w+\s+\d+$", line.strip())}
@@ -65,12 +65,12 @@ def test_a_config_without_audit_runs_no_audits_of_the_default_config(tmp_path):
     assert jobs["audit"]["audit"] == 1 and jobs["audit"]["train"] == 1  # dpsgd at eps 2 only
 
 
-def test_the_gpu_profile_trains_in_the_cuda_environment():
+def test_the_gpu_profile_trains_in_the_cuda_environment(repo_copy):
     """Deployment is the profile's: the GPU it gives rule train sets --device and the training
     environment (one variable, common.smk's TRAIN_DEVICE). One conda environment per kind of
     rule; Snakemake names each as it prepares them (and stops after that where conda is
     absent, as here). (--device and --threads: the tiny grid below and tests/test_slurm.py.)"""
-    envs = snakemake("--containerize", "--profile", PROFILES / "gpu")
+    envs = snakemake("--containerize", "--profile", PROFILES / "gpu", cwd=repo_copy)
     # (audits always run on the CPU, in float64, in the CPU training environment)
     assert set(re.findall(r"envs/([\w-]+)\.yaml", envs.stdout + envs.stderr)) == {"data", "matrix", "train-cuda",
                                                                                   "train-cpu", "analysis"}
@@ -138,3 +138,101 @@ def test_tiny_grid_end_to_end(tiny_workflow):
     # nothing left to do: a second invocation runs no job
     again = snakemake("--configfile", "run.yaml", "--cores", "2", "-n", cwd=tiny_workflow)
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+# ------------------------------------------ config errors: one line naming the key and the file
+# The workflow validates through dpbench.pipeline.grid (as `dpbench grid` does) before any job:
+# each case below is one bad config (the tiny grid's, edited), and both the Snakefile and
+# `dpbench grid` must print exactly this line. {file} is the config file given.
+
+def _tiny():
+    return yaml.safe_load((REPO / ".test" / "config" / "config.yaml").read_text())
+
+
+def _edit(change):
+    def make(path):
+        config = _tiny()
+        change(config)
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return make
+
+
+def _twice(key):
+    """The tiny config with ``key`` given twice, on its first two lines."""
+    def make(path):
+        config = _tiny()
+        value = config.pop(key)
+        path.write_text(f"{key}: {value}\n{key}: elsewhere\n" + yaml.safe_dump(config, sort_keys=False))
+    return make
+
+
+CONFIG_ERRORS = {
+    "schema": (_edit(lambda c: c["grid"][0].update(batch_sizes=[-4])),
+               "config key grid.0.batch_sizes.0: -4 is less than the minimum of 1 ({file})"),
+    "unknown-top-level-key": (_edit(lambda c: c.update(gird=[])),
+                              "config key gird: unknown key (did you mean 'grid'?) ({file})"),
+    "unknown-nested-key": (_edit(lambda c: c["train"].update(acountant="rdp")),
+                           "config key train.acountant: unknown key (did you mean 'accountant'?) ({file})"),
+    "duplicate-key": (_twice("results_dir"),
+                      "config key results_dir: given twice (lines 1 and 2); YAML would silently keep the last "
+                      "value: keep one ({file})"),
+    "unknown-figure-option": (_edit(lambda c: c["figures"].update(fig5_1={"bogus": 1})),
+                              "config key figures.fig5_1: unknown option 'bogus' of figure fig5_1 (options: problems, "
+                              "optimizers, select_by, filters) ({file})"),
+    "select-by-val-without-validation": (_edit(lambda c: c["train"].update(validation_size=0)),
+                                         "config key figures.fig5_6.select_by: 'val' selects on the validation split, "
+                                         "and there is none (set train.validation_size) ({file})"),
+    "figure-of-an-untrained-problem": (_edit(lambda c: c["figures"].update(fig5_4={})),
+                                       "config key figures.fig5_4.problem: 'P1' (its default) is not trained by the "
+                                       "grid (its problems: P2, P3): the figure would be empty ({file})"),
+    "figure-of-untrained-epsilons": (_edit(lambda c: c["figures"].update(fig5_6={"epsilons": [3]})),
+                                     "config key figures.fig5_6.epsilons: [3] is not trained by the grid (its "
+                                     "epsilons: 1, 10): the figure would be empty ({file})"),
+    "figure-needing-more-seeds": (_edit(lambda c: c["figures"].update(fig5_3={"min_seeds": 3})),
+                                  "config key figures.fig5_3.min_seeds: the figure needs 3 seeds of a setting and the "
+                                  "grid trains at most 2: the figure would be empty ({file})"),
+    "batch-size-above-the-training-subset": (_edit(lambda c: c["grid"][0].update(batch_sizes=[2000])),
+                                             "config key grid.0.batch_sizes: batch size 2000 is above the 900 "
+                                             "training examples of P2 (after train.train_subset and validation_size) "
+                                             "({file})"),
+    "train-subset-above-the-dataset": (_edit(lambda c: c["train"].update(train_subset=70000)),
+                                       "config key train.train_subset: 70000 is above the 60000 training examples "
+                                       "of fashion-mnist ({file})"),
+}
+
+
+@pytest.mark.parametrize("case", CONFIG_ERRORS)
+def test_dpbench_grid_prints_one_line_naming_the_key_and_the_file(tmp_path, capsys, case):
+    from dpbench import cli
+
+    make, line = CONFIG_ERRORS[case]
+    make(tmp_path / "bad.yaml")
+    assert cli.main(["grid", str(tmp_path / "bad.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"dpbench grid: error: {line.format(file=tmp_path / 'bad.yaml')}\n"
+
+
+@pytest.mark.parametrize("case", CONFIG_ERRORS)
+def test_the_workflow_stops_before_any_job_with_the_same_line(tmp_path, repo_copy, case):
+    make, line = CONFIG_ERRORS[case]
+    make(tmp_path / "bad.yaml")
+    proc = snakemake("-n", "--configfile", tmp_path / "bad.yaml", cwd=repo_copy)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert line.format(file=tmp_path / "bad.yaml") in out.splitlines(), out[-2000:]
+    assert "Job stats" not in out and "jsonschema" not in out.lower()
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, repo_copy, capsys):
+    """In the default config (the Snakefile reads it, and each --configfile, strictly before
+    Snakemake merges them) and in `dpbench grid`."""
+    from dpbench import cli
+
+    (repo_copy / "config" / "config.yaml").write_text("results_dir: results\ngrid:\n  - problems: [P2\n")
+    line = ("config file {file}, line 4, column 1: YAML syntax error: while parsing a flow sequence "
+            "expected ',' or ']', but got '<stream end>'")
+    proc = snakemake("-n", cwd=repo_copy)
+    assert proc.returncode != 0
+    assert line.format(file="config/config.yaml") in (proc.stdout + proc.stderr).splitlines(), proc.stderr[-2000:]
+    assert cli.main(["grid", str(repo_copy / "config" / "config.yaml")]) == 2
+    assert capsys.readouterr().err == f"dpbench grid: error: {line.format(file=repo_copy / 'config' / 'config.yaml')}\n"

@@ -10,6 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dpbench.files import refuse_special
+
 
 def _hp(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
@@ -87,6 +89,7 @@ def check_output(path: str | Path, option: str, need: int = OUTPUT_SPACE) -> Non
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"argument {option}: {path} is a directory; give the file to write")
+    refuse_special(path, f"argument {option}:")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -122,8 +125,7 @@ def device(text: str) -> str:
 def cmd_train(args) -> int:
     # the output location first: a run that cannot be written is refused before any work
     check_output(args.out, "--out")
-    if args.checkpoint:
-        check_output(args.checkpoint, "--checkpoint")
+    check_output(args.checkpoint or f"{args.out}.ckpt", "--checkpoint" if args.checkpoint else "--out (its checkpoint)")
     import torch
 
     from dpbench.pipeline.fingerprint import optimizer_fingerprint
@@ -131,6 +133,14 @@ def cmd_train(args) -> int:
     from dpbench.reporting.results import write_run
     from dpbench.training.train import RunConfig, run
 
+    if args.train_subset:
+        from dpbench.matrix.cache import TRAIN_SIZES
+        from dpbench.problems import get_problem
+
+        dataset = get_problem(args.problem).dataset
+        if args.train_subset > TRAIN_SIZES[dataset]:
+            raise ValueError(f"argument --train-subset: {args.train_subset} is above the {TRAIN_SIZES[dataset]} "
+                             f"training examples of {dataset}")
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = RunConfig(
@@ -168,6 +178,8 @@ def cmd_train(args) -> int:
 def cmd_data(args) -> int:
     from dpbench.data import fortunes, image_datasets
 
+    if args.manifest:
+        refuse_special(args.manifest, "argument --manifest:")
     if args.dataset == fortunes.NAME:  # a Debian package: verified, never downloaded
         manifest = fortunes.prepare(args.data_dir, args.context)
     else:
@@ -199,7 +211,13 @@ def cmd_audits(args) -> int:
 def cmd_plot(args) -> int:
     from dpbench.reporting import figures
 
-    paths = figures.plot(args.figure, args.runs, args.out, **figures.parse_options(args.option or []))
+    stem = Path(args.out).with_suffix("") if Path(args.out).suffix in (".png", ".pdf", ".md") else Path(args.out)
+    for suffix in (".png", ".pdf", ".md"):
+        refuse_special(stem.with_name(stem.name + suffix), "argument --out:")
+    options = figures.parse_options(args.option or [])
+    if args.figure in figures.FIGURES:
+        figures.check_options(args.figure, options)  # before reading anything
+    paths = figures.plot(args.figure, args.runs, args.out, **options)
     print(f"wrote {' and '.join(map(str, paths))}", file=sys.stderr)
     return 0
 
@@ -208,6 +226,9 @@ def cmd_factorize(args) -> int:
     from dpbench.matrix import dense_factorization, streamed_factorization
     from dpbench.matrix.dense_noise import log_stderr
 
+    for option, path in (("--out", args.out), ("--report", args.report)):
+        if path:
+            refuse_special(path, f"argument {option}:")
     if streamed_factorization.is_key(args.key):  # a streamed mechanism's: one JSON file, no noise file
         from dpbench.matrix import streamed_mechanism
 
@@ -227,6 +248,8 @@ def cmd_noise(args) -> int:
 
     if args.estimate:
         return noise_estimate(args.estimate)
+    if args.out:
+        refuse_special(args.out, "argument --out:")
     missing = [f"--{n.replace('_', '-')}" for n in ("factorization", "dim", "seed", "out") if getattr(args, n) is None]
     if missing:
         raise ValueError(f"writing a noise file needs {', '.join(missing)} (or --estimate CONFIG)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -73,10 +74,42 @@ def remove_stale_partials(path: Path) -> None:
             pass
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(path: str | Path) -> str | None:
+    """What ``path`` is where it exists and is not a regular file ("a FIFO", "a character
+    device", ...; through a symlink: "a symlink to a FIFO"), else None (a regular file, a
+    symlink to one, or nothing there)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return f"a symlink to {kind}" if os.path.islink(path) else kind
+
+
+def refuse_special(path: str | Path, what: str = "output") -> None:
+    """Outputs are regular files: a ``path`` that exists as anything else (a device such as
+    /dev/full or /dev/null, a FIFO, a socket, a directory, a symlink to one) is refused, naming
+    it, before any work; a rename would otherwise replace the device node or FIFO itself."""
+    kind = special_kind(path)
+    if kind is not None:
+        raise ValueError(f"{what} {path} is {kind}, not a regular file; refusing to write over it: "
+                         f"give the path of a regular file")
+
+
 def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb", private: bool = False) -> None:
     """Write ``path`` through ``write(f)`` atomically: a temporary name beside it (those of dead
     writers removed first), the umask's mode (``private``: 0600, readable by its owner only),
-    fsync, rename; a failure removes the temporary file. A reader sees the complete file or none."""
+    fsync, rename; a failure removes the temporary file. A reader sees the complete file or none.
+    A ``path`` that exists and is not a regular file is refused (``refuse_special``), never
+    renamed over."""
+    path = Path(path)
+    refuse_special(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=partial_prefix(path), suffix=".tmp")

@@ -5,7 +5,7 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.0")
 
@@ -13,14 +13,16 @@ SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
 from dpbench.pipeline import cluster, watch  # noqa: E402
 from dpbench.pipeline.fingerprint import figure_fingerprint, modules_fingerprint, optimizer_fingerprint  # noqa: E402
-from dpbench.pipeline.grid import ConfigError, expand as expand_grid, own_audit, precheck, refuse_inherited_grid  # noqa: E402
+from dpbench.pipeline.grid import ConfigError, expand as expand_grid, own_audit, refuse_inherited_grid, workflow_config  # noqa: E402
 
 FIGURES_GIVEN = "figures" in config  # else the schema's default, {fig5_1: {}}, fills it in
 try:
     # a --configfile without grid: would inherit the default config's grid
     refuse_inherited_grid(workflow.overwrite_configfiles, workflow.config_settings.overwrite_config)
-    precheck(config)  # deployment keys moved to the profiles, non-finite numbers
-    validate(config, "../schemas/config.schema.yaml")
+    # what `dpbench grid` checks (dpbench.pipeline.grid.validate), one line naming the key and
+    # the file: deployment keys moved to the profiles, non-finite numbers, the schema (defaults
+    # filled in), unknown keys, optimizers and hyperparameters, batch sizes, figure options
+    workflow_config(config, CONFIG_FILES)
     CELLS = {cell.id: cell for cell in expand_grid(config)}
 except ConfigError as exc:
     raise WorkflowError(str(exc))

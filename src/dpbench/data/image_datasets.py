@@ -28,7 +28,7 @@ from typing import BinaryIO, Mapping
 
 import numpy as np
 
-from dpbench.files import umask
+from dpbench.files import refuse_special, umask
 
 
 class DataError(RuntimeError):
@@ -433,6 +433,7 @@ def download(
                 os.fsync(out.fileno())
             _read_checked(name, Path(tmp), filename, expected)
             os.chmod(tmp, 0o666 & ~umask())  # mkstemp creates 0600; data dirs are often shared
+            refuse_special(target, "dataset file")
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):

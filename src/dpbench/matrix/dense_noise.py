@@ -54,7 +54,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dpbench.files import HOST as _HOST
-from dpbench.files import chmod_like_open, is_no_space, no_space, partial_prefix
+from dpbench.files import chmod_like_open, is_no_space, no_space, partial_prefix, refuse_special
 from dpbench.files import remove_stale_partials as _remove_stale_partials
 
 BLOCK = 1024  # columns per canonical block of Z
@@ -107,6 +107,8 @@ def write_noise(path: str | Path, noising: np.ndarray, dim: int, seed: int, *, c
     A chunk holds T x (chunk_blocks x 1024) floats twice (Z and C^-1 Z); by default as many
     blocks (at most 16) as fit in ``chunk_bytes``, so memory does not grow with d."""
     path = Path(path)
+    refuse_special(path)
+    refuse_special(meta_path(path))
     steps = noising.shape[0]
     if chunk_blocks is None:
         chunk_blocks = int(min(16, max(1, chunk_bytes // (2 * 4 * steps * BLOCK))))

@@ -140,14 +140,113 @@ def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def load_config(path: str | Path) -> dict[str, Any]:
-    """Reads a YAML config, validates it against the JSON schema and fills in defaults."""
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file's YAML, strictly: a syntax error names the file and line, a key given
+    twice in one mapping (which YAML would silently resolve to the last value) is refused
+    naming the key and both lines, and the top level must be a mapping."""
     path = Path(path)
     try:
-        config = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
-    return validate(config or {})
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = " ".join(filter(None, (exc.context, exc.problem)))
+        raise ConfigError(f"config file {path}{where}: YAML syntax error: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: YAML syntax error: {str(exc).splitlines()[0]}") from None
+    if node is None:
+        return {}
+    _refuse_duplicate_keys(node, "", path)
+    config = yaml.safe_load(text)
+    if not isinstance(config, dict):
+        raise ConfigError(f"config file {path}: the top level must be a mapping of config keys, "
+                          f"got {type(config).__name__}")
+    return config
+
+
+def _refuse_duplicate_keys(node, where: str, path: Path) -> None:
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.start_mark)
+            here = f"{where}.{key}" if where else str(key)
+            line = key_node.start_mark.line + 1
+            if key in seen and key != "<<":
+                raise ConfigError(f"config key {here}: given twice (lines {seen[key]} and {line}); YAML would "
+                                  f"silently keep the last value: keep one ({path})")
+            seen[key] = line
+            _refuse_duplicate_keys(value_node, here, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, f"{where}.{i}" if where else str(i), path)
+
+
+def configfiles_of(snakemake_args: list[str]) -> list[str]:
+    """The files a Snakemake command line gives with --configfile (one or more after it, or
+    --configfile=FILE)."""
+    files, taking = [], False
+    for arg in snakemake_args:
+        if arg in ("--configfile", "--configfiles"):
+            taking = True
+        elif arg.startswith(("--configfile=", "--configfiles=")):
+            files.append(arg.split("=", 1)[1])
+            taking = False
+        elif taking and not arg.startswith("-"):
+            files.append(arg)
+        else:
+            taking = False
+    return files
+
+
+def check_configfiles(snakemake_args: list[str]) -> int:
+    """scripts/run.sh's check before Snakemake starts: each --configfile read as the workflow
+    reads it (``read_yaml``). Snakemake parses a --configfile before the Snakefile runs, and
+    stops on a YAML syntax error with a message naming neither the file nor the line; this
+    prints the one line that names both. Returns the exit status (0: all readable)."""
+    import sys
+
+    for path in configfiles_of(snakemake_args):
+        try:
+            read_yaml(path)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Reads a YAML config (``read_yaml``), validates it against the JSON schema and fills in
+    defaults; every error is one line naming the key and the file."""
+    config = read_yaml(path)
+    try:
+        return validate(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} ({path})") from None
+
+
+def workflow_config(config: dict[str, Any], files: list[str | Path]) -> dict[str, Any]:
+    """The workflow's validation (the Snakefile calls it): the same as ``load_config`` on the
+    config Snakemake merged from ``files`` (the default config, then those given with
+    --configfile); an error names the key and the file that sets it (the last of ``files``
+    with its top-level key, else all of them)."""
+    try:
+        return validate(config)
+    except ConfigError as exc:
+        message = str(exc)
+        key = message[len("config key "):].split(":")[0].split(".")[0] if message.startswith("config key ") else ""
+        setting = [f for f in files if key and Path(f).is_file() and key in _top_keys(f)]
+        raise ConfigError(f"{message} ({setting[-1] if setting else ', '.join(map(str, files))})") from None
+
+
+def _top_keys(path) -> set:
+    try:
+        return set(yaml.safe_load(Path(path).read_text()) or {})
+    except (yaml.YAMLError, TypeError, ValueError):
+        return set()
 
 
 # Deployment settings that configs no longer hold: where each went.
@@ -220,14 +319,116 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
         jsonschema.Draft202012Validator,
         {"properties": _set_defaults(jsonschema.Draft202012Validator.VALIDATORS["properties"])},
     )
-    errors = sorted(validator_cls(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
+    errors = sorted(validator_cls(schema).iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
-        e = errors[0]
-        key = ".".join(str(p) for p in e.absolute_path) or "<top level>"
-        what = f" ({e.schema['description']})" if isinstance(e.schema, dict) and e.schema.get("description") else ""
-        raise ConfigError(f"config key {key}: {e.message}{what}")
-    expand(config)  # semantic checks: optimizer names, hyperparameter names
+        raise _schema_error(errors[0])
+    cells = expand(config)  # semantic checks: optimizer names, hyperparameter names, batch sizes
+    check_train_subset(config, cells)
+    check_figures(config, cells)
     return config
+
+
+def _closest(word: str, choices) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.5)
+    return f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(sorted(map(str, choices)))}"
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _schema_error(e) -> ConfigError:
+    """One line for a schema violation: the key's path and the problem, never the schema."""
+    import jsonschema
+
+    if e.context:  # oneOf/anyOf: the alternative that came closest
+        e = jsonschema.exceptions.best_match(e.context)
+    path = [str(p) for p in e.absolute_path]
+    key = ".".join(path) or "<top level>"
+    schema = e.schema if isinstance(e.schema, dict) else {}
+    if e.validator == "additionalProperties":
+        allowed = list(schema.get("properties", {}))
+        extra = sorted(str(k) for k in e.instance if k not in allowed)
+        name = ".".join([*path, extra[0]])
+        return ConfigError(f"config key {name}: unknown key ({_closest(extra[0], allowed)})")
+    if "propertyNames" in e.absolute_schema_path and key == "figures":
+        from dpbench.reporting.figures import FIGURES
+
+        return ConfigError(f"config key figures.{e.instance}: unknown figure ({_closest(e.instance, FIGURES)})")
+    if e.validator == "required":
+        return ConfigError(f"config key {key}: {e.message}")
+    if e.validator in ("enum", "const"):
+        choices = e.validator_value if e.validator == "enum" else [e.validator_value]
+        return ConfigError(f"config key {key}: {_short(e.instance)} is not one of the choices "
+                           f"({_closest(e.instance, choices)})")
+    what = f" ({schema['description'].strip()})" if schema.get("description") else ""
+    message = e.message if len(e.message) <= 200 else e.message[:197] + "..."
+    return ConfigError(f"config key {key}: {message}{what}")
+
+
+def check_train_subset(config: dict[str, Any], cells: list[Cell]) -> None:
+    """``train.train_subset`` cannot exceed a dataset's training set (it would be clamped)."""
+    from dpbench.matrix.cache import TRAIN_SIZES
+
+    subset = (config.get("train") or {}).get("train_subset")
+    for dataset in sorted({c.dataset for c in cells}):
+        if subset and subset > TRAIN_SIZES[dataset]:
+            raise ConfigError(f"config key train.train_subset: {subset} is above the {TRAIN_SIZES[dataset]} "
+                              f"training examples of {dataset}")
+
+
+def check_figures(config: dict[str, Any], cells: list[Cell]) -> None:
+    """Each figure's options against what the figure takes and what the grid produces: no
+    unknown option, ``select_by: val`` only with a validation split, and the problems and
+    optimizers it draws trained by the grid (else it would be an empty figure)."""
+    figures_config = config.get("figures") or {}
+    if not figures_config or not cells:
+        return  # an audit-only config: the workflow refuses figures other than 'audit' itself
+    import inspect
+
+    from dpbench.reporting import figures
+
+    problems = sorted({c.problem for c in cells})
+    optimizers = sorted({c.optimizer for c in cells})
+    validation = (config.get("train") or {}).get("validation_size") or 0
+    for name, options in figures_config.items():
+        if name == "audit" or name not in figures.FIGURES:
+            continue
+        try:
+            figures.check_options(name, options)
+        except ValueError as exc:
+            raise ConfigError(f"config key figures.{name}: {exc}") from None
+        merged = {**figures.FIGURES[name].defaults, **options}
+        if merged.get("select_by") == "val" and not validation:
+            raise ConfigError(f"config key figures.{name}.select_by: 'val' selects on the validation split, and "
+                              "there is none (set train.validation_size)")
+        drawn = _as_list(merged["problem"]) if "problem" in merged else merged.get("problems")
+        if drawn is not None and not set(drawn) & set(problems):
+            which = "problem" if "problem" in merged else "problems"
+            given = "" if which in options else " (its default)"
+            raise ConfigError(f"config key figures.{name}.{which}: {_short(merged[which])}{given} is not trained by "
+                              f"the grid (its problems: {', '.join(problems)}): the figure would be empty")
+        epsilons = {c.epsilon for c in cells if c.epsilon is not None}
+        if merged.get("epsilons") is not None and not {float(e) for e in _as_list(merged["epsilons"])} & epsilons:
+            given = "" if "epsilons" in options else " (its default)"
+            raise ConfigError(f"config key figures.{name}.epsilons: {_short(merged['epsilons'])}{given} is not trained "
+                              f"by the grid (its epsilons: {', '.join(map(fmt, sorted(epsilons))) or 'none'}): the "
+                              "figure would be empty")
+        if "min_seeds" in inspect.signature(figures.FIGURES[name].build).parameters:
+            need = merged.get("min_seeds", inspect.signature(figures.FIGURES[name].build).parameters["min_seeds"].default)
+            seeds: dict = {}
+            for c in cells:
+                seeds.setdefault(c.id.rsplit("-s", 1)[0], set()).add(c.seed_index)
+            most = max(len(v) for v in seeds.values())
+            if most < need:
+                raise ConfigError(f"config key figures.{name}.min_seeds: the figure needs {need} seeds of a setting and "
+                                  f"the grid trains at most {most}: the figure would be empty")
+        if merged.get("optimizers") and not set(merged["optimizers"]) & set(optimizers):
+            raise ConfigError(f"config key figures.{name}.optimizers: none of {merged['optimizers']} is trained by "
+                              f"the grid (its optimizers: {', '.join(optimizers)}): the figure would be empty")
 
 
 def _set_defaults(properties_validator):
@@ -276,6 +477,12 @@ def expand(config: dict[str, Any]) -> list[Cell]:
             epsilons = [None] if not spec.private else [float(e) for e in block.get("epsilons", [])]
             if not epsilons:
                 raise ConfigError(f"config key {where}.epsilons: private optimizer {name!r} needs at least one epsilon")
+            for problem, L in itertools.product(block["problems"], block["batch_sizes"]):
+                probe = Cell(problem, name, int(L), 1, None, 1.0, 0, 0)
+                n = probe.n_train(config.get("train") or {})
+                if L > n:
+                    raise ConfigError(f"config key {where}.batch_sizes: batch size {L} is above the {n} training "
+                                      f"examples of {problem} (after train.train_subset and validation_size)")
             for problem, L, E, eps, lr, s, hp in itertools.product(
                     block["problems"], block["batch_sizes"], block["epochs"], epsilons, lrs, seed_indices,
                     itertools.product(*hp_axes.values())):

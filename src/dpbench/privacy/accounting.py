@@ -21,6 +21,9 @@ ACCOUNTANTS = ("prv", "rdp")
 # Opacus's default orders stop at 63; large sigma needs larger orders for a tight bound.
 RDP_ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [80, 100, 128, 160, 200, 256, 512, 1024]
 MAX_NOISE_MULTIPLIER = 1e4
+# Steps beyond which the PRV accountant is refused at once: its discretised domain grows with
+# the compositions (10^9 steps ask numpy for 14 TiB); the thesis's longest runs take ~10^5.
+PRV_MAX_STEPS = 10**8
 
 # A history is a list of (noise_multiplier, sample_rate, steps) segments, as in Opacus.
 History = list[tuple[float, float, int]]
@@ -44,6 +47,10 @@ def epsilon(history: History, delta: float = DELTA, accountant: str = "prv") -> 
     if any(s <= 0 for s, _, _ in history):
         return math.inf
     if accountant == "prv":
+        steps = sum(n for _, _, n in history)
+        if steps > PRV_MAX_STEPS:  # its domain would need terabytes (a MemoryError, or thrashing first)
+            raise ValueError(f"the PRV accountant cannot account {steps} steps (at most {PRV_MAX_STEPS:.0e}); "
+                             "use fewer epochs or --accountant rdp (config: train.accountant: rdp)")
         from opacus.accountants import PRVAccountant
 
         acc = PRVAccountant()
@@ -53,7 +60,13 @@ def epsilon(history: History, delta: float = DELTA, accountant: str = "prv") -> 
             # warns about its order range, which does not affect the PRV result.
             warnings.simplefilter("ignore", RuntimeWarning)
             warnings.simplefilter("ignore", UserWarning)
-            return float(acc.get_epsilon(delta))
+            try:
+                return float(acc.get_epsilon(delta))
+            except (MemoryError, OverflowError) as exc:
+                # its discretised domain grows with the compositions: absurd step counts
+                raise ValueError(f"the PRV accountant cannot account {steps} steps "
+                                 f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
+                                 "use fewer epochs or --accountant rdp (config: train.accountant: rdp)") from None
     if accountant == "rdp":
         from opacus.accountants import RDPAccountant
 

@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from dpbench.files import refuse_special  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 # Thesis names, in the thesis's order; other optimizers follow alphabetically under their own name.
@@ -853,10 +854,28 @@ def save(fig: Figure | str, out_stem: str | Path) -> tuple[Path, ...]:
         atomic_write(md, lambda f: f.write(fig), mode="w")
         return (md,)
     png, pdf = stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".pdf")
+    for out in (png, pdf):
+        refuse_special(out)
     fig.savefig(png, dpi=200, bbox_inches="tight", metadata={"Software": None})
     fig.savefig(pdf, bbox_inches="tight", metadata={"CreationDate": None, "Creator": None, "Producer": None})
     plt.close(fig)
     return png, pdf
+
+
+def check_options(figure_id: str, options: dict) -> None:
+    """Refuses an option the figure does not take (naming it and the closest one it does) and
+    a ``select_by`` other than test or val, before any drawing."""
+    import difflib
+    import inspect
+
+    params = list(inspect.signature(FIGURES[figure_id].build).parameters)[1:]  # after the table
+    for key in options:
+        if key not in params:
+            close = difflib.get_close_matches(key, params, n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}?" if close else f"options: {', '.join(params)}"
+            raise ValueError(f"unknown option {key!r} of figure {figure_id} ({hint})")
+    if options.get("select_by", "test") not in ("test", "val"):
+        raise ValueError(f"select_by must be test or val, got {options['select_by']!r}")
 
 
 def build(figure_id: str, runs: pd.DataFrame, **options) -> Figure:
@@ -866,6 +885,7 @@ def build(figure_id: str, runs: pd.DataFrame, **options) -> Figure:
         spec = FIGURES[figure_id]
     except KeyError:
         raise ValueError(f"unknown figure {figure_id!r}; known: {', '.join(FIGURES)}") from None
+    check_options(figure_id, options)
     if isinstance(options.get("filters"), str):
         if options["filters"] != "thesis":
             raise ValueError(f"filters must be a dict or 'thesis', got {options['filters']!r}")
