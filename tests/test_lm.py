@@ -127,3 +127,23 @@ def test_lm_workflow_end_to_end(tmp_path):
         assert len(meta["memorisation"]["canaries"]) == 12 and meta["memorisation"]["space_size"] == 10**5
     ranking = (results / "figures" / "lm_ranking.md").read_text()
     assert "DP-SGD" in ranking and "AdamW" in ranking
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", sorted(__import__("dpbench.optimizers", fromlist=["OPTIMIZERS"]).OPTIMIZERS))
+def test_every_optimizer_trains_p4(generated_corpus, tmp_path, optimizer):
+    """No optimizer needs P4-specific code: each takes two steps of P4 through the harness (the
+    dense matrix mechanisms with their factorization and noise file made in a temporary cache)
+    and the run records its privacy and memorisation."""
+    from dpbench.optimizers import get_optimizer
+
+    private = get_optimizer(optimizer).private
+    cfg = RunConfig(problem="P4", optimizer=optimizer, lr=1e-3 if "adam" in optimizer else 0.5, batch_size=16,
+                    epochs=1, seed=0, epsilon=10.0 if private else None, data_dir=str(generated_corpus),
+                    train_subset=40, test_subset=8, max_steps=2, cache_dir=str(tmp_path / "cache"))
+    meta = run_cell(cfg).meta
+    assert meta["result"]["status"] == "completed" and meta["privacy"]["steps"] == 2
+    assert meta["data"]["n_train"] == 40 + language.PLANTED
+    if private:
+        assert 0 < meta["privacy"]["epsilon"] <= 10.0 + 1e-9 and meta["privacy"]["noise_multiplier"] > 0
+    assert len(meta["memorisation"]["canaries"]) == 12
