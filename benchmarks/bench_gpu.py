@@ -200,7 +200,9 @@ def our_step(problem_id: str, name: str, L: int, device, steps: int):
 
 def opacus_step(problem_id: str, mode: str, L: int, n: int, device):
     """(step(x, y), model) of Opacus 1.6's make_private in ``mode`` (hooks, ghost, functorch),
-    fed batches directly (no DataLoader: the loader only tells Opacus the expected batch size)."""
+    fed batches directly (no DataLoader: the loader only tells Opacus the expected batch size).
+    The per-sample losses are the problem's (P4: ``language.per_sample_loss`` on Opacus's
+    wrapped module, the same per-record loss and per-batch trimming as dpbench's step)."""
     from opacus import PrivacyEngine
     from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
     from torch.utils.data import DataLoader, TensorDataset
@@ -221,6 +223,8 @@ def opacus_step(problem_id: str, mode: str, L: int, n: int, device):
     warnings.filterwarnings("ignore", message="Full backward hook")  # Opacus's hooks on a model without input grads
 
     def losses_of(x, y):
+        if problem.task == "language-model":  # P4: per-record mean token CE, batch cut to its longest record
+            return problem.per_sample_loss(module, x, y, gen)[0]
         if latent is None:
             return torch.nn.functional.cross_entropy(module(x), y, reduction="none")
         z = torch.randn(x.shape[0], latent, generator=gen, device=x.device)

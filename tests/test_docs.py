@@ -7,6 +7,9 @@ import re
 import subprocess
 import sys
 
+import pytest
+import torch
+
 from conftest import REPO
 
 README = REPO / "README.md"
@@ -74,3 +77,34 @@ def test_bench_step_reports_every_ratio_as_a_median_of_per_repeat_ratios_with_it
     short = bench_step.report({k: v[:3] for k, v in times.items()}, steps=10, epoch_steps=100, L=256, threads=2,
                               repeats=3, started="2026-01-01 00:00", load_before="0")
     assert "WARNING: 3 repeats < 5" in short
+
+
+def test_bench_step_lists_an_unsupported_method_without_ratios(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import bench_step
+
+    times = {bench_step.DP: [1.2] * 5, bench_step.BASELINE: [1.0] * 5, "Opacus ghost clipping (same batches)": []}
+    out = bench_step.report(times, steps=2, epoch_steps=100, L=8, threads=2, repeats=5, started="2026-01-01 00:00",
+                            load_before="0", problem="P4",
+                            unsupported={"Opacus ghost clipping (same batches)": "RuntimeError: no"})
+    assert out.startswith("P4, L = 8, 2 steps")
+    assert "| Opacus ghost clipping (same batches) | not supported: RuntimeError: no | | | | | |" in out
+    assert "ghost clipping (same batches) / DP step" not in out
+
+
+def test_bench_step_p4_batches_are_the_fortunes_training_records(monkeypatch):
+    """bench_step.py --problem P4 draws its Poisson batches from the real corpus's token rows."""
+    from dpbench.data import fortunes
+    from dpbench.matrix import cache
+    from dpbench.problems import tokenizer
+
+    if not fortunes.SYSTEM_DIRS[0].is_dir():
+        pytest.skip("Debian's fortunes package is not installed")
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import bench_step
+
+    x, y = bench_step.data("P4", None)
+    assert x.shape == (cache.TRAIN_SIZES["fortunes"], 129) and x.dtype == torch.int64
+    assert (x[:, 0] == tokenizer.BOUNDARY).all() and (y == 0).all()
+    first = fortunes.load(None).train[0].encode("utf-8")[:127]
+    assert bytes(x[0, 1:1 + len(first)].tolist()) == first
