@@ -46,6 +46,9 @@ def test_p4_is_registered_with_its_sizes():
     assert problem.dataset == "fortunes" and problem.plants_canaries and problem.metric == "loss"
     assert not get_problem("P2").plants_canaries
     assert language.PLANTED == 3 * (0 + 1 + 5 + 25) == 93
+    # the runs table's columns per k (aggregate needs no torch, so it keeps its own copy)
+    from dpbench.reporting.aggregate import CANARY_REPEATS
+    assert CANARY_REPEATS == language.REPEATS
 
 
 def test_splits_plant_each_canary_k_times_after_the_subset(generated_corpus):

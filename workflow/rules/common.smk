@@ -242,7 +242,7 @@ def audit_code(wildcards):
 
 
 def figure_extensions(figure):
-    """The files a figure's rule writes: png and pdf, or md for a table (lm_ranking)."""
+    """The extensions of the files a figure makes: png and pdf, or md for a table (lm_ranking)."""
     from dpbench.reporting.figures import extensions
 
     return extensions(figure)

@@ -46,10 +46,6 @@ from __future__ import annotations
 import warnings
 
 import torch
-from opacus.grad_sample import GradSampleModule
-from opacus.optimizers import DPOptimizer
-from opacus.utils.module_utils import trainable_modules
-from opacus.validators import ModuleValidator
 
 from dpbench.optimizers.base import SGD, Context, DPStep, StepOutput
 from dpbench.optimizers.registry import OptimizerSpec
@@ -58,9 +54,18 @@ from dpbench.privacy.noise import GaussianNoise
 from dpbench.privacy.per_sample import UnsupportedLayerError
 
 
-def wrap(model: torch.nn.Module) -> GradSampleModule:
+# Opacus is imported where a step is built, not with the registry: importing it configures the
+# root logger (opacus.utils.module_utils calls logging.basicConfig), which would make every
+# process that lists the optimizers (the workflow itself) print each log line twice.
+
+
+def wrap(model: torch.nn.Module):
     """Opacus's ``GradSampleModule`` around ``model`` (hooks on its layers, summed losses), or
     an ``UnsupportedLayerError`` naming every layer Opacus refuses."""
+    from opacus.grad_sample import GradSampleModule
+    from opacus.utils.module_utils import trainable_modules
+    from opacus.validators import ModuleValidator
+
     # ModuleValidator.validate's checks, layer by layer, so that each refusal names its layer
     refused = [] if model.training else ["the model must be in training mode"]
     for name, module in trainable_modules(model):
@@ -77,6 +82,8 @@ def wrap(model: torch.nn.Module) -> GradSampleModule:
 
 def functorch_layers(model: torch.nn.Module) -> list[str]:
     """The names of trainable layers that Opacus has no grad sampler for (its functorch fallback)."""
+    from opacus.grad_sample import GradSampleModule
+
     return sorted(name or type(model).__name__ for name, m in model.named_modules()
                   if any(p.requires_grad for p in m.parameters(recurse=False))
                   and type(m) not in GradSampleModule.GRAD_SAMPLERS)
@@ -95,6 +102,8 @@ class OpacusDPStep(DPStep):
         self.functorch_layers = functorch_layers(ctx.model)
         self.gsm = wrap(ctx.model)
         self.gsm.disable_hooks()  # on only inside this step: other passes (evaluation) record nothing
+        from opacus.optimizers import DPOptimizer
+
         # the DPOptimizer needs an optimizer to wrap; the update itself is ``rule`` (on p.grad)
         self.optimizer = DPOptimizer(
             torch.optim.SGD(self.params, lr=ctx.lr), noise_multiplier=ctx.noise_multiplier,

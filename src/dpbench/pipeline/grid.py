@@ -344,7 +344,10 @@ def _schema_error(e) -> ConfigError:
     """One line for a schema violation: the key's path and the problem, never the schema."""
     import jsonschema
 
-    if e.context:  # oneOf/anyOf: the alternative that came closest
+    # oneOf/anyOf: the alternative that came closest, described by the key's own description
+    # (e.g. "auto or a positive integer"), which a single alternative does not carry
+    described = e.schema.get("description") if e.context and isinstance(e.schema, dict) else None
+    if e.context:
         e = jsonschema.exceptions.best_match(e.context)
     path = [str(p) for p in e.absolute_path]
     key = ".".join(path) or "<top level>"
@@ -360,6 +363,8 @@ def _schema_error(e) -> ConfigError:
         return ConfigError(f"config key figures.{e.instance}: unknown figure ({_closest(e.instance, FIGURES)})")
     if e.validator == "required":
         return ConfigError(f"config key {key}: {e.message}")
+    if described:
+        return ConfigError(f"config key {key}: {_short(e.instance)} is not valid ({described.strip()})")
     if e.validator in ("enum", "const"):
         choices = e.validator_value if e.validator == "enum" else [e.validator_value]
         return ConfigError(f"config key {key}: {_short(e.instance)} is not one of the choices "
