@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from dpbench.data.image_datasets import DataError
+from dpbench.data.image_datasets import DataError, first_complete
 
 NAME = "fortunes"
 SYSTEM_DIRS: list[Path] = [Path("/usr/share/games/fortunes")]
@@ -111,15 +111,9 @@ def _candidates(data_dir: str | Path | None) -> list[Path]:
 def locate(data_dir: str | Path | None = None, *, manifest: Mapping[str, str] | None = None) -> Path:
     """The first of ``data_dir/fortunes``, then ``SYSTEM_DIRS``, holding every file of the
     manifest (default ``SHA256``) as a regular file."""
-    files = sorted(SHA256 if manifest is None else manifest)
-    report = []
-    for d in _candidates(data_dir):
-        missing = [f for f in files if not (d / f).is_file()]
-        if not missing:
-            return d
-        why = "directory does not exist" if not d.is_dir() else "missing " + ", ".join(missing)
-        report.append(f"  {d}: {why}")
-    searched = "\n".join(report) or "  (nothing: no data_dir given and no system directory)"
+    found, searched = first_complete(_candidates(data_dir), sorted(SHA256 if manifest is None else manifest))
+    if found is not None:
+        return found
     raise DataError(f"{NAME}: required file(s) not found.\nSearched:\n{searched}\n{HOW_TO_GET}")
 
 

@@ -120,20 +120,28 @@ def _candidates(name: str, data_dir: str | Path | None) -> list[Path]:
     return dirs + [Path(d) for d in SYSTEM_DIRS.get(name, [])]
 
 
+def first_complete(candidates: list[Path], files: list[str]) -> tuple[Path | None, str]:
+    """The first candidate directory holding every one of ``files`` as a regular file, or None
+    and, one line per candidate, why it did not (for the error message)."""
+    report = []
+    for d in candidates:
+        missing = [f for f in files if not (d / f).is_file()]
+        if not missing:
+            return d, ""
+        why = "directory does not exist" if not d.is_dir() else "missing " + ", ".join(missing)
+        report.append(f"  {d}: {why}")
+    return None, "\n".join(report) or "  (nothing: no data_dir given and no system directory)"
+
+
 def locate(name: str, data_dir: str | Path | None = None) -> Path:
     """Return the first directory holding all files of `name`.
 
     Searched in order: data_dir, data_dir/<name>, then SYSTEM_DIRS[name].
     """
     files = _files(name)
-    report = []
-    for d in _candidates(name, data_dir):
-        missing = [f for f in files if not (d / f).is_file()]
-        if not missing:
-            return d
-        why = "directory does not exist" if not d.is_dir() else "missing " + ", ".join(missing)
-        report.append(f"  {d}: {why}")
-    searched = "\n".join(report) or "  (nothing: no data_dir given and no system directory)"
+    found, searched = first_complete(_candidates(name, data_dir), files)
+    if found is not None:
+        return found
     raise DataError(
         f"{name}: required file(s) not found: {', '.join(files)}.\n"
         f"Searched:\n{searched}\n{_how_to_get(name)}"
