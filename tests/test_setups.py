@@ -160,3 +160,16 @@ def test_lm_config_expands_to_the_study():
                                                  for s in range(3)}
     assert {lr for _, lr, _ in by["dpadamw"] | by["adamw"]} == {1e-3, 3e-3}
     assert {(c.batch_size, c.epochs) for c in cells} == {(256, 1)}
+
+
+def test_lm_pilot_takes_its_optimizers_and_epsilons_from_the_study():
+    """config/lm-pilot.yaml: 7 cells (AdamW; DP-SGD, Opacus's DP-SGD and DP-AdamW at eps 1 and 10)
+    at L = 64, one epoch; optimizers, epsilons and the Adam-like learning rates are the study's,
+    the SGD-like rate 1 lies between the study's 0.5 and 2."""
+    pilot = expand(load_config(REPO / "config" / "lm-pilot.yaml"))
+    study = expand(load_config(REPO / "config" / "lm.yaml"))
+    assert len(pilot) == 7 and {(c.batch_size, c.epochs) for c in pilot} == {(64, 1)}
+    assert {(c.optimizer, c.epsilon) for c in pilot} == {("adamw", None)} | {
+        (o, e) for o in ("dpsgd", "opacus-dpsgd", "dpadamw") for e in (1.0, 10.0)}
+    assert {(c.optimizer, c.epsilon, c.lr) for c in pilot} <= {(c.optimizer, c.epsilon, c.lr) for c in study} | {
+        ("dpsgd", e, 1.0) for e in (1.0, 10.0)} | {("opacus-dpsgd", e, 1.0) for e in (1.0, 10.0)}
