@@ -386,3 +386,14 @@ def test_every_lm_figure_draws(tmp_path, figure_id):
         assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths[0].stat().st_size > 20_000
     fig = figures.build(figure_id, lm_runs().iloc[:0])
     assert ("No language-model runs" in fig) if isinstance(fig, str) else fig.texts
+
+
+def test_every_optimizer_has_its_own_colour():
+    """The palette covers every registered optimizer and unknown ones, with distinct colours
+    (it held 20 colours and dropped the optimizers past the 20th: their figures failed to draw)."""
+    from dpbench.optimizers import OPTIMIZERS
+
+    names = sorted(OPTIMIZERS) + ["my-new-optimizer"]
+    colours = figures.palette(names)
+    assert set(names) <= set(colours)
+    assert len({tuple(colours[n]) for n in names}) == len(names)

@@ -291,8 +291,12 @@ def palette(optimizers: Iterable[str]) -> dict[str, tuple]:
     import seaborn as sns
 
     names = [o for o in LABELS if o != "sgd"] + sorted(set(optimizers) - set(LABELS))
-    # 20 distinct colours (colorblind's 10, then dark's): a palette of len(names) would cycle
-    colours = dict(zip(names, sns.color_palette("colorblind") + sns.color_palette("dark")))
+    # colorblind's 10, then dark's 10, then as many evenly spaced hues as are still needed (zip
+    # would silently drop the optimizers past the 20th, and their figures fail to draw)
+    base = sns.color_palette("colorblind") + sns.color_palette("dark")
+    if len(names) > len(base):
+        base += sns.color_palette("husl", len(names) - len(base))
+    colours = dict(zip(names, base))
     return {**colours, "sgd": (0.25, 0.25, 0.25)}
 
 
