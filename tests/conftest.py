@@ -149,3 +149,13 @@ def tiny_workflow(tmp_path_factory, fmnist_dir):
     assert proc.returncode == 0, proc.stderr[-4000:]
     (d / "snakemake.log").write_text(proc.stdout + proc.stderr)  # with the shell commands it ran (printshellcmds)
     return d
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: a second thread only adds synchronisation (100x slower on a busy machine).
+    Modules of such tests use it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

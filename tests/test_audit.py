@@ -18,12 +18,7 @@ from dpbench.optimizers import OPTIMIZERS, get_optimizer
 SMALL = AuditProblem(dimension=5, examples=20, batch_size=5, steps=40)  # q = 0.25, E = 10
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny tensors, one thread
 
 
 @pytest.fixture(scope="module")

@@ -19,12 +19,7 @@ from dpbench.training.train import RunConfig
 from test_optimizers import batches, ce_loss, flat, make_context, tiny
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny tensors, one thread
 
 
 def pair(sigma, clipping, dtype=torch.float64, lr=0.3):

@@ -46,13 +46,7 @@ from dpbench.training.train import RunConfig
 DELTA = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: a second thread only adds synchronisation (100x slower on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny tensors, one thread
 
 
 # -- the literal pseudocode, on flat parameter vectors ----------------------------------------

@@ -23,12 +23,7 @@ DELTA = 1e-5
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny tensors, one thread
 
 
 def dense_hartley(n: int) -> torch.Tensor:
