@@ -248,6 +248,22 @@ def test_a_deleted_run_file_is_retrained_and_everything_after_it_redone(workdir)
     assert_complete(workdir, run)
 
 
+def fails_then_recovers(workdir, run, message, *, names=None, run_removed=True):
+    """The workflow fails (its failed job's run file removed, where ``run_removed``), naming in
+    ``message`` (a regex; ``names``: how many files it must name) the files to delete; deleted,
+    the same command completes every output, ``run`` included."""
+    failed = workflow(workdir)
+    out = failed.stdout + failed.stderr
+    assert failed.returncode != 0 and (not run_removed or not run.exists()), out[-3000:]
+    found = fix_from(out, message)
+    assert names is None or len(found) == names, found
+    for name in found:
+        (workdir / name).unlink()
+    done = workflow(workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_complete(workdir, run)
+
+
 def test_a_damaged_noise_file_recovers_with_the_commands_its_message_names(workdir):
     run = run_files(workdir, "dpmatrix-se")[0]
     noise = next((workdir / "results" / "cache" / "matrix").glob("se-*/noise-*.npy"))
@@ -255,15 +271,8 @@ def test_a_damaged_noise_file_recovers_with_the_commands_its_message_names(workd
         f.seek(noise.stat().st_size // 2)
         f.write(bytes(4096))
     run.unlink()  # the run reads it again (as after a code change)
-    failed = workflow(workdir)
-    out = failed.stdout + failed.stderr
-    assert failed.returncode != 0 and not run.exists(), out[-3000:]
-    for name in fix_from(out, r"delete (\S+) and (\S+); the workflow"):
-        (workdir / name).unlink()
-    done = workflow(workdir)
-    assert done.returncode == 0, done.stderr[-3000:]
+    fails_then_recovers(workdir, run, r"delete (\S+) and (\S+); the workflow")
     assert noise.is_file()
-    assert_complete(workdir, run)
 
 
 def test_a_damaged_factorization_recovers_with_the_commands_its_message_names(workdir):
@@ -271,27 +280,14 @@ def test_a_damaged_factorization_recovers_with_the_commands_its_message_names(wo
     factorization = next((workdir / "results" / "cache" / "matrix").glob("se-*/factorization.npz"))
     factorization.write_bytes(factorization.read_bytes()[:100])  # truncated
     run.unlink()
-    failed = workflow(workdir)
-    out = failed.stdout + failed.stderr
-    assert failed.returncode != 0 and not run.exists(), out[-3000:]
-    for name in fix_from(out, r"delete (\S+) \(and (\S+)\); the workflow"):
-        (workdir / name).unlink()
-    done = workflow(workdir)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert_complete(workdir, run)
+    fails_then_recovers(workdir, run, r"delete (\S+) \(and (\S+)\); the workflow")
 
 
 def test_a_damaged_run_file_recovers_with_the_command_its_message_names(workdir):
     run = run_files(workdir, "sgd")[0]
     run.write_bytes(run.read_bytes()[:-200])  # truncated: the aggregate reads it (its time is newer)
-    failed = workflow(workdir)
-    out = failed.stdout + failed.stderr
-    assert failed.returncode != 0, out[-3000:]
-    (damaged,) = fix_from(out, r"run file (\S+) is damaged .*delete it and run the workflow again")
-    (workdir / damaged).unlink()
-    done = workflow(workdir)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert_complete(workdir, run)
+    fails_then_recovers(workdir, run, r"run file (\S+) is damaged .*delete it and run the workflow again",
+                        names=1, run_removed=False)
 
 
 def test_a_damaged_checkpoint_is_set_aside_and_the_run_completes(workdir):
