@@ -150,3 +150,21 @@ def test_every_optimizer_trains_p4(generated_corpus, tmp_path, optimizer):
     if private:
         assert 0 < meta["privacy"]["epsilon"] <= 10.0 + 1e-9 and meta["privacy"]["noise_multiplier"] > 0
     assert len(meta["memorisation"]["canaries"]) == 12
+
+
+def test_lm_summary_tables_the_committed_runs(capsys):
+    """benchmarks/lm_summary.py on the committed P4 runs: per run, each canary's exposure and
+    the extracted count; over seeds, the configurations' means; a diverged run says so."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("lm_summary", REPO / "benchmarks" / "lm_summary.py")
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+    runs = REPO / "benchmarks" / "results" / "lm"
+    summary.main([str(runs / "adamw-E2.parquet"), str(runs / "dpsgd-eps1-E2.parquet")])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and "exposure k = 25 (bits, of 16.6)" in lines[0]
+    assert "| 7.58 |" in lines[2] and "15.7 (15.0, 15.6, 16.6; 1 of 3 extracted)" in lines[2]
+    assert "| 1 / 0.998 | 0.8442 | 23.54 |" in lines[3] and "3.0 (3.5, 0.4, 5.2; 0 of 3 extracted)" in lines[3]
+    summary.main(["--over-seeds", str(runs / "adamw-E2.parquet"), str(runs / "adamw-E2.parquet")])
+    row = capsys.readouterr().out.splitlines()[2]
+    assert "| adamw | 0.003 | 64 | 2 | 2 | — | 0 | 7.58 ± 0.00 |" in row and "15.7 (2 of 6 extracted)" in row
