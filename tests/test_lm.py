@@ -152,13 +152,19 @@ def test_every_optimizer_trains_p4(generated_corpus, tmp_path, optimizer):
     assert len(meta["memorisation"]["canaries"]) == 12
 
 
+def _lm_summary():
+    """benchmarks/lm_summary.py as a module (benchmarks/ is not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("lm_summary", REPO / "benchmarks" / "lm_summary.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_lm_summary_tables_the_committed_runs(capsys):
     """benchmarks/lm_summary.py on the committed P4 runs: per run, each canary's exposure and
     the extracted count; over seeds, the configurations' means; a diverged run says so."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("lm_summary", REPO / "benchmarks" / "lm_summary.py")
-    summary = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summary)
+    summary = _lm_summary()
     runs = REPO / "benchmarks" / "results" / "lm"
     summary.main([str(runs / "adamw-E2.parquet"), str(runs / "dpsgd-eps1-E2.parquet")])
     lines = capsys.readouterr().out.splitlines()
@@ -168,3 +174,23 @@ def test_lm_summary_tables_the_committed_runs(capsys):
     summary.main(["--over-seeds", str(runs / "adamw-E2.parquet"), str(runs / "adamw-E2.parquet")])
     row = capsys.readouterr().out.splitlines()[2]
     assert "| adamw | 0.003 | 64 | 2 | 2 | — | 0 | 7.58 ± 0.00 |" in row and "15.7 (2 of 6 extracted)" in row
+
+
+def test_the_committed_study_is_config_lm_yaml():
+    """benchmarks/results/lm/study holds one run file for each cell of config/lm.yaml, each
+    with its target and achieved epsilon, and the summary says which runs diverged."""
+    study = REPO / "benchmarks" / "results" / "lm" / "study" / "runs"
+    cells = expand(load_config(REPO / "config" / "lm.yaml"))
+    assert sorted(str(p.relative_to(study)) for p in study.rglob("*.parquet")) == sorted(f"{c.id}.parquet" for c in cells)
+    for c in cells:
+        meta = read_meta(study / f"{c.id}.parquet")
+        privacy = meta["privacy"]
+        assert meta["config"]["optimizer"] == c.optimizer and meta["config"]["lr"] == c.lr
+        if c.epsilon is None:
+            assert privacy["epsilon"] == float("inf") and privacy["noise_multiplier"] == 0
+        else:
+            assert privacy["target_epsilon"] == c.epsilon and c.epsilon * 0.99 < privacy["epsilon"] <= c.epsilon
+    summary = _lm_summary()
+    diverged = sorted(str(p) for p in (study / "P4" / "sgd").glob("*-lr1-s*.parquet"))
+    with pytest.raises(SystemExit, match="every run diverged"):
+        summary.main(diverged)
