@@ -127,3 +127,16 @@ def test_run_sh_names_the_file_and_line_of_a_configfile_snakemake_cannot_parse(t
     assert check_configfiles(["-n", "--configfile", str(tmp_path / "ok.yaml"), str(tmp_path / "bad.yaml")]) == 2
     assert capsys.readouterr().err == (f"error: config file {tmp_path / 'bad.yaml'}, line 3, column 1: YAML syntax "
                                        "error: while parsing a flow sequence expected ',' or ']', but got '<stream end>'\n")
+
+
+def test_config_readme_counts_the_training_runs_of_every_config_it_lists():
+    """The table of config/README.md: each listed config expands to the number of training runs
+    it states (a config changed without its row is caught)."""
+    import re
+
+    from dpbench.pipeline.grid import expand, load_config
+
+    rows = re.findall(r"^\| `([\w.-]+\.yaml)` \|.*\| (\d+) \|$", (REPO / "config" / "README.md").read_text(), re.M)
+    assert {"config.yaml", "thesis.yaml", "lm.yaml", "lm-pilot.yaml"} <= {name for name, _ in rows}
+    assert [(name, len(expand(load_config(REPO / "config" / name)))) for name, _ in rows] == \
+        [(name, int(count)) for name, count in rows]
