@@ -17,9 +17,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from dpbench.reporting.aggregate import CANARY_REPEATS as REPEATS
 from dpbench.reporting.results import read_meta
-
-REPEATS = (0, 1, 5, 25)
 
 
 def _exposure(canaries: list[dict], k: int, detail: bool) -> str:

@@ -41,6 +41,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from dpbench.files import refuse_special  # noqa: E402
+from dpbench.reporting.aggregate import CANARY_REPEATS  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 # Thesis names, in the thesis's order; other optimizers follow alphabetically under their own name.
@@ -591,7 +592,7 @@ def audit_figure(audits: pd.DataFrame, optimizers: list[str] | None = None) -> F
 # validation loss over its seeds is lowest (selected on validation, never on test or canaries);
 # a configuration with a non-finite validation loss on any seed loses to every finite one.
 
-LM_REPEATS = (0, 1, 5, 25)  # canary repetitions k (0: never seen in training), as in aggregate.CANARY_REPEATS
+LM_REPEATS = CANARY_REPEATS  # canary repetitions k (0: never seen in training): the aggregated columns' k
 
 
 def lm_configurations(runs: pd.DataFrame, problem: str = "P4") -> pd.DataFrame:
