@@ -63,7 +63,12 @@ def summarise(metas: list[dict], detail: bool) -> str:
 def main(argv: list[str]) -> None:
     over_seeds = "--over-seeds" in argv
     paths = [a for a in argv if a != "--over-seeds"]
+    if not paths:
+        sys.exit(__doc__.split("\n\n")[1])  # the usage lines
     metas = [read_meta(p) for p in paths]
+    for path, meta in zip(paths, metas):
+        if "memorisation" not in meta:
+            sys.exit(f"lm_summary: {path} is a {meta['config']['problem']} run, not a language-model run with canaries")
     space = next((m["memorisation"]["space_size"] for m in metas if m["memorisation"]["space_size"]), None)
     if space is None:
         sys.exit("lm_summary: no run measured its canaries (every run diverged)")

@@ -194,3 +194,12 @@ def test_the_committed_study_is_config_lm_yaml():
     diverged = sorted(str(p) for p in (study / "P4" / "sgd").glob("*-lr1-s*.parquet"))
     with pytest.raises(SystemExit, match="every run diverged"):
         summary.main(diverged)
+    with pytest.raises(SystemExit, match="Usage"):
+        summary.main(["--over-seeds"])
+    # a run of another problem has no canaries: named, not a KeyError
+    image_run = {**read_meta(study / f"{cells[0].id}.parquet")}
+    del image_run["memorisation"]
+    image_run["config"] = {**image_run["config"], "problem": "P2"}
+    summary.read_meta = lambda path: image_run
+    with pytest.raises(SystemExit, match="r.parquet is a P2 run, not a language-model run"):
+        summary.main(["r.parquet"])
