@@ -45,3 +45,24 @@ def test_rejects_non_run_files(tmp_path):
     _metrics().to_parquet(path)
     with pytest.raises(ValueError, match="not a dpbench run file"):
         results.read_meta(path)
+
+
+def test_a_private_optimizer_run_without_noise_is_not_labelled_private(tmp_path):
+    """DP-SGD given sigma = 0 (the committed P4 run that takes the noise out) records epsilon =
+    inf; the aggregated table must not call it private nor say its (epsilon, delta) holds,
+    while a DP-SGD run at epsilon 1 on the same problem stays private with a guarantee."""
+    from conftest import REPO
+    from dpbench.reporting.aggregate import aggregate
+
+    lm = REPO / "benchmarks" / "results" / "lm" / "study"
+    noiseless = lm / "extra" / "dpsgd-sigma0-lr1-s0.parquet"
+    private = lm / "runs" / "P4" / "dpsgd" / "L64-E1-eps1-lr1-s0.parquet"
+    meta = results.read_meta(noiseless)
+    assert meta["optimizer"]["private"] and meta["privacy"]["epsilon"] == math.inf
+    assert not results.is_private(results.read_meta(noiseless)) and results.is_private(results.read_meta(private))
+    aggregate([noiseless, private], tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
+    runs = pd.read_parquet(tmp_path / "runs.parquet")
+    row = runs[runs["noise_multiplier"] == 0].iloc[0]
+    assert row["optimizer"] == "dpsgd" and not row["private"] and not row["dp_guarantee"]
+    row = runs[runs["noise_multiplier"] > 0].iloc[0]
+    assert row["private"] and row["dp_guarantee"] and row["epsilon"] < 1.0

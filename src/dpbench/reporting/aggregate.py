@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpbench.reporting.results import dp_guarantee, read_run
+from dpbench.reporting.results import dp_guarantee, is_private, read_run
 
 RUN_KEYS = ["problem", "optimizer", "private", "lr", "batch_size", "epochs", "seed", "target_epsilon"]
 # Columns computed from private data without noise (results.NOT_PRIVATE): marked private: false.
@@ -59,7 +59,7 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
         "dataset": meta["problem"]["dataset"],
         "task": meta["problem"]["task"],
         "optimizer": cfg["optimizer"],
-        "private": meta["optimizer"]["private"],
+        "private": is_private(meta),
         # the recorded (epsilon, delta) holds (False for non-private runs and for those whose
         # privacy.caveat says "not a valid DP guarantee"); caveat: that text, or None
         "dp_guarantee": dp_guarantee(meta),

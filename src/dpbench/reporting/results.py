@@ -48,10 +48,18 @@ NOT_PRIVATE = {
 NO_GUARANTEE = "not a valid DP guarantee"
 
 
+def is_private(meta: dict[str, Any]) -> bool:
+    """Whether a run was trained privately: by a private optimizer, to a finite achieved epsilon
+    (a private optimizer given sigma = 0, ``--noise-multiplier 0``, records epsilon = inf: not
+    private, whatever its optimizer)."""
+    epsilon = meta["privacy"].get("epsilon")
+    return bool(meta["optimizer"]["private"]) and epsilon is not None and math.isfinite(epsilon)
+
+
 def dp_guarantee(meta: dict[str, Any]) -> bool:
     """Whether a run's recorded (epsilon, delta) holds: private, and no caveat voiding it."""
     caveat = meta["privacy"].get("caveat") or ""
-    return bool(meta["optimizer"]["private"]) and not caveat.startswith(NO_GUARANTEE)
+    return is_private(meta) and not caveat.startswith(NO_GUARANTEE)
 
 
 def _git_commit() -> str | None:
