@@ -49,30 +49,32 @@ def generated_corpus():
         yield tmp
 
 
-def _exact(value):
-    """Floats as their shortest exact repr (JSON keeps them; NaN and inf as strings)."""
+def _exact(value, cache_dir: str):
+    """Floats as their shortest exact repr (JSON keeps them; NaN and inf as strings); durations
+    dropped and the temporary cache's path replaced by <cache>: neither is a behaviour."""
     if isinstance(value, float):
         return value if math.isfinite(value) else repr(value)
+    if isinstance(value, str):
+        return value.replace(cache_dir, "<cache>")
     if isinstance(value, dict):
-        return {k: _exact(v) for k, v in value.items()}
+        return {k: _exact(v, cache_dir) for k, v in value.items()
+                if not (k in ("seconds", "time_s") or k.endswith("_time_s"))}
     if isinstance(value, (list, tuple)):
-        return [_exact(v) for v in value]
+        return [_exact(v, cache_dir) for v in value]
     if isinstance(value, (np.floating, np.integer, np.bool_)):
-        return _exact(value.item())
+        return _exact(value.item(), cache_dir)
     return value
 
 
-def run_summary(meta: dict, metrics) -> dict:
+def run_summary(meta: dict, metrics, cache_dir: str) -> dict:
     """What must not move: the privacy record (calibration time aside), the results, every
     metric row, the canaries' exposures, the run's seeds."""
-    privacy = {k: v for k, v in meta["privacy"].items() if not k.endswith("_time_s")}
-    privacy.pop("noise_file", None)  # a path in the temporary cache
-    out = {"privacy": privacy, "result": meta["result"], "data": {k: v for k, v in meta["data"].items() if k != "source"},
+    out = {"privacy": meta["privacy"], "result": meta["result"], "data": {k: v for k, v in meta["data"].items() if k != "source"},
            "optimizer_stats": meta["optimizer"].get("stats"), "seeds": meta["environment"]["seeds"],
            "metrics": metrics.to_dict(orient="list")}
     if "memorisation" in meta:
-        out["memorisation"] = {k: v for k, v in meta["memorisation"].items() if k != "time_s"}
-    return _exact(out)
+        out["memorisation"] = meta["memorisation"]
+    return _exact(out, cache_dir)
 
 
 def training_runs(cache_dir: str, data_dirs: dict[str, str | None]):
@@ -88,7 +90,7 @@ def training_runs(cache_dir: str, data_dirs: dict[str, str | None]):
                             test_subset=32 if problem == "P2" else 8, validation_size=16 if problem == "P2" else 8,
                             max_steps=3, cache_dir=cache_dir, progress_every_s=1e9)
             res = run(cfg, spec)
-            yield f"{problem}/{name}", run_summary(res.meta, res.metrics)
+            yield f"{problem}/{name}", run_summary(res.meta, res.metrics, cache_dir)
 
 
 def audits(cache_dir: str):
@@ -102,7 +104,7 @@ def audits(cache_dir: str):
         scores = hashlib.sha256(np.ascontiguousarray(rows["score"].to_numpy(np.float64)).tobytes()).hexdigest()
         keep = ("epsilon_lower", "violation", "epsilon_gdp", "mu_lower", "canary_norm", "family", "claim",
                 "max_certifiable_epsilon", "checks", "n_in", "n_out")
-        yield f"audit/{name}", _exact({"scores_sha256": scores, **{k: record[k] for k in keep}})
+        yield f"audit/{name}", _exact({"scores_sha256": scores, **{k: record[k] for k in keep}}, cache_dir)
 
 
 def compute(fmnist_dir: str | None) -> dict:
