@@ -458,9 +458,9 @@ def expand(config: dict[str, Any]) -> list[Cell]:
         n_seeds = block.get("seeds", 1)
         seed_indices = list(range(n_seeds)) if isinstance(n_seeds, int) else list(n_seeds)
         seeds = seeds_from_root(config.get("root_seed", 0), max(seed_indices) + 1)
-        for problem in block["problems"]:
+        for i, problem in enumerate(block["problems"]):
             if problem not in PROBLEMS:  # a broken plugin's id: its one-line error
-                raise ConfigError(f"config key {where}.problems: " + str(PROBLEMS.error(problem) or (
+                raise ConfigError(f"config key {where}.problems.{i}: " + str(PROBLEMS.error(problem) or (
                     f"unknown problem {problem!r} (choose from {sorted(PROBLEMS)})")))
         for name, settings in block["optimizers"].items():
             if name not in OPTIMIZERS:
