@@ -103,7 +103,8 @@ def test_a_plugin_optimizer_is_registered_with_its_provenance(site):
     fake_optimizer(site)
     spec = get_optimizer("dpsgd-fake")
     assert spec.name == "dpsgd-fake" and "dpsgd-fake" in OPTIMIZERS and "dpsgd" in OPTIMIZERS
-    assert len(OPTIMIZERS) == len(OPTIMIZERS._builtins) + 1 and OPTIMIZERS.errors == []
+    assert len(OPTIMIZERS) == len(OPTIMIZERS.builtins) + 1 and "dpsgd-fake" not in OPTIMIZERS.builtins
+    assert OPTIMIZERS.errors == []
     assert OPTIMIZERS.origin("dpsgd-fake") == "plugin fake-plugin 1.0" and OPTIMIZERS.origin("dpsgd") == "built-in"
     # the source hash: every .py of the top-level package, by sorted relative name
     h = hashlib.sha256()
@@ -236,6 +237,30 @@ def test_a_broken_plugin_is_one_line_naming_it_and_the_builtins_work(site, capsy
     assert listing.main() == 1
     out = capsys.readouterr().out.splitlines()
     assert [row for row in out if row.startswith("error")] == [f"error      {claimed.ljust(18)}  -            {line}"]
+
+
+def test_the_cli_with_a_broken_plugin_installed(site, tmp_path, fmnist_dir):
+    """A plugin that fails to import: `dpbench list` shows its line and exits 1, using its id is
+    that line (exit 2), and `dpbench train --optimizer dpsgd` trains, warning once."""
+    entry_points, files, claimed, reason = BROKEN["import"]
+    install(site, "broken-plugin", "0.3", {"dpbench.optimizers": entry_points}, files)
+    line = f"plugin broken-plugin 0.3, entry point dpbench.optimizers:{claimed}: {reason}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(site)])}
+
+    def dpbench(*args):
+        return subprocess.run([sys.executable, "-m", "dpbench", *map(str, args)], env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    listed = dpbench("list")
+    assert listed.returncode == 1 and line in listed.stdout and "optimizer  dpsgd " in listed.stdout
+    train = ["train", "--problem", "P2", "--lr", "0.5", "--batch-size", "50", "--epochs", "1", "--seed", "0",
+             "--noise-multiplier", "1", "--max-steps", "1", "--train-subset", "200", "--test-subset", "100",
+             "--data-dir", fmnist_dir]
+    bad = dpbench(*train, "--optimizer", claimed, "--out", tmp_path / "bad.parquet")
+    assert bad.returncode == 2 and bad.stderr.splitlines()[-1] == f"dpbench train: error: {line}", bad.stderr
+    good = dpbench(*train, "--optimizer", "dpsgd", "--out", tmp_path / "good.parquet")
+    assert good.returncode == 0, good.stderr
+    assert good.stderr.count(line) == 1 and (tmp_path / "good.parquet").stat().st_size > 0
 
 
 def test_two_plugins_with_one_id_are_both_refused(site):

@@ -36,6 +36,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Callable
 
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # an id is part of file names and cell ids
@@ -248,6 +249,11 @@ class Registry(Mapping):
         return f"Registry({self.group.name!r}, {sorted(self._entries())})"
 
     # -- what else a caller asks ----------------------------------------------------------------
+    @property
+    def builtins(self) -> Mapping[str, Any]:
+        """The built-ins alone (no discovery): what dpbench's own tests hold complete."""
+        return MappingProxyType(self._builtins)
+
     def lookup(self, key: str) -> Any:
         """The spec of ``key``; the PluginError of a broken plugin that claimed an id no one
         holds, else a KeyError naming the choices."""
