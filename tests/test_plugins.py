@@ -201,6 +201,8 @@ def test_dpbench_list_says_where_each_comes_from_and_whose_claim(site, capsys):
 BROKEN = {
     "import": ({"dpsgd-bad": "badimport.opt:SPEC"}, {"badimport/__init__.py": "", "badimport/opt.py": "import nowhere\n"},
                "dpsgd-bad", "cannot import badimport.opt:SPEC (ModuleNotFoundError: No module named 'nowhere')"),
+    "raises": ({"dpsgd-bad": "raises:SPEC"}, {"raises.py": "raise SystemExit('needs a GPU\\nand more')\n"},
+               "dpsgd-bad", "cannot import raises:SPEC (SystemExit: needs a GPU)"),
     "not a spec": ({"dpsgd-bad": "notspec:SPEC"}, {"notspec.py": "SPEC = {'name': 'dpsgd-bad'}\n"},
                    "dpsgd-bad", "notspec:SPEC is a dict, not an OptimizerSpec"),
     "name": ({"dpsgd-bad": "badname:SPEC"}, {"badname.py": OPTIMIZER.format(name="other")},

@@ -142,8 +142,11 @@ def _a(word: str) -> str:
     return ("an " if word[:1] in tuple("AEIOUaeiou") else "a ") + word
 
 
-def _first_line(exc: BaseException) -> str:
+def _first_line(exc: BaseException, named: bool = True) -> str:
+    """An exception as one line (its message's first), by default after its type's name."""
     text = str(exc).strip().splitlines()
+    if not named:
+        return text[0] if text else type(exc).__name__
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
@@ -157,7 +160,7 @@ def load(group: Group, ep: importlib.metadata.EntryPoint) -> tuple[Any, Plugin]:
 
     try:
         spec = ep.load()
-    except Exception as exc:  # whatever the plugin's import raises, the built-ins go on
+    except (Exception, SystemExit) as exc:  # whatever the plugin's import raises, the built-ins go on
         raise error(f"cannot import {ep.value} ({_first_line(exc)})") from None
     if not isinstance(spec, group.spec_type):
         raise error(f"{ep.value} is {_a(type(spec).__name__)}, not {_a(group.spec_type.__name__)}")
@@ -169,11 +172,15 @@ def load(group: Group, ep: importlib.metadata.EntryPoint) -> tuple[Any, Plugin]:
     try:
         if group.check is not None:
             group.check(spec)
-        files = source_files(ep.module)
     except Exception as exc:
-        raise error(f"malformed {group.spec_type.__name__}: {exc}") from None
+        raise error(f"malformed {group.spec_type.__name__}: {_first_line(exc, named=False)}") from None
+    try:
+        files = source_files(ep.module)
+        digest = source_sha256(files)
+    except (OSError, ValueError) as exc:
+        raise error(f"cannot read its source to hash it ({_first_line(exc)})") from None
     package = ep.module.partition(".")[0]
-    return spec, Plugin(group.name, ep.name, ep.value, dist, version, package, source_sha256(files))
+    return spec, Plugin(group.name, ep.name, ep.value, dist, version, package, digest)
 
 
 class Registry(Mapping):
