@@ -433,7 +433,7 @@ def test_constants_match_the_problems_and_datasets():
 
     for pid, count in cache.PARAMETER_COUNTS.items():
         assert sum(p.numel() for p in PROBLEMS[pid].build().parameters()) == count
-    assert set(cache.TRAIN_SIZES) == {p.dataset for p in PROBLEMS.values()}
+    assert set(cache.TRAIN_SIZES) == {p.dataset for p in PROBLEMS.builtins.values()}
     assert hasattr(image_datasets, "load")
 
 

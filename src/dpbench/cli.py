@@ -1,4 +1,4 @@
-"""Command line: ``dpbench train | data | aggregate | audits | plot | factorize | noise | audit | cost | grid``."""
+"""Command line: ``dpbench train | data | aggregate | audits | plot | factorize | noise | audit | cost | grid | list``."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def cmd_train(args) -> int:
     check_output(args.checkpoint or f"{args.out}.ckpt", "--checkpoint" if args.checkpoint else "--out (its checkpoint)")
     import torch
 
-    from dpbench.pipeline.fingerprint import optimizer_fingerprint
+    from dpbench.pipeline.fingerprint import optimizer_fingerprint, problem_fingerprint
     from dpbench.optimizers import get_optimizer
     from dpbench.reporting.results import write_run
     from dpbench.training.train import RunConfig, run
@@ -162,7 +162,7 @@ def cmd_train(args) -> int:
         except ValueError as exc:
             raise ValueError(f"--hp {key}={value if isinstance(value, str) else json.dumps(value)}: {exc}") from None
     result = run(cfg, spec, checkpoint=checkpoint, checkpoint_every_s=args.checkpoint_every,
-                 code_key=optimizer_fingerprint(spec.name))
+                 code_key=optimizer_fingerprint(spec.name) + problem_fingerprint(args.problem))
     result.meta["run_id"] = args.run_id or Path(args.out).stem
     write_run(args.out, result.metrics, result.meta)
     Path(checkpoint).unlink(missing_ok=True)  # the run file now holds everything
@@ -379,6 +379,12 @@ def cmd_grid(args) -> int:
     return 0
 
 
+def cmd_list(args) -> int:
+    from dpbench.plugins import listing
+
+    return listing.main()
+
+
 def cmd_cost(args) -> int:
     from dpbench.pipeline import cluster
     from dpbench.pipeline.grid import expand, load_config
@@ -404,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train one grid cell and write one Parquet file")
-    t.add_argument("--problem", required=True, choices=["P1", "P2", "P3", "P4"])
+    t.add_argument("--problem", required=True, help="P1, P2, P3, P4 or a plugin's problem (dpbench list)")
     t.add_argument("--optimizer", required=True)
     t.add_argument("--lr", type=positive_float, required=True, help="learning rate")
     t.add_argument("--batch-size", type=positive_int, required=True, help="expected batch size L (q = L/N)")
@@ -523,6 +529,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("grid", help="list the cells a workflow config expands to")
     g.add_argument("config")
     g.set_defaults(func=cmd_grid)
+
+    ls = sub.add_parser("list", help="every optimizer and problem, built-in or from a plugin (exits 1 if a plugin "
+                                     "is broken)")
+    ls.set_defaults(func=cmd_list)
     return parser
 
 

@@ -12,7 +12,7 @@ min_version("9.0")
 SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
 from dpbench.pipeline import cluster, watch  # noqa: E402
-from dpbench.pipeline.fingerprint import figure_fingerprint, modules_fingerprint, optimizer_fingerprint  # noqa: E402
+from dpbench.pipeline.fingerprint import figure_fingerprint, modules_fingerprint, optimizer_fingerprint, problem_fingerprint  # noqa: E402
 from dpbench.pipeline.grid import ConfigError, expand as expand_grid, own_audit, refuse_inherited_grid, workflow_config  # noqa: E402
 
 FIGURES_GIVEN = "figures" in config  # else the schema's default, {fig5_1: {}}, fills it in
@@ -126,9 +126,10 @@ def train_inputs(wildcards):
 # Incremental reruns: a content hash of the code behind each job is one of its params, so
 # Snakemake reruns exactly the jobs whose code changed (see dpbench.pipeline.fingerprint): editing one
 # optimizer's module reruns its cells, editing the harness reruns all cells, editing one
-# figure reruns that figure.
+# figure reruns that figure; a plugin's cells hash its source too (editing it reruns them).
 def train_code(wildcards):
-    return optimizer_fingerprint(CELLS[wildcards.cell].optimizer)
+    cell = CELLS[wildcards.cell]
+    return optimizer_fingerprint(cell.optimizer) + problem_fingerprint(cell.problem)
 
 
 MATRIX_CODE = modules_fingerprint(("dpbench.matrix.dense_factorization", "dpbench.matrix.dense_noise"))

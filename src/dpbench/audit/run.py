@@ -30,6 +30,7 @@ from dpbench.audit.trials import (AuditProblem, Trials, audit_spec, make_claim, 
                                   postprocessing_check, problem_size, run_chunk, run_trials)
 from dpbench.matrix.cache import default_cache_dir
 from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.plugins import mechanism_origin, record_of
 
 MODES = ("trials", "one-run")
 
@@ -97,7 +98,7 @@ def claim_record(spec: OptimizerSpec, trials_or_claim, hyper: dict, problem: Aud
         "optimizer": spec.name, "hyperparameters": hyper, "mechanism": getattr(spec.mechanism, "name", None),
         "noise_multiplier": claim.noise_multiplier, "sample_rate": plan.sample_rate, "steps": plan.steps,
         "batch_size": plan.batch_size, "clip_sensitivity": claim.clip_sensitivity, "accountant": claim.accountant,
-        "caveat": spec.caveat,
+        "caveat": spec.caveat, "mechanism_origin": mechanism_origin(spec.mechanism), "plugin": record_of(spec),
         "problem": {"dimension": problem.dimension, "examples": problem_size(spec, problem)[0],
                     "epochs": problem_size(spec, problem)[1], "batch_size": problem.batch_size,
                     "steps": problem.steps},

@@ -14,8 +14,8 @@ import pandas as pd
 
 from dpbench.reporting.results import read_meta, write_table
 
-COLUMNS = ("optimizer", "epsilon_claimed", "delta", "beta", "trials", "mode", "epsilon_lower", "epsilon_gdp",
-           "epsilon_gdp_sound", "mu_lower", "violation", "violation_statistical", "participation_ok",
+COLUMNS = ("optimizer", "mechanism_origin", "epsilon_claimed", "delta", "beta", "trials", "mode", "epsilon_lower",
+           "epsilon_gdp", "epsilon_gdp_sound", "mu_lower", "violation", "violation_statistical", "participation_ok",
            "postprocessing", "max_certifiable_epsilon", "noise_multiplier", "sample_rate", "steps", "family",
            "hyperparameters", "caveat", "seconds", "file")
 
@@ -27,7 +27,8 @@ def audit_row(path: str | Path) -> dict:
     a = meta["audit"]
     claim, checks = a["claim"], a.get("checks", {})
     return {
-        "optimizer": claim["optimizer"], "epsilon_claimed": a["epsilon_claimed"], "delta": a["delta"],
+        "optimizer": claim["optimizer"], "mechanism_origin": claim.get("mechanism_origin", "built-in"),
+        "epsilon_claimed": a["epsilon_claimed"], "delta": a["delta"],
         "beta": a["beta"], "trials": a["trials"], "mode": a["mode"], "epsilon_lower": a["epsilon_lower"],
         "epsilon_gdp": a["epsilon_gdp"], "epsilon_gdp_sound": a.get("epsilon_gdp_sound", False),
         "mu_lower": a.get("mu_lower", float("nan")), "violation": bool(a["violation"]),

@@ -68,22 +68,24 @@ COSTS_FILE = Path(__file__).with_name("gpu_costs.json")
 ASSUMED_STARTUP_S = 60.0  # interpreter, CUDA context, data, sigma calibration of one job (assumed)
 
 
+# The measured step that stands for each built-in optimizer's (by id, not by prefix: a plugin's
+# id that happens to start like a built-in's must not borrow its cost)
+COST_CLASSES = {
+    "sgd": "sgd", "adam": "sgd", "dpsgd": "dpsgd", "d2psgd": "dpsgd", "dpdisk": "dpdisk",
+    **{name: "dpadambc" for name in ("dpadam", "dpadambc", "dpadamw", "dpadamw-bc")},
+    **{name: "dpdice" for name in ("dpdice", "dpdice-strict")},
+    **{f"dpmatrix-{kind}": "dpmatrix-se" for kind in ("se", "se-lambda", "me", "me-lambda", "band", "band-amp", "blt")},
+}
+
+
 def cost_class(optimizer: str) -> str | None:
     """The measured step whose cost stands for ``optimizer``'s: the non-private step for sgd
     and adam, one Adam variant for all DP-Adam variants, one matrix mechanism for all (their
     steps differ only in the factorization behind the noise rows); None for the projected
-    optimizers (a d x p projection per step, not measured)."""
-    if optimizer in ("sgd", "adam"):
-        return "sgd"
-    if optimizer.startswith("dpmatrix"):
-        return "dpmatrix-se"
-    if optimizer.startswith("dpadam"):
-        return "dpadambc"
-    if optimizer.startswith("dpdice"):
-        return "dpdice"
-    if optimizer in ("dpsgd", "d2psgd", "dpdisk"):
-        return optimizer if optimizer != "d2psgd" else "dpsgd"
-    return None
+    optimizers (a d x p projection per step, not measured) and for every optimizer of a
+    plugin, which are costed at the assumed, conservative ``STEP_OVERHEAD_S`` + L x
+    ``GPU_S_PER_EXAMPLE``."""
+    return COST_CLASSES.get(optimizer)
 
 
 def _interpolate(table: Mapping[int, float], batch_size: int) -> float:

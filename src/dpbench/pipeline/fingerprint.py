@@ -47,10 +47,14 @@ def _imports(name: str) -> frozenset[str]:
     path = _module_file(name)
     if path is None:
         return set()
-    tree = ast.parse(path.read_text())
-    found: set[str] = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(tree):
+    return _imports_in(path.read_text(), package)
+
+
+def _imports_in(source: str, package: str) -> frozenset[str]:
+    """The dpbench modules a source text imports; ``package``: the package its relative imports start from."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -85,10 +89,43 @@ def _digest(parts: list[tuple[str, str]]) -> str:
 
 @lru_cache(maxsize=None)
 def optimizer_fingerprint(optimizer: str) -> str:
-    """Hash of the sources that determine an optimizer's runs: the harness and its module(s)."""
-    from dpbench.optimizers import get_optimizer
+    """Hash of the sources that determine an optimizer's runs: the harness and its module(s);
+    for a plugin's optimizer, the harness, the dpbench modules the plugin imports and the
+    plugin's source hash (``dpbench.plugins.Plugin.source_sha256``)."""
+    from dpbench.optimizers import OPTIMIZERS, get_optimizer
 
-    return modules_fingerprint((*HARNESS, get_optimizer(optimizer).build.__module__))
+    spec = get_optimizer(optimizer)
+    plugin = OPTIMIZERS.plugin(optimizer)
+    if plugin is None:
+        return modules_fingerprint((*HARNESS, spec.build.__module__))
+    return _plugin_digest(plugin, HARNESS)
+
+
+@lru_cache(maxsize=None)
+def problem_fingerprint(problem: str) -> str:
+    """"" for a built-in problem (the harness, which every optimizer's fingerprint covers,
+    imports them all); for a plugin's problem, a hash of the dpbench modules it imports and
+    its source hash. A cell's code is ``optimizer_fingerprint + problem_fingerprint``, so that
+    editing a problem plugin reruns exactly its cells."""
+    from dpbench.problems import PROBLEMS, get_problem
+
+    get_problem(problem)
+    plugin = PROBLEMS.plugin(problem)
+    return "" if plugin is None else "-" + _plugin_digest(plugin, ())
+
+
+def _plugin_digest(plugin, roots: tuple[str, ...]) -> str:
+    """Hash of the roots, the dpbench modules the plugin's sources import, and the plugin's source hash."""
+    from dpbench.plugins import source_files
+
+    imported: set[str] = set()
+    for name, path in source_files(plugin.package):
+        module = name.removesuffix(".py").replace("/", ".")
+        package = module.removesuffix(".__init__") if name.endswith("__init__.py") else module.rpartition(".")[0]
+        imported |= _imports_in(path.read_text(), package)
+    modules = module_closure((*roots, *sorted(imported)))
+    return _digest([(n, _module_file(n).read_text()) for n in modules]
+                   + [(f"plugin {plugin.distribution} {plugin.entry_point}", plugin.source_sha256)])
 
 
 def function_closure(fn) -> list:

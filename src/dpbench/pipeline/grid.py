@@ -458,14 +458,14 @@ def expand(config: dict[str, Any]) -> list[Cell]:
         n_seeds = block.get("seeds", 1)
         seed_indices = list(range(n_seeds)) if isinstance(n_seeds, int) else list(n_seeds)
         seeds = seeds_from_root(config.get("root_seed", 0), max(seed_indices) + 1)
-        for problem in block["problems"]:
-            if problem not in PROBLEMS:
-                raise ConfigError(f"config key {where}.problems: unknown problem {problem!r} "
-                                  f"(choose from {sorted(PROBLEMS)})")
+        for i, problem in enumerate(block["problems"]):
+            if problem not in PROBLEMS:  # a broken plugin's id: its one-line error
+                raise ConfigError(f"config key {where}.problems.{i}: " + str(PROBLEMS.error(problem) or (
+                    f"unknown problem {problem!r} (choose from {sorted(PROBLEMS)})")))
         for name, settings in block["optimizers"].items():
             if name not in OPTIMIZERS:
-                raise ConfigError(f"config key {where}.optimizers.{name}: unknown optimizer "
-                                  f"(choose from {sorted(OPTIMIZERS)})")
+                raise ConfigError(f"config key {where}.optimizers.{name}: " + str(OPTIMIZERS.error(name) or (
+                    f"unknown optimizer (choose from {sorted(OPTIMIZERS)})")))
             spec = OPTIMIZERS[name]
             settings = dict(settings)
             lrs = _as_list(settings.pop("lr"))

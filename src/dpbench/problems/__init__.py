@@ -15,6 +15,7 @@ from torch import nn
 
 from dpbench.data import image_datasets
 from dpbench.data.image_datasets import Dataset
+from dpbench.plugins import Group, Registry
 from dpbench.problems.convnets import CHANNEL_STATS, CNN2c2d, CNN3c3d, ConvVAE
 from dpbench.problems.transformer import TransformerLM
 
@@ -72,18 +73,19 @@ class Problem:
         return rec + kl, None
 
 
-PROBLEMS: dict[str, Problem] = {
+# plugins: entry points of the group ``dpbench.problems``, each naming a Problem (dpbench.plugins)
+GROUP = Group("dpbench.problems", "problem", Problem, "id")
+
+PROBLEMS: Registry = Registry(GROUP, {
     "P1": Problem("P1", "cifar10", "classification", CNN3c3d, "accuracy"),
     "P2": Problem("P2", "fashion-mnist", "classification", CNN2c2d, "accuracy"),
     "P3": Problem("P3", "fashion-mnist", "vae", ConvVAE, "loss"),
     # P4: byte-level transformer LM (876,034 parameters), one fortune = one record; loss = the
     # held-out records' mean per-record token cross-entropy (perplexity = exp(loss))
     "P4": Problem("P4", "fortunes", LANGUAGE_MODEL, TransformerLM, "loss"),
-}
+})
 
 
 def get_problem(problem_id: str) -> Problem:
-    try:
-        return PROBLEMS[problem_id]
-    except KeyError:
-        raise KeyError(f"unknown problem {problem_id!r}; choose one of {sorted(PROBLEMS)}") from None
+    """As ``dpbench.optimizers.get_optimizer``: KeyError for an unknown id, PluginError for a broken plugin's."""
+    return PROBLEMS.lookup(problem_id)

@@ -26,7 +26,8 @@ import pandas as pd
 
 from dpbench.reporting.results import dp_guarantee, is_private, read_run
 
-RUN_KEYS = ["problem", "optimizer", "private", "lr", "batch_size", "epochs", "seed", "target_epsilon"]
+RUN_KEYS = ["problem", "optimizer", "private", "mechanism_origin", "lr", "batch_size", "epochs", "seed",
+            "target_epsilon"]
 # Columns computed from private data without noise (results.NOT_PRIVATE): marked private: false.
 _VAL = "not differentially private: computed on the validation split, held-out training examples"
 RUNS_NOT_PRIVATE = {
@@ -64,6 +65,12 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
         # privacy.caveat says "not a valid DP guarantee"); caveat: that text, or None
         "dp_guarantee": dp_guarantee(meta),
         "caveat": meta["privacy"].get("caveat"),
+        # "plugin" where sigma and epsilon come from a plugin's own mechanism (its privacy claim,
+        # not dpbench's); origins: "built-in" or "plugin <distribution> <version>" (runs made
+        # before plugins existed are built-in)
+        "mechanism_origin": priv.get("mechanism_origin", "built-in"),
+        "optimizer_origin": _origin(meta["optimizer"].get("plugin")),
+        "problem_origin": _origin(meta["problem"].get("plugin")),
         "lr": cfg["lr"],
         "batch_size": cfg["batch_size"],
         "epochs": cfg["epochs"],
@@ -98,6 +105,10 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
         "path": str(path),
         **memorisation_columns(meta.get("memorisation")),
     }
+
+
+def _origin(plugin: dict | None) -> str:
+    return "built-in" if not plugin else f"plugin {plugin['distribution']} {plugin['version']}"
 
 
 def memorisation_columns(memorisation: dict | None) -> dict:

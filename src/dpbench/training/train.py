@@ -31,6 +31,7 @@ from dpbench.files import atomic_write, is_no_space, no_space, remove_stale_part
 from dpbench.training.harness import Assembly, assemble, build_model, calibrate_noise
 from dpbench.privacy.mechanisms import Plan
 from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.plugins import mechanism_origin, record_of
 from dpbench.problems import Problem, get_problem
 from dpbench.reporting.results import provenance
 from dpbench.training.seeds import stream_seeds
@@ -483,13 +484,17 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
     return {
         "config": asdict(cfg),
         "problem": {"id": problem.id, "dataset": problem.dataset, "task": problem.task, "metric": problem.metric,
-                    "parameters": sum(p.numel() for p in ctx.model.parameters())},
+                    "parameters": sum(p.numel() for p in ctx.model.parameters()), "plugin": record_of(problem)},
+        # plugin: distribution, version, entry point and source hash (dpbench.plugins); None: built-in
         "optimizer": {"name": spec.name, "private": private, "description": spec.description,
-                      "reference": spec.reference, "hyperparameters": ctx.hyperparameters, "stats": trace.stats},
+                      "reference": spec.reference, "hyperparameters": ctx.hyperparameters, "stats": trace.stats,
+                      "plugin": record_of(spec)},
         "data": {"source": splits.source, "n_train": splits.x_train.shape[0], "n_test": int(splits.x_test.shape[0]),
                  "n_val": int(splits.x_val.shape[0]) if splits.x_val is not None else 0},
         "privacy": {
             "mechanism": spec.mechanism.name if private else None,
+            # "plugin": sigma and epsilon come from a plugin's own mechanism class, not dpbench's
+            "mechanism_origin": mechanism_origin(spec.mechanism),
             "noise_multiplier": sigma,
             "noise_multiplier_source": setup.calibration.source,
             "sample_rate": plan.sample_rate if private else None,

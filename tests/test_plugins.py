@@ -1,0 +1,386 @@
+"""Plugins (dpbench.plugins): optimizers and problems of other installed distributions.
+
+Fake distributions are made by writing a package and its ``<name>-<version>.dist-info`` (METADATA,
+entry_points.txt) into a temporary folder put on sys.path: ``importlib.metadata`` finds them as it
+finds an installed one. The last test installs examples/plugin into a temporary virtual
+environment (never into the project's) and runs it through the CLI and the workflow."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO, copy_repo, run_cell
+from dpbench import plugins
+from dpbench.optimizers import OPTIMIZERS, get_optimizer
+from dpbench.pipeline import cluster, fingerprint
+from dpbench.pipeline.grid import ConfigError, expand, load_config
+from dpbench.plugins import PluginError, listing
+from dpbench.problems import PROBLEMS, get_problem
+
+OPTIMIZER = """
+from dpbench.optimizers.base import SGD, DPStep
+from dpbench.optimizers.registry import OptimizerSpec
+
+SPEC = OptimizerSpec(name={name!r}, build=lambda ctx: DPStep(ctx, SGD(ctx.lr)), private=True,
+                     description="a test plugin", reference="none")
+"""
+# a mechanism of its own class: sigma and epsilon come from the plugin (here a copy of DP-SGD's)
+OWN_MECHANISM = """
+from dpbench.optimizers.base import SGD, DPStep
+from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.privacy.mechanisms import PoissonSubsampledGaussian
+
+
+class OwnAccounting(PoissonSubsampledGaussian):
+    name = "own-accounting"
+
+
+SPEC = OptimizerSpec(name="dpsgd-own", build=lambda ctx: DPStep(ctx, SGD(ctx.lr)), private=True,
+                     description="a plugin with its own mechanism", reference="none", mechanism=OwnAccounting())
+"""
+PROBLEM = """
+from dpbench.problems import Problem
+from dpbench.problems.convnets import CNN2c2d
+
+SPEC = Problem({id!r}, "fashion-mnist", "classification", CNN2c2d, "accuracy")
+"""
+FAKE_PACKAGES = set()
+
+
+def install(site: Path, dist: str, version: str, entry_points: dict[str, dict[str, str]],
+            files: dict[str, str]) -> None:
+    """A distribution in ``site`` as pip would leave it: its files and its dist-info."""
+    for name, text in files.items():
+        path = site / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+        FAKE_PACKAGES.add(name.split("/")[0].removesuffix(".py"))
+    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for group, eps in entry_points.items()))
+
+
+def forget() -> None:
+    """The registries discover again at their next read; fingerprints are recomputed."""
+    OPTIMIZERS.reset()
+    PROBLEMS.reset()
+    fingerprint.optimizer_fingerprint.cache_clear()
+    fingerprint.problem_fingerprint.cache_clear()
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A folder on sys.path for fake distributions; afterwards the registries hold only what
+    is really installed."""
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    forget()
+    yield site
+    for name in list(sys.modules):
+        if name.split(".")[0] in FAKE_PACKAGES:
+            del sys.modules[name]
+    forget()
+
+
+def fake_optimizer(site, name="dpsgd-fake", dist="fake-plugin", version="1.0", package="fakeopt", source=None):
+    install(site, dist, version, {"dpbench.optimizers": {name: f"{package}.opt:SPEC"}},
+            {f"{package}/__init__.py": "", f"{package}/opt.py": source or OPTIMIZER.format(name=name)})
+
+
+def test_a_plugin_optimizer_is_registered_with_its_provenance(site):
+    fake_optimizer(site)
+    spec = get_optimizer("dpsgd-fake")
+    assert spec.name == "dpsgd-fake" and "dpsgd-fake" in OPTIMIZERS and "dpsgd" in OPTIMIZERS
+    assert len(OPTIMIZERS) == len(OPTIMIZERS.builtins) + 1 and "dpsgd-fake" not in OPTIMIZERS.builtins
+    assert OPTIMIZERS.errors == []
+    assert OPTIMIZERS.origin("dpsgd-fake") == "plugin fake-plugin 1.0" and OPTIMIZERS.origin("dpsgd") == "built-in"
+    # the source hash: every .py of the top-level package, by sorted relative name
+    h = hashlib.sha256()
+    for name in ("fakeopt/__init__.py", "fakeopt/opt.py"):
+        h.update(name.encode() + b"\0" + (site / name).read_bytes() + b"\0")
+    record = plugins.record_of(spec)
+    assert record == {"distribution": "fake-plugin", "version": "1.0", "entry_point": "dpsgd-fake",
+                      "group": "dpbench.optimizers", "value": "fakeopt.opt:SPEC", "package": "fakeopt",
+                      "source_sha256": h.hexdigest()}
+    assert plugins.record_of(get_optimizer("dpsgd")) is None
+    assert plugins.mechanism_origin(spec.mechanism) == "built-in"
+    # the cost model: a plugin id is never a built-in's cost class, whatever its prefix
+    assert cluster.cost_class("dpsgd-fake") is None and cluster.cost_class("dpmatrix-mine") is None
+    cell = {"problem": "P2", "optimizer": "dpsgd-fake", "batch_size": 256, "epochs": 1}
+    seconds = cluster.compute_seconds(cell, {}, on_gpu=True, costs=cluster.ASSUMED)
+    assert seconds == pytest.approx(round(60_000 / 256) * (cluster.STEP_OVERHEAD_S + 256 * 30e-6)
+                                    + 10_000 * 30e-6 * cluster.EVAL_FRACTION)
+
+
+def test_discovery_is_lazy_and_loads_each_plugin_once(site, monkeypatch):
+    fake_optimizer(site)
+    calls = []
+    real = plugins.entry_points
+    monkeypatch.setattr(plugins, "entry_points", lambda group: calls.append(group) or real(group))
+    assert calls == []  # nothing happens until the registry is read
+    assert "dpsgd-fake" in OPTIMIZERS and get_optimizer("dpsgd-fake") is get_optimizer("dpsgd-fake")
+    sorted(OPTIMIZERS), len(OPTIMIZERS)
+    assert calls == ["dpbench.optimizers"]
+
+
+def test_a_config_trains_a_plugin_cell_beside_a_builtin_one(site, tmp_path):
+    fake_optimizer(site)
+    config = {"results_dir": str(tmp_path / "out"), "train": {"max_steps": 2},
+              "grid": [{"problems": ["P2"], "batch_sizes": [100], "epochs": [1], "epsilons": [2],
+                        "optimizers": {"dpsgd": {"lr": 0.5}, "dpsgd-fake": {"lr": [0.5, 1.0]}}}]}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cells = expand(load_config(path))
+    assert sorted(c.id for c in cells) == ["P2/dpsgd-fake/L100-E1-eps2-lr0.5-s0", "P2/dpsgd-fake/L100-E1-eps2-lr1-s0",
+                                           "P2/dpsgd/L100-E1-eps2-lr0.5-s0"]
+    # hyperparameters are checked against the plugin's spec as for a built-in
+    config["grid"][0]["optimizers"]["dpsgd-fake"]["momentum"] = 0.5
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"grid.0.optimizers.dpsgd-fake: optimizer 'dpsgd-fake' has no "
+                                          r"hyperparameter 'momentum' \(it takes: none\)"):
+        load_config(path)
+
+
+def test_a_run_and_its_tables_record_the_plugin_and_whose_mechanism(site, tiny_fmnist, tmp_path):
+    from dpbench.reporting.aggregate import aggregate
+    from dpbench.reporting.results import write_run
+    from dpbench.training.train import RunConfig
+
+    install(site, "own-mechanism", "2.5", {"dpbench.optimizers": {"dpsgd-own": "ownmech:SPEC"}},
+            {"ownmech.py": OWN_MECHANISM})
+    assert plugins.mechanism_origin(get_optimizer("dpsgd-own").mechanism) == "plugin"
+    paths = []
+    for optimizer in ("dpsgd-own", "dpsgd"):
+        res = run_cell(RunConfig(problem="P2", optimizer=optimizer, lr=0.5, batch_size=60, epochs=1, seed=0,
+                                 noise_multiplier=1.0, max_steps=2, accountant="rdp", test_subset=50,
+                                 progress_every_s=1e9))
+        paths.append(write_run(tmp_path / f"{optimizer}.parquet", res.metrics, res.meta))
+        if optimizer == "dpsgd-own":
+            meta = res.meta
+    assert meta["optimizer"]["plugin"]["distribution"] == "own-mechanism"
+    assert meta["optimizer"]["plugin"]["source_sha256"] == hashlib.sha256(
+        b"ownmech.py\0" + (site / "ownmech.py").read_bytes() + b"\0").hexdigest()
+    assert meta["privacy"]["mechanism_origin"] == "plugin" and meta["problem"]["plugin"] is None
+    runs, epochs = aggregate(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
+    by = runs.set_index("optimizer")
+    assert by.loc["dpsgd-own", "mechanism_origin"] == "plugin" and by.loc["dpsgd", "mechanism_origin"] == "built-in"
+    assert by.loc["dpsgd-own", "optimizer_origin"] == "plugin own-mechanism 2.5"
+    assert by.loc["dpsgd", "optimizer_origin"] == "built-in" and set(runs.problem_origin) == {"built-in"}
+    assert set(zip(epochs.optimizer, epochs.mechanism_origin)) == {("dpsgd-own", "plugin"), ("dpsgd", "built-in")}
+
+
+def test_dpbench_list_says_where_each_comes_from_and_whose_claim(site, capsys):
+    fake_optimizer(site)
+    install(site, "own-mechanism", "2.5", {"dpbench.optimizers": {"dpsgd-own": "ownmech:SPEC"}},
+            {"ownmech.py": OWN_MECHANISM})
+    assert listing.main() == 0
+    lines = [line.split(None, 3) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0] == ["kind", "id", "private", "origin"]
+    rows = {(kind, name): (private, origin) for kind, name, private, origin in lines[1:]}
+    assert rows[("optimizer", "dpsgd")] == ("private", "built-in")
+    assert rows[("optimizer", "sgd")] == ("non-private", "built-in")
+    assert rows[("optimizer", "dpsgd-fake")] == ("private", "plugin fake-plugin 1.0")
+    assert rows[("optimizer", "dpsgd-own")] == ("private", "plugin own-mechanism 2.5; privacy claim: the plugin's own")
+    assert rows[("problem", "P2")] == ("-", "built-in")
+    assert len(rows) == len(OPTIMIZERS) + len(PROBLEMS)
+
+
+# each way a plugin can fail: (entry points, files, the id it claims, the error's reason)
+BROKEN = {
+    "import": ({"dpsgd-bad": "badimport.opt:SPEC"}, {"badimport/__init__.py": "", "badimport/opt.py": "import nowhere\n"},
+               "dpsgd-bad", "cannot import badimport.opt:SPEC (ModuleNotFoundError: No module named 'nowhere')"),
+    "raises": ({"dpsgd-bad": "raises:SPEC"}, {"raises.py": "raise SystemExit('needs a GPU\\nand more')\n"},
+               "dpsgd-bad", "cannot import raises:SPEC (SystemExit: needs a GPU)"),
+    "not a spec": ({"dpsgd-bad": "notspec:SPEC"}, {"notspec.py": "SPEC = {'name': 'dpsgd-bad'}\n"},
+                   "dpsgd-bad", "notspec:SPEC is a dict, not an OptimizerSpec"),
+    "name": ({"dpsgd-bad": "badname:SPEC"}, {"badname.py": OPTIMIZER.format(name="other")},
+             "dpsgd-bad", "the optimizer's name 'other' differs from the entry point's name 'dpsgd-bad'"),
+    "field": ({"dpsgd-bad": "badfield:SPEC"}, {"badfield.py": OPTIMIZER.format(name="dpsgd-bad").replace(
+               "private=True", "private='yes'")},
+              "dpsgd-bad", "malformed OptimizerSpec: private is 'yes', not true or false"),
+    "collision": ({"dpsgd": "collide:SPEC"}, {"collide.py": OPTIMIZER.format(name="dpsgd")},
+                  "dpsgd", "its id 'dpsgd' is a built-in optimizer's; the built-in keeps it"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_a_broken_plugin_is_one_line_naming_it_and_the_builtins_work(site, capsys, tmp_path, case):
+    entry_points, files, claimed, reason = BROKEN[case]
+    install(site, "broken-plugin", "0.3", {"dpbench.optimizers": entry_points}, files)
+    line = f"plugin broken-plugin 0.3, entry point dpbench.optimizers:{claimed}: {reason}"
+    assert [e.line for e in OPTIMIZERS.errors] == [line]
+    # printed once, at discovery, however often the registry is read
+    sorted(OPTIMIZERS), get_optimizer("sgd")
+    assert capsys.readouterr().err == f"dpbench: warning: {line}\n"
+    assert get_optimizer("dpsgd").build.__module__ == "dpbench.optimizers.sgd"  # the built-ins work
+    config = {"grid": [{"problems": ["P2"], "batch_sizes": [100], "epochs": [1], "epsilons": [2],
+                        "optimizers": {"dpsgd": {"lr": 0.5}}}]}
+    assert [c.optimizer for c in expand(config)] == ["dpsgd"]
+    if claimed != "dpsgd":  # using the broken id is its line, wherever it is used
+        with pytest.raises(PluginError) as exc:
+            get_optimizer(claimed)
+        assert str(exc.value) == line
+        config["grid"][0]["optimizers"][claimed] = {"lr": 0.5}
+        with pytest.raises(ConfigError) as exc:
+            expand(config)
+        assert str(exc.value) == f"config key grid.0.optimizers.{claimed}: {line}"
+    assert listing.main() == 1
+    out = capsys.readouterr().out.splitlines()
+    assert [row for row in out if row.startswith("error")] == [f"error      {claimed.ljust(18)}  -            {line}"]
+
+
+def test_the_cli_with_a_broken_plugin_installed(site, tmp_path, fmnist_dir):
+    """A plugin that fails to import: `dpbench list` shows its line and exits 1, using its id is
+    that line (exit 2), and `dpbench train --optimizer dpsgd` trains, warning once."""
+    entry_points, files, claimed, reason = BROKEN["import"]
+    install(site, "broken-plugin", "0.3", {"dpbench.optimizers": entry_points}, files)
+    line = f"plugin broken-plugin 0.3, entry point dpbench.optimizers:{claimed}: {reason}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(site)])}
+
+    def dpbench(*args):
+        return subprocess.run([sys.executable, "-m", "dpbench", *map(str, args)], env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    listed = dpbench("list")
+    assert listed.returncode == 1 and line in listed.stdout and "optimizer  dpsgd " in listed.stdout
+    train = ["train", "--problem", "P2", "--lr", "0.5", "--batch-size", "50", "--epochs", "1", "--seed", "0",
+             "--noise-multiplier", "1", "--max-steps", "1", "--train-subset", "200", "--test-subset", "100",
+             "--data-dir", fmnist_dir]
+    bad = dpbench(*train, "--optimizer", claimed, "--out", tmp_path / "bad.parquet")
+    assert bad.returncode == 2 and bad.stderr.splitlines()[-1] == f"dpbench train: error: {line}", bad.stderr
+    good = dpbench(*train, "--optimizer", "dpsgd", "--out", tmp_path / "good.parquet")
+    assert good.returncode == 0, good.stderr
+    assert good.stderr.count(line) == 1 and (tmp_path / "good.parquet").stat().st_size > 0
+
+
+def test_two_plugins_with_one_id_are_both_refused(site):
+    fake_optimizer(site, dist="first", package="firstpkg")
+    fake_optimizer(site, dist="second", package="secondpkg")
+    assert [e.line for e in OPTIMIZERS.errors] == [
+        f"plugin {a} 1.0, entry point dpbench.optimizers:dpsgd-fake: its id 'dpsgd-fake' is also registered by "
+        f"{b} 1.0; neither is loaded" for a, b in (("first", "second"), ("second", "first"))]
+    with pytest.raises(PluginError, match="first 1.0, entry point dpbench.optimizers:dpsgd-fake"):
+        get_optimizer("dpsgd-fake")
+
+
+def test_the_problem_group_is_discovered_the_same_way(site):
+    install(site, "fake-problems", "0.1", {"dpbench.problems": {"P2b": "fakeprob:SPEC", "P9": "fakeprob:WRONG"}},
+            {"fakeprob.py": PROBLEM.format(id="P2b") + "WRONG = SPEC\n"})
+    assert get_problem("P2b").dataset == "fashion-mnist" and PROBLEMS.origin("P2b") == "plugin fake-problems 0.1"
+    assert plugins.record_of(get_problem("P2b"))["entry_point"] == "P2b"
+    assert [e.line for e in PROBLEMS.errors] == [
+        "plugin fake-problems 0.1, entry point dpbench.problems:P9: the problem's id 'P2b' differs from the entry "
+        "point's name 'P9'"]
+    with pytest.raises(PluginError, match="entry point dpbench.problems:P9"):
+        get_problem("P9")
+    assert fingerprint.problem_fingerprint("P2") == "" and fingerprint.problem_fingerprint("P2b").startswith("-")
+
+
+def test_editing_a_plugin_reruns_exactly_its_cells(site):
+    """The code fingerprint of a plugin's cells covers its source: an edit of the plugin
+    changes its fingerprint and no other."""
+    fake_optimizer(site)
+    names = sorted(OPTIMIZERS)
+    before = {n: fingerprint.optimizer_fingerprint(n) for n in names}
+    assert len(set(before.values())) > 1 and before["dpsgd-fake"] != before["dpsgd"]
+    source = site / "fakeopt" / "opt.py"
+    source.write_text(source.read_text() + "# an edit\n")
+    forget()
+    after = {n: fingerprint.optimizer_fingerprint(n) for n in names}
+    assert {n for n in names if before[n] != after[n]} == {"dpsgd-fake"}
+
+
+def test_the_example_plugins_spec_is_well_formed():
+    """examples/plugin's entry point names a spec that the optimizer group accepts (its own
+    tests, examples/plugin/tests, run in the installed test below)."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "examples" / "plugin" / "pyproject.toml").read_text())
+    assert project["project"]["entry-points"]["dpbench.optimizers"] == {
+        "dpsgd-momentum": "dpbench_example.momentum:DPSGD_MOMENTUM"}
+    assert "dpsgd-momentum" not in OPTIMIZERS  # not installed in the project's environment
+
+
+# -- the example plugin, installed into a temporary virtual environment --------------------------
+
+def _venv(root: Path) -> Path:
+    """A virtual environment that sees the project's packages (a .pth naming the project venv's
+    site-packages and this checkout's src/) and installs into its own site-packages only."""
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    (Path(purelib) / "dpbench-project.pth").write_text(f"{REPO / 'src'}\n{sysconfig.get_paths()['purelib']}\n")
+    return python
+
+
+@pytest.mark.slow
+def test_the_example_plugin_installed_runs_through_the_workflow_and_the_audit(tmp_path, fmnist_dir):
+    python = _venv(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def run(*args, cwd=REPO, check=True, timeout=300):
+        proc = subprocess.run([str(python), *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+        assert not check or proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        return proc
+
+    # pip builds in the source folder: install from a copy, so the checkout stays clean
+    example = tmp_path / "plugin"
+    shutil.copytree(REPO / "examples" / "plugin", example, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    project_site = sysconfig.get_paths()["purelib"]
+    project_before = sorted(os.listdir(project_site))
+    run("-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "--quiet", example)
+    assert sorted(os.listdir(project_site)) == project_before  # the project's environment is untouched
+    listed = run("-m", "dpbench", "list").stdout
+    assert "dpsgd-momentum      private      plugin dpbench-example-plugin 0.1.0\n" in listed, listed
+    run("-m", "pytest", "-q", "-p", "no:cacheprovider", example / "tests", cwd=tmp_path)
+
+    # a plugin cell beside a built-in one, through Snakemake to a figure
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    copy_repo(repo)
+    config = {"data_dir": str(fmnist_dir), "results_dir": "results",
+              "train": {"accountant": "rdp", "max_steps": 3, "train_subset": 500, "test_subset": 100},
+              "figures": {"fig5_1": {}},
+              "grid": [{"problems": ["P2"], "batch_sizes": [50], "epsilons": [4], "epochs": [1],
+                        "optimizers": {"dpsgd": {"lr": 0.5}, "dpsgd-momentum": {"lr": 0.5, "momentum": 0.5}}}]}
+    (repo / "plugin.yaml").write_text(yaml.safe_dump(config))
+    run("-m", "snakemake", "--profile", repo / "workflow" / "profiles" / "default", "--configfile", "plugin.yaml",
+        "--cores", "2", cwd=repo, timeout=600)
+    runs = pd.read_parquet(repo / "results" / "aggregate" / "runs.parquet").set_index("optimizer")
+    assert sorted(runs.index) == ["dpsgd", "dpsgd-momentum"] and (runs.status == "completed").all()
+    assert runs.loc["dpsgd-momentum", "optimizer_origin"] == "plugin dpbench-example-plugin 0.1.0"
+    assert set(runs.mechanism_origin) == {"built-in"}  # momentum is post-processing of DP-SGD's releases
+    assert (runs.epsilon <= 4).all() and (repo / "results" / "figures" / "fig5_1.png").stat().st_size > 10_000
+
+    # the audit runs through the plugin's mechanism; no audit code in the plugin
+    audit = run("-m", "dpbench", "audit", "--optimizer", "dpsgd-momentum", "--epsilon", "2", "--trials", "200",
+                "--accountant", "rdp", "--out", tmp_path / "audit.parquet", "--cache-dir", tmp_path / "cache")
+    assert "dpsgd-momentum claimed eps = 2" in audit.stderr and "no violation found" in audit.stderr, audit.stderr
+    from dpbench.reporting.results import read_meta
+
+    claim = read_meta(tmp_path / "audit.parquet")["audit"]["claim"]
+    assert claim["plugin"]["distribution"] == "dpbench-example-plugin" and claim["mechanism_origin"] == "built-in"
+
+    # uninstalled: gone from the list, and the built-ins still train
+    run("-m", "pip", "uninstall", "--yes", "--quiet", "dpbench-example-plugin")
+    listed = run("-m", "dpbench", "list").stdout
+    assert "dpsgd-momentum" not in listed and "dpsgd " in listed
+    run("-m", "dpbench", "train", "--problem", "P2", "--optimizer", "dpsgd", "--lr", "0.5", "--batch-size", "50",
+        "--epochs", "1", "--seed", "0", "--noise-multiplier", "1", "--max-steps", "1", "--train-subset", "200",
+        "--test-subset", "100", "--data-dir", fmnist_dir, "--out", tmp_path / "after.parquet")
+    assert (tmp_path / "after.parquet").stat().st_size > 0
