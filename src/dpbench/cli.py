@@ -200,7 +200,7 @@ def cmd_aggregate(args) -> int:
 
 
 def cmd_audits(args) -> int:
-    from dpbench.audit.summary import aggregate, markdown
+    from dpbench.reporting.audits import aggregate, markdown
 
     table = aggregate(args.audits, args.out)
     print(markdown(table), end="")
