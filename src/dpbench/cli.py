@@ -487,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "config needs, their sizes and the total; writes nothing")
     n.add_argument("--factorization", help="the factorization .npz")
     n.add_argument("--dim", type=positive_int, help="d, the number of model parameters")
-    n.add_argument("--seed", type=nonnegative_int, help="the run's noise seed (dpbench.training.seeds.stream_seeds)")
+    n.add_argument("--seed", type=nonnegative_int, help="the run's noise seed (dpbench.seeds.stream_seeds)")
     n.add_argument("--out", help="output .npy (written atomically, JSON sidecar next to it)")
     n.set_defaults(func=cmd_noise)
 

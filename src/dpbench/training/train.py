@@ -33,7 +33,7 @@ from dpbench.privacy.mechanisms import Plan
 from dpbench.optimizers.registry import OptimizerSpec
 from dpbench.problems import Problem, get_problem
 from dpbench.reporting.results import provenance
-from dpbench.training.seeds import stream_seeds
+from dpbench.seeds import stream_seeds
 
 
 @dataclass(frozen=True)
