@@ -37,7 +37,7 @@ from torch import nn
 
 from dpbench.data import fortunes
 from dpbench.data.image_datasets import Dataset
-from dpbench.problems import canaries as canary_lib
+import dpbench.problems.canaries as canary_lib
 import dpbench.problems.tokenizer as tokenizer
 from dpbench.problems.transformer import token_losses
 
