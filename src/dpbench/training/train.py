@@ -49,7 +49,7 @@ class RunConfig:
     delta: float = accounting.DELTA
     clip_norm: float = 1.0
     normalize_clipping: bool = True
-    accountant: str = "prv"
+    accountant: str = accounting.DEFAULT_ACCOUNTANT
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     max_steps: int | None = None
     train_subset: int | None = None
