@@ -26,11 +26,11 @@ import time
 import numpy as np
 from scipy.linalg import solve_triangular
 
-from dpbench.privacy import accounting
-from dpbench.audit import bounds, profiles, statistics
+from dpbench.privacy import accounting, profiles
+from dpbench.audit import bounds, statistics
 from dpbench.matrix import dense_factorization, sensitivity
 
-Q, T, DELTA, BETA = 0.05, 200, 1e-5, 0.05
+Q, T, DELTA, BETA = 0.05, 200, accounting.DELTA, 0.05
 MATRIX_KEY = "me-k4-b50"
 
 

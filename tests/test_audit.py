@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 import torch
 
-from dpbench.audit import mutants, run, summary
+from dpbench.audit import mutants, run
 from dpbench.audit.trials import (AuditProblem, audit_spec, participation_check, postprocessing_check,
                                   run_trials, sign_worst_norm)
+from dpbench.reporting import audits as audit_table
 from dpbench.optimizers import OPTIMIZERS, get_optimizer
 
 SMALL = AuditProblem(dimension=5, examples=20, batch_size=5, steps=40)  # q = 0.25, E = 10
@@ -204,7 +205,7 @@ def test_cli_writes_the_documented_file(tmp_path, cache):
     claim = a["claim"]
     assert claim["sample_rate"] == 0.05 and claim["steps"] == 200 and claim["clip_sensitivity"] == 1.0
     assert claim["accountant"] == "prv" and claim["noise_multiplier"] > 0
-    table = summary.collect([out])
+    table = audit_table.collect([out])
     assert table.loc[0, "optimizer"] == "dpsgd" and not table.loc[0, "violation"]
 
 
@@ -248,10 +249,10 @@ def test_dpdice_runs_carry_the_audit_flag_in_the_runs_table_and_the_legends(tiny
     for name in ("dpdice", "dpsgd"):
         rows, rec = run.audit(get_optimizer(name), 2.0, 200, seed=0, problem=SMALL, lanes=200, cache_dir=cache)
         audits.append(write_table(rows, tmp_path / f"audit-{name}.parquet", meta={"audit": rec}))
-    table = summary.aggregate(audits, tmp_path / "audits.parquet")
+    table = audit_table.aggregate(audits, tmp_path / "audits.parquet")
     assert dict(zip(table.optimizer, table.violation)) == {"dpdice": True, "dpsgd": False}
-    rows = {line.split(" | ")[0]: line for line in summary.markdown(table).splitlines()[2:]}
-    assert set(rows) == {"| `dpdice`", "| `dpsgd`"} and "ε* = 2" in summary.markdown(table)
+    rows = {line.split(" | ")[0]: line for line in audit_table.markdown(table).splitlines()[2:]}
+    assert set(rows) == {"| `dpdice`", "| `dpsgd`"} and "ε* = 2" in audit_table.markdown(table)
     assert "**VIOLATION**" in rows["| `dpdice`"] and "**VIOLATION**" not in rows["| `dpsgd`"]
     lower = table.set_index("optimizer").epsilon_lower
     assert f"| {lower['dpsgd']:.2f} / " in rows["| `dpsgd`"]

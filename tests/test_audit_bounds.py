@@ -14,8 +14,8 @@ from scipy import integrate, stats
 from scipy.linalg import solve_triangular
 from scipy.special import ndtr
 
-from dpbench.privacy import accounting
-from dpbench.audit import bounds, profiles, statistics
+from dpbench.privacy import accounting, profiles
+from dpbench.audit import bounds, statistics
 
 pytest.importorskip("opacus.accountants.analysis.prv")  # imported here, not inside the first timed test
 

@@ -1,4 +1,4 @@
-"""Tests of canaries and exposure (dpbench.audit.canaries): exact exposure against a brute-force
+"""Tests of canaries and exposure (dpbench.problems.canaries): exact exposure against a brute-force
 rank, a model made to memorise a canary, and the expected exposure of unseen secrets."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpbench.audit import canaries as cn
+from dpbench.problems import canaries as cn
 from dpbench.problems import tokenizer as tok
 
 PREFIX_IDS = [tok.BOS, *tok.encode(cn.PREFIX)]

@@ -12,7 +12,7 @@ from dpbench.training.harness import assemble, build_model, calibrate_noise
 from dpbench.privacy.mechanisms import PoissonSubsampledGaussian
 from dpbench.optimizers import get_optimizer
 from dpbench.problems import get_problem
-from dpbench.training.seeds import stream_seeds
+from dpbench.seeds import stream_seeds
 from dpbench.training.train import RunConfig, load_splits
 
 

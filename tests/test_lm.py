@@ -17,7 +17,7 @@ from dpbench.matrix import cache
 from dpbench.pipeline.grid import expand, load_config
 from dpbench.problems import get_problem, language, tokenizer
 from dpbench.reporting.results import read_meta
-from dpbench.training.seeds import stream_seeds
+from dpbench.seeds import stream_seeds
 from dpbench.training.train import RunConfig, load_splits
 from test_fortunes import write_fortunes
 

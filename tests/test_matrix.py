@@ -370,7 +370,7 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
     from dpbench.privacy.clipping import Clipping
     from dpbench.optimizers.base import SGD, Context, DPStep
     from dpbench.problems import get_problem
-    from dpbench.training.seeds import stream_seeds
+    from dpbench.seeds import stream_seeds
     from dpbench.training.train import RunConfig
 
     seed, L, lr, eps = 3, 64, 0.5, 2.0

@@ -267,3 +267,37 @@ def test_decaying_schedule_is_accounted_step_by_step_from_above():
     assert exact <= bucketed <= exact * 1.1
     # the decay costs privacy: more than constant noise at the same base sigma
     assert bucketed > accounting.epsilon([(sigma, plan.sample_rate, 60)], accountant="rdp")
+
+
+def test_delta_and_the_default_accountant_have_one_home():
+    """accounting.DELTA and accounting.DEFAULT_ACCOUNTANT are the defaults of the accountant's
+    functions, a run (RunConfig), the audit, both commands and a config (the schema must hold
+    literals: it is checked against them here)."""
+    import inspect
+
+    import yaml
+
+    from dpbench.audit.run import audit
+    from dpbench.audit.trials import run_trials
+    from dpbench.cli import build_parser
+    from dpbench.pipeline.grid import SCHEMA_PATH
+    from dpbench.training.train import RunConfig
+
+    assert (accounting.DELTA, accounting.DEFAULT_ACCOUNTANT) == (1e-5, "prv")  # every committed result's
+    assert accounting.DEFAULT_ACCOUNTANT in accounting.ACCOUNTANTS
+    for fn in (accounting.epsilon, accounting.calibrate_noise_multiplier, audit, run_trials):
+        params = inspect.signature(fn).parameters
+        assert (params["delta"].default, params["accountant"].default) == (1e-5, "prv"), fn.__name__
+    run = RunConfig(problem="P2", optimizer="dpsgd", lr=1.0, batch_size=1, epochs=1, seed=0)
+    assert (run.delta, run.accountant) == (1e-5, "prv")
+    parser = build_parser()
+    train = parser.parse_args(["train", "--problem", "P2", "--optimizer", "dpsgd", "--lr", "1", "--batch-size", "1",
+                               "--epochs", "1", "--seed", "0", "--out", "r.parquet"])
+    for args in (train, parser.parse_args(["audit"])):
+        assert (args.delta, args.accountant) == (1e-5, "prv"), args.command
+    with pytest.raises(SystemExit):
+        parser.parse_args(["audit", "--accountant", "gdp"])
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["train"]["properties"]
+    assert schema["delta"]["default"] == accounting.DELTA
+    assert schema["accountant"]["default"] == accounting.DEFAULT_ACCOUNTANT
+    assert tuple(schema["accountant"]["enum"]) == accounting.ACCOUNTANTS

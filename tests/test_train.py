@@ -10,7 +10,7 @@ from conftest import run_cell, run_cli
 from dpbench.privacy import accounting
 from dpbench.reporting.results import read_run
 from dpbench.optimizers import get_optimizer
-from dpbench.training.seeds import stream_seeds
+from dpbench.seeds import stream_seeds
 from dpbench.training.train import RunConfig
 
 

@@ -200,7 +200,7 @@ def cmd_aggregate(args) -> int:
 
 
 def cmd_audits(args) -> int:
-    from dpbench.audit.summary import aggregate, markdown
+    from dpbench.reporting.audits import aggregate, markdown
 
     table = aggregate(args.audits, args.out)
     print(markdown(table), end="")
@@ -406,6 +406,8 @@ def cmd_cost(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dpbench.privacy import accounting
+
     parser = argparse.ArgumentParser(prog="dpbench", description="Benchmark differentially private optimizers.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -421,10 +423,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--run-id", help="name recorded in the run (default: the output file's stem)")
     t.add_argument("--noise-multiplier", type=nonnegative_float,
                    help="use this sigma instead of calibrating it from epsilon")
-    t.add_argument("--delta", type=probability, default=1e-5)
+    t.add_argument("--delta", type=probability, default=accounting.DELTA)
     t.add_argument("--clip-norm", type=positive_float, default=1.0, help="C")
     t.add_argument("--flat-clipping", action="store_true", help="g/max(1,|g|/C) instead of normalised clipping")
-    t.add_argument("--accountant", default="prv", choices=["prv", "rdp"])
+    t.add_argument("--accountant", default=accounting.DEFAULT_ACCOUNTANT, choices=accounting.ACCOUNTANTS)
     t.add_argument("--hp", type=_hp, action="append", metavar="KEY=VALUE", help="optimizer hyperparameter")
     t.add_argument("--max-steps", type=positive_int, help="stop after N steps (epsilon is reported for them)")
     t.add_argument("--train-subset", type=positive_int, help="train on a random subset of N examples")
@@ -493,7 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "config needs, their sizes and the total; writes nothing")
     n.add_argument("--factorization", help="the factorization .npz")
     n.add_argument("--dim", type=positive_int, help="d, the number of model parameters")
-    n.add_argument("--seed", type=nonnegative_int, help="the run's noise seed (dpbench.training.seeds.stream_seeds)")
+    n.add_argument("--seed", type=nonnegative_int, help="the run's noise seed (dpbench.seeds.stream_seeds)")
     n.add_argument("--out", help="output .npy (written atomically, JSON sidecar next to it)")
     n.set_defaults(func=cmd_noise)
 
@@ -516,8 +518,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="trials (default) or one-run (Steinke et al. 2023: 1000 canaries in one run; a smoke "
                          "test, never flags)")
     au.add_argument("--beta", type=probability, default=0.05, help="false-alarm probability of the audit")
-    au.add_argument("--delta", type=probability, default=1e-5)
-    au.add_argument("--accountant", default="prv", choices=["prv", "rdp"],
+    au.add_argument("--delta", type=probability, default=accounting.DELTA)
+    au.add_argument("--accountant", default=accounting.DEFAULT_ACCOUNTANT, choices=accounting.ACCOUNTANTS,
                     help="the accountant sigma is calibrated with and whose privacy profile is tested")
     au.add_argument("--seed", type=nonnegative_int, default=0)
     au.add_argument("--out", help="output .parquet (written atomically)")

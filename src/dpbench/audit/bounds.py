@@ -28,8 +28,9 @@ On that event:
     max{ln((1 - delta - FNR_u)/FPR_u), ln((1 - delta - FPR_u)/FNR_u), 0}
     is below the true epsilon at delta (Jagielski, Ullman & Oprea 2020, arXiv 2006.07709,
     with Clopper-Pearson intervals; keeping the 1 - delta term).
-(B) ``violation``: if the mechanism meets its claimed profile delta*(eps) (``profiles``) then
-    for every (h, j) and every eps, e^eps FPR_u + FNR_u >= 1 - delta*(eps) and
+(B) ``violation``: if the mechanism meets its claimed profile delta*(eps)
+    (``dpbench.privacy.profiles``) then for every (h, j) and every eps,
+    e^eps FPR_u + FNR_u >= 1 - delta*(eps) and
     e^eps FNR_u + FPR_u >= 1 - delta*(eps); the audit flags a violation when either fails at
     some eps of the grid {0, 0.02, ..., 30}, so a correct mechanism is flagged with probability
     <= beta. Thresholds are never fixed from a simulation of the claimed mechanism: a bug that
@@ -236,7 +237,7 @@ def analyse(scores: Mapping[str, tuple[ArrayLike, ArrayLike]], profile: Callable
     """The audit of one mechanism at one claim.
 
     ``scores`` maps each pre-registered statistic (primary first) to (in_scores, out_scores)
-    from the same trials; ``profile`` is the claim's delta*(eps) (``profiles``), evaluated on
+    from the same trials; ``profile`` is the claim's delta*(eps) (``dpbench.privacy.profiles``), evaluated on
     ``eps_grid``; ``rng`` (a Generator or a seed) draws the tie-breaking jitter."""
     if not scores:
         raise ValueError("no statistics given")

@@ -30,6 +30,7 @@ from dpbench.audit.trials import (AuditProblem, Trials, audit_spec, make_claim, 
                                   postprocessing_check, problem_size, run_chunk, run_trials)
 from dpbench.matrix.cache import default_cache_dir
 from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.privacy import accounting
 from dpbench.plugins import mechanism_origin, record_of
 
 MODES = ("trials", "one-run")
@@ -111,9 +112,10 @@ def claim_record(spec: OptimizerSpec, trials_or_claim, hyper: dict, problem: Aud
 
 
 def audit(spec: OptimizerSpec, epsilon: float, trials: int = 2000, mode: str = "trials", beta: float = 0.05,
-          seed: int = 0, hyper: dict | None = None, delta: float = 1e-5, accountant: str = "prv",
-          problem: AuditProblem | None = None, canaries: int = 1000, lanes: int = 128,
-          cache_dir: str | None = None, log=None) -> tuple[pd.DataFrame, dict[str, Any]]:
+          seed: int = 0, hyper: dict | None = None, delta: float = accounting.DELTA,
+          accountant: str = accounting.DEFAULT_ACCOUNTANT, problem: AuditProblem | None = None,
+          canaries: int = 1000, lanes: int = 128, cache_dir: str | None = None,
+          log=None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Audit ``spec`` at the claim (epsilon, delta). Returns the per-trial scores (columns
     trial, canary_in, statistic, score) and the audit record (the ``audit`` metadata)."""
     if mode not in MODES:

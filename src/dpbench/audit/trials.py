@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpbench.privacy import accounting
 from dpbench.privacy.clipping import Clipping
 from dpbench.matrix.cache import default_cache_dir
 from dpbench.privacy.mechanisms import AuditSpec, Plan
@@ -318,9 +319,9 @@ def _remove_noise_file(step) -> None:
 
 
 def run_trials(spec: OptimizerSpec, epsilon: float, trials: int, seed: int = 0, hyper: dict | None = None,
-               problem: AuditProblem = AuditProblem(), delta: float = 1e-5, accountant: str = "prv",
-               clip_norm: float = 1.0, lanes: int = 128, cache_dir: str | None = None, log=None,
-               noise_multiplier: float | None = None) -> Trials:
+               problem: AuditProblem = AuditProblem(), delta: float = accounting.DELTA,
+               accountant: str = accounting.DEFAULT_ACCOUNTANT, clip_norm: float = 1.0, lanes: int = 128,
+               cache_dir: str | None = None, log=None, noise_multiplier: float | None = None) -> Trials:
     """R trials of ``spec`` at the claim (epsilon, delta): R/2 with the canary, R/2 without, in
     chunks of ``lanes`` lanes, each chunk with fresh seeds. With ``noise_multiplier``, sigma is
     given instead of calibrated (epsilon is then ignored)."""

@@ -16,7 +16,7 @@ empty records are dropped. Inner line breaks and spacing are kept (some records 
 
 Privacy unit (record-level DP). One record is one training example and the unit of privacy:
 neighbouring datasets differ in one record, and the accountant's N is the number of training
-records (canaries inserted by ``dpbench.audit.canaries.insert`` included). The guarantee is per
+records (canaries inserted by ``dpbench.problems.canaries.insert`` included). The guarantee is per
 record, not per author or per quotation: a text that occurs r times (the corpus has exact
 duplicates across files) is protected only at group size r, with the usual group-privacy
 degradation.

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from dpbench.training.seeds import stream_seeds
+from dpbench.seeds import stream_seeds
 
 # official training sets (fortunes: the records its hash split trains on; dpbench.data.fortunes)
 TRAIN_SIZES = {"fashion-mnist": 60_000, "cifar10": 50_000, "fortunes": 12_979}

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from dpbench.privacy import accounting
+from dpbench.privacy import accounting, profiles
 from dpbench.matrix import cache, dense_factorization
 from dpbench.matrix.dense_noise import NoiseFile, read_meta, row_variances
 from dpbench.matrix.participation import FixedBatchSampler
@@ -126,8 +126,6 @@ class MatrixMechanism:
 
     def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
         """The claim at every epsilon: one Gaussian release with mu = sens(C) / sigma (exact)."""
-        from dpbench.audit import profiles
-
         return profiles.gaussian_profile(plan.extras["factorization"].sensitivity / noise_multiplier)
 
     def strategy_matrix(self, plan: Plan):

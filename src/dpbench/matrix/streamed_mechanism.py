@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpbench.privacy import accounting, pld
+from dpbench.privacy import accounting, pld, profiles
 from dpbench.matrix import banded, blt, cache, cyclic_poisson, streamed_factorization
 from dpbench.matrix.participation import FixedBatchSampler
 from dpbench.matrix.streamed_factorization import StreamingFactorization
@@ -153,8 +153,6 @@ class _FixedOrderMechanism(StreamingMechanism):
 
     def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
         """delta(eps) of the one Gaussian release (the claim the audit tests), mu = sens / sigma."""
-        from dpbench.audit import profiles
-
         return profiles.gaussian_profile(plan.extras["sensitivity"] / noise_multiplier)
 
     def strategy_matrix(self, plan: Plan) -> np.ndarray:
@@ -403,8 +401,6 @@ class AmplifiedBandedMechanism(StreamingMechanism):
         """delta(eps) of the accounted event (DP-SGD with ceil(T / b) steps at rate p), from the
         accountant the run is calibrated with (PRV, both directions; or RDP): the claim the
         audit tests."""
-        from dpbench.audit import profiles
-
         history = self.history(plan, noise_multiplier, plan.steps)
         if accountant == "rdp":
             return profiles.rdp_profile(history, orders=accounting.RDP_ORDERS)

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 
-from dpbench.privacy import accounting
+from dpbench.privacy import accounting, profiles
 from dpbench.privacy.mechanisms import AuditSpec, Plan, PoissonSubsampledGaussian
 from dpbench.optimizers.base import SGD
 from dpbench.optimizers.dice import DiceStep
@@ -92,8 +92,6 @@ class UnamplifiedGaussian(PoissonSubsampledGaussian):
 
     def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
         """The claim at every epsilon: one Gaussian release with mu = sqrt(T) / sigma."""
-        from dpbench.audit import profiles
-
         return profiles.gaussian_profile(math.sqrt(plan.steps) / noise_multiplier)
 
     def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:

@@ -100,6 +100,7 @@ class Cell:
         from dpbench.matrix.dense_mechanism import MatrixMechanism
         from dpbench.matrix.streamed_mechanism import StreamingMechanism
         from dpbench.optimizers import get_optimizer
+        from dpbench.privacy import accounting
 
         mechanism = get_optimizer(self.optimizer).mechanism
         hyper, n = dict(self.hyperparameters), self.n_train(train)
@@ -108,7 +109,8 @@ class Cell:
             factorization, noise = cache.run_files(cache_dir, key, self.problem, self.seed)
             return {"factorization": factorization, "noise": noise}
         if isinstance(mechanism, StreamingMechanism):
-            run = SimpleNamespace(hyperparameters=hyper, epsilon=self.epsilon, delta=train.get("delta", 1e-5))
+            run = SimpleNamespace(hyperparameters=hyper, epsilon=self.epsilon,
+                                  delta=train.get("delta", accounting.DELTA))
             return {"factorization": cache.streaming_path(cache_dir, mechanism.key(n, self.batch_size, self.epochs,
                                                                                     run))}
         return {}

@@ -14,10 +14,12 @@ import math
 import warnings
 from typing import Callable
 
-from scipy.special import ndtr
-
+# The defaults of every run, audit and command (a config's train.delta and train.accountant,
+# whose schema defaults a test holds equal to these). Standard library only at import: the
+# command line reads them in environments without scipy (envs/data.yaml).
 DELTA = 1e-5
 ACCOUNTANTS = ("prv", "rdp")
+DEFAULT_ACCOUNTANT = "prv"
 # Opacus's default orders stop at 63; large sigma needs larger orders for a tight bound.
 RDP_ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [80, 100, 128, 160, 200, 256, 512, 1024]
 MAX_NOISE_MULTIPLIER = 1e4
@@ -39,7 +41,7 @@ def check_target(target_epsilon: float, delta: float | None = None) -> None:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
 
 
-def epsilon(history: History, delta: float = DELTA, accountant: str = "prv") -> float:
+def epsilon(history: History, delta: float = DELTA, accountant: str = DEFAULT_ACCOUNTANT) -> float:
     """The epsilon spent by a composition of Poisson-subsampled Gaussian mechanisms."""
     history = [(float(s), float(q), int(n)) for s, q, n in history if n > 0]
     if not history:
@@ -101,7 +103,7 @@ def calibrate(epsilon_of: Callable[[float], float], target_epsilon: float, rel_t
 
 
 def calibrate_noise_multiplier(target_epsilon: float, sample_rate: float, steps: int, delta: float = DELTA,
-                               accountant: str = "prv", rel_tol: float = 1e-3) -> float:
+                               accountant: str = DEFAULT_ACCOUNTANT, rel_tol: float = 1e-3) -> float:
     """The smallest sigma meeting the target for T steps of the Poisson-subsampled Gaussian."""
     if not 0 < sample_rate <= 1:
         raise ValueError(f"sample rate must be in (0, 1], got {sample_rate}")
@@ -113,6 +115,8 @@ def calibrate_noise_multiplier(target_epsilon: float, sample_rate: float, steps:
 
 def gaussian_delta(epsilon: float, mu: float) -> float:
     """delta(epsilon) of a Gaussian mechanism with sensitivity/std ratio mu (thesis eq. 2.4)."""
+    from scipy.special import ndtr
+
     if mu == 0:
         return 0.0
     return float(ndtr(mu / 2 - epsilon / mu) - math.exp(epsilon) * ndtr(-mu / 2 - epsilon / mu))

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
-from dpbench.privacy import accounting
+from dpbench.privacy import accounting, profiles
 from dpbench.privacy.noise import GaussianNoise
 from dpbench.privacy.sampling import PoissonSampler
 
@@ -180,8 +180,6 @@ class PoissonSubsampledGaussian:
         """The claim at every epsilon at once, delta*(eps) (an upper bound, from the accountant
         the run uses), which the empirical audit tests: the PRV profile of the history, or
         the RDP one where this mechanism or the run accounts with RDP; plus delta_fail."""
-        from dpbench.audit import profiles
-
         history = self.history(plan, noise_multiplier, plan.steps)
         fail = self.delta_fail(plan)
         if self.accountant == "rdp":

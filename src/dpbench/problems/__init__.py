@@ -1,7 +1,8 @@
 """The benchmark problems: a dataset, a model, preprocessing, a per-sample loss and the metric
 reported. P1-P3 are the thesis's (Table 4.1): image datasets read by ``dpbench.data``, the
 networks of ``convnets``. P4 is a private transformer language model on the fortunes corpus
-with planted canaries (``language``, ``transformer``, ``tokenizer``)."""
+with planted canaries (``language``, ``transformer``, ``tokenizer``; ``canaries``: their
+generation, planting and exposure)."""
 
 from __future__ import annotations
 

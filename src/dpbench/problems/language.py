@@ -13,7 +13,7 @@ held-out ones are the run's *test* split (never trained on, whatever the seed). 
 ``validation_size`` carves a validation split out of the training records, as for the image
 problems, and ``train_subset`` draws a subset of them first.
 
-Canaries (Carlini et al. 2019, arXiv:1802.08232; ``dpbench.audit.canaries``). Every run plants
+Canaries (Carlini et al. 2019, arXiv:1802.08232; ``canaries``). Every run plants
 ``PER_REPEAT`` canaries "the secret code is <s>" for each repetition count k in ``REPEATS``, the
 secrets s drawn uniformly from the 10^``DIGITS`` digit strings by the run's "canary" random
 stream. A canary with k = 0 is never inserted: its exposure is the baseline of a secret the
@@ -35,9 +35,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpbench.audit import canaries as canary_lib
 from dpbench.data import fortunes
 from dpbench.data.image_datasets import Dataset
+import dpbench.problems.canaries as canary_lib
 import dpbench.problems.tokenizer as tokenizer
 from dpbench.problems.transformer import token_losses
 

@@ -1,3 +1,4 @@
 """From runs to what people read: ``results`` (the one writer and reader of run files and
-tables), ``aggregate`` (many run files -> the runs and epochs tables), ``figures`` (the
-thesis figures as pure functions of those tables)."""
+tables), ``aggregate`` (many run files -> the runs and epochs tables), ``audits`` (the files
+``dpbench audit`` writes -> the audits table), ``figures`` (the thesis figures as pure functions
+of those tables)."""

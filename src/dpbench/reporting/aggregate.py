@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dpbench.reporting.audits import violations
 from dpbench.reporting.results import dp_guarantee, is_private, read_run
 
 RUN_KEYS = ["problem", "optimizer", "private", "mechanism_origin", "lr", "batch_size", "epochs", "seed",
@@ -162,8 +163,6 @@ def aggregate(paths: list[str | Path], out_runs: str | Path, out_epochs: str | P
     runs["best_epoch"] = [_best_epoch(per_epoch[per_epoch.run_id == r], t) for r, t in zip(runs.run_id, runs.task)]
     flagged = {}
     if audits is not None:
-        from dpbench.audit.summary import violations
-
         flagged = violations(pd.read_parquet(audits))
     runs["audit_violation"] = pd.array([flagged.get(o) for o in runs["optimizer"]], dtype="boolean")
     write_table(runs, out_runs, RUNS_NOT_PRIVATE)

@@ -1,3 +1,4 @@
 """One grid cell, trained: ``train`` (data -> model -> calibration -> steps -> metrics), ``harness``
-(the DP step built one way for runs and audits), ``seeds`` (a run's independent random
-streams), ``cuda`` (full-precision, deterministic GPU numerics)."""
+(the DP step built one way for runs and audits), ``cuda`` (full-precision, deterministic GPU
+numerics). A run's random streams are ``dpbench.seeds``, on the ground floor: the matrix
+mechanisms' noise files are keyed by them too."""

@@ -74,7 +74,7 @@ def assemble(spec: OptimizerSpec, plan: Plan, model: nn.Module, loss_fn: LossFn,
              device: torch.device | str, lanes: int = 1) -> Assembly:
     """The optimizer's step and sampler for one run. ``hyperparameters`` are the given ones
     (the spec's defaults fill in the rest; an unknown name is an error); ``noise_seed`` and
-    ``sampler_seed`` are the run's "noise" and "sampler" streams (``dpbench.training.seeds``).
+    ``sampler_seed`` are the run's "noise" and "sampler" streams (``dpbench.seeds``).
     ``lanes`` > 1 builds that many independent replicas side by side (``Context.lanes``; the
     empirical audit's trials): the model's parameters carry the lane on their first axis and
     the sampler draws ``lanes`` blocks of ``n_train`` examples."""

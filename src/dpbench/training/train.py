@@ -34,7 +34,7 @@ from dpbench.optimizers.registry import OptimizerSpec
 from dpbench.plugins import mechanism_origin, record_of
 from dpbench.problems import Problem, get_problem
 from dpbench.reporting.results import provenance
-from dpbench.training.seeds import stream_seeds
+from dpbench.seeds import stream_seeds
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class RunConfig:
     delta: float = accounting.DELTA
     clip_norm: float = 1.0
     normalize_clipping: bool = True
-    accountant: str = "prv"
+    accountant: str = accounting.DEFAULT_ACCOUNTANT
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     max_steps: int | None = None
     train_subset: int | None = None

@@ -1,12 +1,13 @@
-"""Claimed privacy profiles delta*(epsilon): what a run promises at every epsilon at once.
+"""Claimed privacy profiles delta*(epsilon): what a run promises at every epsilon at once, the
+accountants' claims in the form the empirical audit (``dpbench.audit``) tests them.
 
 A mechanism M is (epsilon, delta*(epsilon))-DP for every epsilon >= 0, where for neighbouring
 output distributions P, Q the tight profile is the hockey-stick divergence
     delta*(epsilon) = max{H_{e^eps}(P || Q), H_{e^eps}(Q || P)},  H_g(P || Q) = E_Q[(dP/dQ - g)_+].
-The violation test (``bounds.analyse``) flags a run whose measured false-positive and
-false-negative rates leave this region at some epsilon, so a profile here must never be
-smaller than what the run's own accountant certifies; every function returns an UPPER bound
-of the claim, built from the accountant the runs use (``dpbench.privacy.accounting``):
+The audit's violation test (``dpbench.audit.bounds.analyse``) flags a run whose measured
+false-positive and false-negative rates leave this region at some epsilon, so a profile here
+must never be smaller than what the run's own accountant certifies; every function returns an
+UPPER bound of the claim, built from the accountant the runs use (``dpbench.privacy.accounting``):
 
 - ``prv_profile``: T Poisson-subsampled Gaussian steps (any history of (sigma, q, steps)
   segments), the numerical composition of privacy loss random variables of Gopi, Lee &
@@ -42,8 +43,9 @@ of the claim, built from the accountant the runs use (``dpbench.privacy.accounti
   (the ``fast_rdp_epsilon`` path); other orders Opacus's ``compute_rdp``.
 
 A profile is a function from an array of epsilons to an array of deltas in [0, 1]. Each
-mechanism says which of these is its claim (``privacy_profile`` in ``dpbench.privacy.mechanisms`` and
-``dpbench.matrix.dense_mechanism``), from the accountant it was calibrated with and its sigma.
+mechanism says which of these is its claim (its ``privacy_profile``: ``dpbench.privacy.mechanisms``,
+``dpbench.matrix.dense_mechanism``, ``dpbench.matrix.streamed_mechanism``,
+``dpbench.optimizers.dice_strict``), from the accountant it was calibrated with and its sigma.
 """
 
 from __future__ import annotations
