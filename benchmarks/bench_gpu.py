@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -63,7 +62,7 @@ from dpbench.matrix.dense_mechanism import CorrelatedNoise  # noqa: E402
 from dpbench.privacy.noise import GaussianNoise  # noqa: E402
 from dpbench.optimizers import get_optimizer  # noqa: E402
 from dpbench.optimizers.base import Context  # noqa: E402
-from dpbench.privacy.per_sample import LayerGrads  # noqa: E402
+from dpbench.privacy.per_sample_layers import Conv2dGrads, FactorGrads  # noqa: E402
 from dpbench.problems import get_problem  # noqa: E402
 from dpbench.privacy.sampling import PoissonSampler  # noqa: E402
 
@@ -149,21 +148,14 @@ class PooledNoise(CorrelatedNoise):
 @contextlib.contextmanager
 def unfold_materialised():
     """A candidate for the per-sample weight gradients of convolutions (measured as the method
-    ``dpsgd-unfold``): one batched matrix product of the unfolded factors, G_i^T A_i, for every
-    layer type, instead of dpbench's grouped convolution (groups = B) per layer."""
-    original = LayerGrads.__dict__["materialised"]
-
-    def materialised(self):
-        A, G = self.factors
-        return torch.bmm(G.transpose(1, 2), A).view(self.batch_size, *self.module.weight.shape)
-
-    patched = functools.cached_property(materialised)
-    patched.__set_name__(LayerGrads, "materialised")
-    LayerGrads.materialised = patched
+    ``dpsgd-unfold``): one batched matrix product of the unfolded factors, G_i^T A_i, as for
+    Linear layers, instead of dpbench's grouped convolution (groups = B) per layer."""
+    original = Conv2dGrads.__dict__["_materialise"]
+    Conv2dGrads._materialise = FactorGrads._materialise  # ConvTranspose2dGrads inherits it
     try:
         yield
     finally:
-        LayerGrads.materialised = original
+        Conv2dGrads._materialise = original
 
 
 def build_model(problem_id: str, device, seed: int = 0):

@@ -3,18 +3,21 @@ mutants caught, correct mechanisms not flagged, the deterministic checks, the CL
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from dpbench.audit import mutants, run
+from dpbench.audit import mutants, run, statistics
 from dpbench.audit.trials import (AuditProblem, audit_spec, participation_check, postprocessing_check,
                                   run_trials, sign_worst_norm)
 from dpbench.reporting import audits as audit_table
 from dpbench.optimizers import OPTIMIZERS, get_optimizer
+from dpbench.privacy.mechanisms import AuditSpec
 
 SMALL = AuditProblem(dimension=5, examples=20, batch_size=5, steps=40)  # q = 0.25, E = 10
 
@@ -228,6 +231,47 @@ def test_one_run_mode(cache):
     assert len(rows) == 200 and rec["guesses"] == 40 and rec["violation"] is False
     assert 0 <= rec["epsilon_lower"] < 8.0
 
+
+
+# -- the statistics, objects registered by name ------------------------------------------------
+
+def test_the_matrix_statistic_is_s_mf_of_each_trials_own_pattern():
+    """The registered ``matrix`` statistic (each trial with its own participation v) equals the
+    one-pattern oracle ``s_mf`` where all trials share v."""
+    rng = np.random.default_rng(0)
+    T, R = 6, 5
+    strategy = np.tril(rng.random((T, T))) + np.eye(T)
+    v = np.array([1.0, 0, 1, 0, 0, 1])
+    trials = SimpleNamespace(y=rng.normal(size=(T, R)), pattern=np.tile(v[:, None], (1, R)),
+                             claim=SimpleNamespace(strategy=strategy))
+    scored = statistics.get_statistic("matrix").score(trials)
+    np.testing.assert_allclose(scored, statistics.s_mf(trials.y.T, strategy, v), rtol=1e-12)
+
+
+class LastRelease(statistics.AuditStatistic):
+    def score(self, trials):
+        return trials.y[-1]
+
+
+def test_a_registered_statistic_scores_the_trials_of_a_spec_that_names_it(cache):
+    statistics.register_statistic(LastRelease("last-release", "S_last"))
+    try:
+        spec = dataclasses.replace(get_optimizer("dpsgd"), audit=AuditSpec("last-release"))
+        tr = run_trials(spec, None, 8, seed=1, problem=SMALL, lanes=8, cache_dir=cache, noise_multiplier=1.5)
+        scored = run.scores(tr)
+        assert list(scored) == ["S_last", "S_diff"] and np.array_equal(scored["S_last"], tr.y[-1])
+        assert np.array_equal(scored["S_diff"], statistics.s_diff(tr.y.T))  # not whitened
+    finally:
+        del statistics.STATISTICS["last-release"]
+
+
+def test_an_unknown_statistic_is_refused_by_name_when_the_audit_starts():
+    spec = dataclasses.replace(get_optimizer("dpsgd"), audit=AuditSpec("likelihood"))
+    with pytest.raises(ValueError, match=r"optimizer 'dpsgd': AuditSpec.statistic: unknown audit statistic "
+                                         r"'likelihood' \(registered: lr, sum, projected-lr, matrix, banded-lr;"):
+        run_trials(spec, 1.0, 8, problem=SMALL)
+    with pytest.raises(ValueError, match="audit statistic 'sum' is already registered"):
+        statistics.register_statistic(statistics.Sum("sum", "S_sum"))
 
 def test_dpdice_runs_carry_the_audit_flag_in_the_runs_table_and_the_legends(tiny_fmnist, tmp_path, cache):
     """A refuted optimizer is marked wherever its runs are compared: the runs table's

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from dpbench.privacy.per_sample import LayerGrads, Tape, UnsupportedLayerError
+from dpbench.privacy.per_sample import LayerGrads, Tape, UnsupportedLayerError, layer_grads
+from dpbench.privacy.per_sample_layers import LAYER_GRADS, register_per_sample
 from dpbench.problems import PROBLEMS
 
 B = 12
@@ -137,12 +138,84 @@ def test_unfold_equals_torch_unfold_exactly(stride, padding):
 def test_per_sample_weight_gradients_by_gemm_equal_the_grouped_convolution(layer):
     """The GPU path (one batched GEMM of the unfolded factors) and the CPU path (a grouped
     weight-gradient convolution) give the same per-sample gradients."""
-    from dpbench.privacy.per_sample import LayerGrads
+    from dpbench.privacy.per_sample import layer_grads
 
     layer = layer.double()
     x = torch.randn(6, layer.in_channels, 7, 7, dtype=torch.float64)
     gy = torch.randn_like(layer(x))
-    grouped = LayerGrads(layer, x, gy).materialised
-    A, G = LayerGrads(layer, x, gy).factors
+    grouped = layer_grads(layer, x, gy).materialised
+    A, G = layer_grads(layer, x, gy).factors
     gemm = torch.bmm(G.transpose(1, 2), A).view(6, *layer.weight.shape)
     torch.testing.assert_close(gemm, grouped, rtol=1e-12, atol=1e-12)
+
+
+class Scale(nn.Module):
+    """y = x * scale (elementwise over the last axis): a layer type dpbench does not know."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(d))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def scale_grads(module, x, gy):
+    """As a plugin would register it: grad_i = sum over positions of x * gy."""
+    return {module.scale: (x * gy).reshape(len(x), -1, x.shape[-1]).sum(1)}
+
+
+@pytest.fixture
+def scale_registered():
+    register_per_sample(Scale)(scale_grads)
+    yield
+    del LAYER_GRADS[Scale]
+
+
+def test_a_registered_layer_type_gets_exact_per_sample_gradients(scale_registered, device):
+    """A layer type registered from outside dpbench, with one function, is taped, clipped and
+    summed like the built-in ones: norms, weighted sums and inner products against torch.func."""
+    model = nn.Sequential(nn.Linear(6, 5), Scale(5), nn.Tanh(), nn.Linear(5, 3)).double().to(device)
+    x = torch.randn(B, 4, 6, dtype=torch.float64, device=device)  # 4 positions a record
+    loss_batch = lambda x: model(x).sin().sum((1, 2))  # noqa: E731
+    loss_one = lambda p, x: functional_call(model, p, (x[None],)).sin().sum()  # noqa: E731
+    psg, ref = check(model, loss_batch, loss_one, x)
+    tape = Tape(model)
+    with tape:
+        psg2 = tape.per_sample_gradients(loss_batch(x.flip(0)))
+    ref2 = reference(model, loss_one, x.flip(0))
+    expected = sum((ref[p].flatten(1) * ref2[p].flatten(1)).sum(1) for p in ref)
+    torch.testing.assert_close(psg.inner(psg2), expected, rtol=1e-10, atol=1e-12)
+    assert ref[model[1].scale].abs().min() > 0  # the registered layer's gradients count
+
+
+def test_an_unregistered_layer_with_parameters_is_refused_by_name():
+    with pytest.raises(UnsupportedLayerError, match=r"layer '1' \(Scale\) has trainable parameters, but no per-sample "
+                                                    r"gradients are registered for Scale .*register_per_sample\(Scale\)"):
+        Tape(nn.Sequential(nn.Linear(6, 5), Scale(5)))
+
+
+def test_a_subclass_of_a_registered_layer_is_not_covered_by_its_rule():
+    class MyLinear(nn.Linear):  # its forward may differ: the rule is looked up by exact type
+        pass
+
+    with pytest.raises(UnsupportedLayerError, match=r"layer '0' \(MyLinear\) .*register_per_sample\(MyLinear\)"):
+        Tape(nn.Sequential(MyLinear(3, 3)))
+
+
+def test_a_registration_is_checked(scale_registered):
+    with pytest.raises(ValueError, match="per-sample gradients of Scale are already registered"):
+        register_per_sample(Scale)(scale_grads)
+    with pytest.raises(TypeError, match="takes a torch.nn.Module subclass"):
+        register_per_sample(len)
+
+    class Summed(Scale):
+        pass
+
+    register_per_sample(Summed)(lambda m, x, gy: {m.scale: (x * gy).sum(0)})  # the batch summed away
+    try:
+        with pytest.raises(UnsupportedLayerError, match=r"returned shape \(3,\) for a parameter of shape \(3,\); "
+                                                        r"expected \(4, 3\)"):
+            layer_grads(Summed(3), torch.randn(4, 3), torch.randn(4, 3)).per_sample
+    finally:
+        del LAYER_GRADS[Summed]

@@ -10,7 +10,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from dpbench.privacy.per_sample import (LayerGrads, SampleMixingError, Tape, UnsupportedLayerError,
-                                        check_per_sample, trainable_layers)
+                                        check_per_sample, layer_grads, trainable_layers)
 from dpbench.problems.transformer import TransformerLM, token_losses
 
 # torch.func has no batching rule for CPU flash attention: the reference falls back to a loop (slower, same values)
@@ -96,7 +96,7 @@ def test_embedding_takes_the_cheaper_path(positions, vocab, ghost):
     """Ghost ~P^2 d per sample, materialising ~(V + P) d: the ghost path iff P^2 < V + P."""
     layer = nn.Embedding(vocab, 4)
     idx = tokens((2, positions), vocab)
-    assert LayerGrads(layer, idx, torch.randn(2, positions, 4)).use_ghost is ghost
+    assert layer_grads(layer, idx, torch.randn(2, positions, 4)).use_ghost is ghost
 
 
 @pytest.mark.parametrize("d_in,d_out,positions,ghost", [(128, 128, 128, False), (128, 512, 128, False),
@@ -104,7 +104,7 @@ def test_embedding_takes_the_cheaper_path(positions, vocab, ghost):
 def test_linear_on_sequences_takes_the_cheaper_path(d_in, d_out, positions, ghost):
     """P = T positions per record: ghost ~P^2 (d_in + d_out), materialising ~P d_in d_out."""
     x = torch.randn(2, positions, d_in)
-    layer = LayerGrads(nn.Linear(d_in, d_out), x, torch.randn(2, positions, d_out))
+    layer = layer_grads(nn.Linear(d_in, d_out), x, torch.randn(2, positions, d_out))
     assert layer._positions == positions and layer.use_ghost is ghost
 
 

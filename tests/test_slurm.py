@@ -94,6 +94,19 @@ def test_measured_gpu_costs(tmp_path):
         cluster.GpuCosts.from_file(tmp_path / "bad.json")
 
 
+def test_the_cost_class_is_read_from_the_optimizer_spec(tmp_path, monkeypatch):
+    """A spec's cost_class decides which measured step stands for it (none: the assumed cost)."""
+    import dataclasses
+
+    from dpbench.optimizers import OPTIMIZERS
+
+    (tmp_path / "costs.json").write_text(json.dumps(MEASURED))
+    costs = cluster.GpuCosts.from_file(tmp_path / "costs.json")
+    assert costs.step("P2", "d2p2sgd", 256) == cluster.ASSUMED.step("P2", "d2p2sgd", 256) == 0.010 + 256 * 30e-6
+    monkeypatch.setitem(OPTIMIZERS, "d2p2sgd", dataclasses.replace(OPTIMIZERS["d2p2sgd"], cost_class="dpsgd"))
+    assert cluster.cost_class("d2p2sgd") == "dpsgd" and costs.step("P2", "d2p2sgd", 256) == 0.004
+
+
 def test_default_costs_are_the_committed_measurement_or_assumed():
     if cluster.COSTS_FILE.exists():
         assert cluster.COSTS == cluster.GpuCosts.from_file(cluster.COSTS_FILE)

@@ -1,8 +1,8 @@
 """One audit, end to end: trials through the harness -> scores -> bounds -> a Parquet file.
 
 The statistics are pre-registered before any trial runs: the primary statistic of the
-mechanism's family (``AuditSpec.statistic``) and S_diff, at the quantile levels of
-``bounds.levels``; R, beta and the seed are fixed by the caller. Nothing is tuned on the
+mechanism's family (``AuditSpec.statistic`` names one of ``statistics.STATISTICS``) and
+S_diff, at the quantile levels of ``bounds.levels``; R, beta and the seed are fixed by the caller. Nothing is tuned on the
 scores (no optional stopping, no threshold from a simulation of the claimed mechanism).
 
 Two modes:
@@ -36,60 +36,15 @@ from dpbench.plugins import mechanism_origin, record_of
 MODES = ("trials", "one-run")
 
 
-def _mf_scores(y: np.ndarray, strategy: np.ndarray, pattern: np.ndarray) -> np.ndarray:
-    """S_MF per trial with each trial's own participation v (columns of ``pattern``):
-    <C y, C v> / ||C v||."""
-    cy, cv = strategy @ y, strategy @ pattern
-    norms = np.linalg.norm(cv, axis=0)
-    if np.any(norms == 0):
-        raise ValueError("a canary never participated (C v = 0)")
-    return (cy * cv).sum(axis=0) / norms
-
-
-def _banded_lr_scores(y: np.ndarray, strategy: np.ndarray, groups: np.ndarray, sensitivity: float,
-                      noise_std: np.ndarray, rate: float, bands: int) -> np.ndarray:
-    """Amplified BandMF (cyclic Poisson over b groups, banded C): whitened, w = C y = C G +
-    sigma s Z. The canary (group g, public partition) may join at the steps t = g mod b, each
-    with probability p, adding s C e_t; with b bands the columns of different such steps do
-    not overlap, so the rounds are independent and the Neyman-Pearson statistic is
-        S = sum_{t = g mod b} log(1 - p + p exp((2 s (C^T w)_t - s^2 ||C e_t||^2) / (2 sigma^2 s^2))),
-    since <s C e_t, w> = s (C^T w)_t."""
-    steps = strategy.shape[0]
-    ctw = strategy.T @ (strategy @ y)  # (T, R)
-    col2 = (strategy ** 2).sum(axis=0)[:, None]
-    var = (np.asarray(noise_std, float) ** 2)[:, None]
-    log_ratio = (2 * sensitivity * ctw - sensitivity ** 2 * col2) / (2 * var)
-    terms = np.logaddexp(np.log1p(-rate), np.log(rate) + log_ratio)
-    mine = (np.arange(steps)[:, None] % bands) == (np.asarray(groups)[None, :] % bands)
-    return (terms * mine).sum(axis=0)
-
-
 def primary_name(trials: Trials) -> str:
-    return {"lr": "S_LR", "sum": "S_sum", "projected-lr": "S_LR", "matrix": "S_MF",
-            "banded-lr": "S_LR"}[trials.audit.statistic]
+    return statistics.get_statistic(trials.audit.statistic).label
 
 
 def scores(trials: Trials) -> dict[str, np.ndarray]:
     """The pre-registered statistics of every trial: {primary, S_diff} -> (R,) scores."""
-    family, claim = trials.audit.statistic, trials.claim
-    y = trials.y.T  # (R, T)
-    s = claim.clip_sensitivity
-    strategy = None
-    if family in ("lr", "projected-lr"):
-        signal = trials.signal.T if trials.signal is not None else s  # (R, T) where projected
-        primary = statistics.s_lr(y, signal, trials.noise_std, claim.plan.sample_rate)
-    elif family == "sum":
-        primary = statistics.s_sum(y)
-    elif family == "matrix":
-        strategy = claim.strategy
-        primary = _mf_scores(trials.y, strategy, trials.pattern)
-    elif family == "banded-lr":
-        strategy = claim.strategy
-        primary = _banded_lr_scores(trials.y, strategy, trials.extras["groups"], s, trials.noise_std,
-                                    claim.plan.sample_rate, claim.plan.extras["bands"])
-    else:
-        raise ValueError(f"unknown audit statistic {family!r}")
-    return {primary_name(trials): primary, "S_diff": statistics.s_diff(y, strategy)}
+    statistic = statistics.get_statistic(trials.audit.statistic)
+    strategy = trials.claim.strategy if statistic.whitened else None
+    return {statistic.label: statistic.score(trials), "S_diff": statistics.s_diff(trials.y.T, strategy)}
 
 
 def claim_record(spec: OptimizerSpec, trials_or_claim, hyper: dict, problem: AuditProblem) -> dict[str, Any]:
@@ -185,7 +140,7 @@ def one_run(spec: OptimizerSpec, epsilon: float, canaries: int, beta: float, see
     tr = Trials(y, canary_in, out["noise_std"], claim, audit_, audit_.canary_factor * claim.clip_sensitivity,
                 out["participation"][:, 0, :].astype(float) if audit_.neighbours == "zero-out" else None,
                 claim.clip_sensitivity * out["projected_norms"][:, 0, :]
-                if audit_.statistic == "projected-lr" else None)
+                if statistics.get_statistic(audit_.statistic).projected else None)
     primary = scores(tr)[primary_name(tr)]
     k = max(1, canaries // 10)
     order = np.argsort(primary)

@@ -1,5 +1,12 @@
 """Test statistics of the audit: one score per trial from the canary coordinate of the releases.
 
+Each mechanism family's primary statistic is an ``AuditStatistic`` object registered by name in
+``STATISTICS`` (``register_statistic`` adds one); a mechanism's ``AuditSpec.statistic`` names
+it, and the audit looks the name up when it starts (``get_statistic``). Built in: ``lr`` (S_LR),
+``sum`` (S_sum), ``projected-lr`` (S_LR on the release projected on P_k^T e_c), ``matrix``
+(S_MF) and ``banded-lr`` (S_LR per round of the whitened releases). The functions below are the
+maths they use.
+
 Every function takes the observed releases of many trials at once, ``y`` of shape
 (trials, T), with y_t = L <r_t, e_c> the release in the canary's coordinate c in sum units (the
 release r_t is in mean units, L the expected batch size), and returns one score per trial,
@@ -34,6 +41,9 @@ randomised statistic with a continuous law whose order only differs from the raw
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -98,3 +108,104 @@ def jitter(scores: ArrayLike, rng: np.random.Generator, scale: float = 1e-9) -> 
     spread = float(x.max() - x.min()) if x.size else 0.0
     width = scale * spread if spread > 0 else 1.0
     return x + rng.uniform(0.0, width, size=x.shape)
+
+
+# -- the statistics of the mechanism families, registered by name ------------------------------
+
+@dataclass(frozen=True)
+class AuditStatistic:
+    """A family's primary statistic: ``score`` maps the adversary's view of R trials
+    (``dpbench.audit.trials.Trials``: releases y (T, R), claim, noise std, participation...) to
+    one score per trial, larger meaning "the canary was in"."""
+
+    name: str  # what AuditSpec.statistic says
+    label: str  # the score's name in the audit file ("S_LR")
+    whitened: bool = False  # S_diff reads the releases whitened by the strategy, w = C y
+    projected: bool = False  # the trials read each release along P_t^T e_c and record the signal
+    grouped: bool = False  # the trials record each canary's group (cyclic Poisson sampling)
+
+    def score(self, trials: Any) -> np.ndarray:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class LikelihoodRatio(AuditStatistic):
+    """S_LR (``s_lr``) with a_t = s, or the recorded projected signal s ||P_t^T e_c||."""
+
+    def score(self, trials: Any) -> np.ndarray:
+        claim = trials.claim
+        signal = trials.signal.T if trials.signal is not None else claim.clip_sensitivity  # (R, T) where projected
+        return s_lr(trials.y.T, signal, trials.noise_std, claim.plan.sample_rate)
+
+
+@dataclass(frozen=True)
+class Sum(AuditStatistic):
+    """S_sum (``s_sum``)."""
+
+    def score(self, trials: Any) -> np.ndarray:
+        return s_sum(trials.y.T)
+
+
+@dataclass(frozen=True)
+class MatrixProjection(AuditStatistic):
+    """S_MF per trial with each trial's own participation v (the columns of ``trials.pattern``):
+    <C y, C v> / ||C v||."""
+
+    def score(self, trials: Any) -> np.ndarray:
+        cy, cv = trials.claim.strategy @ trials.y, trials.claim.strategy @ trials.pattern
+        norms = np.linalg.norm(cv, axis=0)
+        if np.any(norms == 0):
+            raise ValueError("a canary never participated (C v = 0)")
+        return (cy * cv).sum(axis=0) / norms
+
+
+@dataclass(frozen=True)
+class BandedLikelihoodRatio(AuditStatistic):
+    """Amplified BandMF (cyclic Poisson over b groups, banded C): whitened, w = C y = C G +
+    sigma s Z. The canary (group g, public partition) may join at the steps t = g mod b, each
+    with probability p, adding s C e_t; with b bands the columns of different such steps do
+    not overlap, so the rounds are independent and the Neyman-Pearson statistic is
+        S = sum_{t = g mod b} log(1 - p + p exp((2 s (C^T w)_t - s^2 ||C e_t||^2) / (2 sigma^2 s^2))),
+    since <s C e_t, w> = s (C^T w)_t."""
+
+    def score(self, trials: Any) -> np.ndarray:
+        claim, strategy = trials.claim, trials.claim.strategy
+        sensitivity, rate, bands = claim.clip_sensitivity, claim.plan.sample_rate, claim.plan.extras["bands"]
+        steps = strategy.shape[0]
+        ctw = strategy.T @ (strategy @ trials.y)  # (T, R)
+        col2 = (strategy ** 2).sum(axis=0)[:, None]
+        var = (np.asarray(trials.noise_std, float) ** 2)[:, None]
+        log_ratio = (2 * sensitivity * ctw - sensitivity ** 2 * col2) / (2 * var)
+        terms = np.logaddexp(np.log1p(-rate), np.log(rate) + log_ratio)
+        mine = (np.arange(steps)[:, None] % bands) == (np.asarray(trials.extras["groups"])[None, :] % bands)
+        return (terms * mine).sum(axis=0)
+
+
+STATISTICS: dict[str, AuditStatistic] = {}
+"""The registry: AuditSpec.statistic -> its AuditStatistic (filled by ``register_statistic``)."""
+
+
+def register_statistic(statistic: AuditStatistic) -> AuditStatistic:
+    """Make ``statistic`` available to mechanisms under ``statistic.name`` (once)."""
+    if not isinstance(statistic, AuditStatistic):
+        raise TypeError(f"register_statistic takes an AuditStatistic, got {statistic!r}")
+    if statistic.name in STATISTICS:
+        raise ValueError(f"audit statistic {statistic.name!r} is already registered")
+    STATISTICS[statistic.name] = statistic
+    return statistic
+
+
+def get_statistic(name: str) -> AuditStatistic:
+    """The registered statistic called ``name``; an unknown name is an error that names it."""
+    try:
+        return STATISTICS[name]
+    except KeyError:
+        raise ValueError(f"unknown audit statistic {name!r} (registered: {', '.join(STATISTICS)}; add one with "
+                         "dpbench.audit.statistics.register_statistic)") from None
+
+
+register_statistic(LikelihoodRatio("lr", "S_LR"))
+register_statistic(Sum("sum", "S_sum"))
+register_statistic(LikelihoodRatio("projected-lr", "S_LR", projected=True))
+register_statistic(MatrixProjection("matrix", "S_MF", whitened=True))
+register_statistic(BandedLikelihoodRatio("banded-lr", "S_LR", whitened=True, grouped=True))

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpbench.audit.statistics import get_statistic
 from dpbench.privacy import accounting
 from dpbench.privacy.clipping import Clipping
 from dpbench.matrix.cache import default_cache_dir
@@ -166,6 +167,10 @@ def audit_spec(spec: OptimizerSpec) -> AuditSpec:
         raise ValueError(f"optimizer {spec.name!r}: its mechanism {type(spec.mechanism).__name__} does not say how "
                          "to audit it (its mechanism needs a `privacy_profile` method and an `audit` AuditSpec, "
                          "or its OptimizerSpec an `audit`)")
+    try:
+        get_statistic(audit.statistic)
+    except ValueError as exc:
+        raise ValueError(f"optimizer {spec.name!r}: AuditSpec.statistic: {exc}") from None
     return audit
 
 
@@ -275,21 +280,22 @@ def run_chunk(spec: OptimizerSpec, audit: AuditSpec, claim: Claim, hyper: dict, 
     participation = np.zeros((T, lanes, m), dtype=bool)
     projected = np.ones((T, lanes, m))  # ||P_t^T e_j|| (1 without a projection)
     std_at = getattr(step, "noise_std_at", None)
+    statistic = get_statistic(audit.statistic)
     for t in range(T):
         idx = sampler.sample()
         participation[t] = torch.isin(slots, idx).numpy()
         step(x[idx], lane_of[idx])
         noise_std[t] = std_at(t + 1) if std_at else step.noise_std
-        if audit.statistic == "projected-lr":
+        if statistic.projected:
             projected[t] = _projected_canary_norms(step, m)
     y = recorder.y.numpy() * L
-    if audit.statistic == "projected-lr":
+    if statistic.projected:
         # the recorder sees P_t r_t; its canary coordinate is <r_t, P_t^T e_j>: divided by
         # ||P_t^T e_j|| it is the release projected on u = P_t^T e_j / ||P_t^T e_j||, whose
         # noise has the claimed std and whose canary signal is s ||P_t^T e_j||
         y = y / projected
     groups = None
-    if audit.statistic == "banded-lr":  # cyclic Poisson: the canaries' groups (a public partition)
+    if statistic.grouped:  # cyclic Poisson: the canaries' groups (a public partition)
         groups = sampler.groups.cpu()[slots].numpy()
     return {"y": y, "participation": participation, "noise_std": noise_std, "projected_norms": projected,
             "groups": groups, "recorder": recorder, "step": step, "sampler": sampler}
@@ -357,7 +363,8 @@ def run_trials(spec: OptimizerSpec, epsilon: float, trials: int, seed: int = 0, 
     # loader's order is public for them (their claim holds for every pattern it can produce)
     pattern = np.concatenate(patterns, axis=1).astype(float) if audit.neighbours == "zero-out" else None
     # projected families: the claimed canary signal at each step, s ||P_t^T e_c|| (T, R)
-    signal = claim.clip_sensitivity * np.concatenate(norms, axis=1) if audit.statistic == "projected-lr" else None
+    projected = get_statistic(audit.statistic).projected
+    signal = claim.clip_sensitivity * np.concatenate(norms, axis=1) if projected else None
     extras = {"groups": np.concatenate(groups)} if groups else {}
     return Trials(np.concatenate(ys, axis=1), canary_in, out["noise_std"], claim, audit, canary_norm, pattern,
                   signal, seconds=time.perf_counter() - t0, extras=extras)

@@ -120,6 +120,7 @@ ADAM = OptimizerSpec(
     description="non-private Adam on the same Poisson batches (no clipping, no noise)",
     reference="Kingma & Ba 2015",
     defaults={**BETAS, "eps": 1e-8},
+    cost_class="sgd",
 )
 
 ADAMW = OptimizerSpec(
@@ -141,6 +142,7 @@ DPADAM = OptimizerSpec(
     description="DP-Adam: DP-SGD's privatised gradient into Adam, m^ / (sqrt(v^) + eps)",
     reference="Kingma & Ba 2015 on DP-SGD's gradient; Tang et al. 2024 (DP-Adam); thesis Sec. 2.2.2",
     defaults={**BETAS, "eps": 1e-8},
+    cost_class="dpadambc",
 )
 
 DPADAMBC = OptimizerSpec(
@@ -151,6 +153,7 @@ DPADAMBC = OptimizerSpec(
                 "m^ / sqrt(max(v^ - Phi, zeta'))",
     reference="Tang et al. 2024; thesis Alg. 2",
     defaults={**BETAS, "zeta": 1e-8},
+    cost_class="dpadambc",
 )
 
 DPADAMW = OptimizerSpec(
@@ -161,6 +164,7 @@ DPADAMW = OptimizerSpec(
     description="DP-AdamW: decoupled weight decay, m^ / sqrt(v^ + eps0) + lambda theta",
     reference="Chooi et al. 2025 (DP-AdamW, arXiv:2511.07843), Alg. 1",
     defaults={**BETAS, "eps0": 1e-8, "weight_decay": 1e-5},
+    cost_class="dpadambc",
 )
 
 DPADAMW_BC = OptimizerSpec(
@@ -170,4 +174,5 @@ DPADAMW_BC = OptimizerSpec(
     description="DP-AdamW-BC: DP-AdamW with Phi subtracted, m^ / sqrt(max(v^ - Phi, gamma)) + lambda theta",
     reference="Chooi et al. 2025 (DP-AdamW-BC, arXiv:2511.07843), Alg. 2",
     defaults={**BETAS, "gamma": 1e-8, "weight_decay": 1e-5},
+    cost_class="dpadambc",
 )

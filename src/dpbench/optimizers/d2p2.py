@@ -168,6 +168,7 @@ D2PSGD = OptimizerSpec(
     reference=REFERENCE + " Alg. 2 (D2P-SGD: no projection)",
     defaults={"auto_clip_gamma": 0.01},
     mechanism=PoissonSubsampledGaussian(inverse_sqrt_schedule, "inverse-sqrt", BUCKET_REL, accountant="rdp"),
+    cost_class="dpsgd",
 )
 
 DP2SGD = OptimizerSpec(

@@ -105,4 +105,5 @@ DPDICE = OptimizerSpec(
     caveat=CAVEAT,
     # the clipped-away part of a large gradient returns later through clip(e, C2): sum the releases
     audit=AuditSpec("sum", canary_factor=100.0),
+    cost_class="dpdice",
 )

@@ -121,4 +121,5 @@ DPDICE_STRICT = OptimizerSpec(
     defaults={"c2": 1.0},
     mechanism=UnamplifiedGaussian(),
     audit=AuditSpec("sum", canary_factor=100.0),  # as dpdice: the same release, honest noise
+    cost_class="dpdice",
 )

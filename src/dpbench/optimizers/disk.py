@@ -117,4 +117,5 @@ DPDISK = OptimizerSpec(
                 "clipped once, DP-SGD noise, Kalman filter g~ <- (1-kappa) g~ + kappa g, SGD step",
     reference="Zhang et al. 2025 (DiSK, ICLR 2025, arXiv:2410.03883), Alg. 3; thesis Alg. 4",
     defaults={"kappa": 0.7, "gamma": 0.5},
+    cost_class="dpdisk",
 )

@@ -20,6 +20,7 @@ def _spec(name, single_epoch, convergence_aware, description, reference):
         reference=reference,
         defaults={"tau": None} if convergence_aware else {},  # tau None: tau = T
         mechanism=MatrixMechanism(single_epoch=single_epoch, convergence_aware=convergence_aware),
+        cost_class="dpmatrix-se",
     )
 
 

@@ -23,6 +23,11 @@ class OptimizerSpec:
     mechanism: Mechanism = field(default_factory=PoissonSubsampledGaussian)
     caveat: str | None = None  # a limit of the privacy guarantee, recorded in every run
     audit: AuditSpec | None = None  # how dpbench.audit attacks it (None: its mechanism's AuditSpec)
+    # The measured step whose GPU time stands for this one's in the cluster cost model
+    # (dpbench.pipeline.cluster: a class of gpu_costs.json, measured by benchmarks/bench_gpu.py
+    # costs: "sgd", "dpsgd", "dpadambc", "dpdice", "dpdisk", "dpmatrix-se"); None: not measured,
+    # the cost model's assumed (conservative) time per step.
+    cost_class: str | None = None
 
     def hyperparameters(self, given: dict[str, Any] | None) -> dict[str, Any]:
         """The defaults overridden by ``given``; an unknown name, or a value of another kind than

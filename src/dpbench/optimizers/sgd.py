@@ -9,6 +9,7 @@ DPSGD = OptimizerSpec(
     private=True,
     description="DP-SGD: Poisson sampling, clipped per-sample gradients, Gaussian noise, SGD step",
     reference="Abadi et al. 2016; thesis Alg. 1",
+    cost_class="dpsgd",
 )
 
 SGD_REFERENCE = OptimizerSpec(
@@ -17,4 +18,5 @@ SGD_REFERENCE = OptimizerSpec(
     private=False,
     description="non-private SGD on the same Poisson batches (no clipping, no noise)",
     reference="Robbins & Monro 1951",
+    cost_class="sgd",
 )

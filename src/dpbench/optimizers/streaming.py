@@ -24,6 +24,7 @@ DPMATRIX_BAND = OptimizerSpec(
     reference="Choquette-Choo et al. 2023 (arXiv 2306.08153); McKenna 2024 (arXiv 2405.15913)",
     defaults={"bands": "auto"},  # auto: min(64, N // L, T)
     mechanism=BandedMechanism(),
+    cost_class="dpmatrix-se",
 )
 
 DPMATRIX_BAND_AMP = OptimizerSpec(
@@ -34,6 +35,7 @@ DPMATRIX_BAND_AMP = OptimizerSpec(
     reference="Choquette-Choo et al. 2023, Alg. 2 and Thm. 4 (arXiv 2306.08153)",
     defaults={"bands": "auto"},  # auto: b minimising sigma_b sqrt(err_mean) for the target epsilon
     mechanism=AmplifiedBandedMechanism(),
+    cost_class="dpmatrix-se",
 )
 
 DPMATRIX_BLT = OptimizerSpec(
@@ -44,4 +46,5 @@ DPMATRIX_BLT = OptimizerSpec(
     reference="Dvijotham et al. 2024 (arXiv 2404.16706); McMahan et al. 2024 (arXiv 2408.08868)",
     defaults={"buffers": "auto"},  # auto: grow m while the loss improves by > 1% (at most 8)
     mechanism=BLTMechanism(),
+    cost_class="dpmatrix-se",
 )

@@ -1,5 +1,6 @@
 """What a job asks a cluster for: memory, wall time, GPU and CPUs of one training cell, from its
-problem, batch size, epochs and optimizer alone (pure functions, no torch, no Snakemake).
+problem, batch size, epochs and optimizer alone (pure functions, no Snakemake; torch only through
+the optimizer registry, read for each optimizer's cost class).
 
 The numbers are a deliberately conservative cost model, not a measurement of each run:
 
@@ -7,8 +8,8 @@ The numbers are a deliberately conservative cost model, not a measurement of eac
   ``train_subset``, the test set by ``test_subset``;
 * time per step on a GPU (the profile decides GPU or CPU, see workflow/rules/common.smk) comes
   from ``GpuCosts``: the measured seconds per step of the problem and the optimizer's cost class
-  (``cost_class``) at the measured batch sizes, interpolated linearly in L (below the smallest
-  measured L: that step's time; above the largest: its time per example), read from
+  (``OptimizerSpec.cost_class``) at the measured batch sizes, interpolated linearly in L (below
+  the smallest measured L: that step's time; above the largest: its time per example), read from
   ``gpu_costs.json`` next to this module (written by ``benchmarks/bench_gpu.py costs`` on a GPU,
   see docs/gpu.md); without that file, or for a problem or cost class it does not hold, the
   assumed ``STEP_OVERHEAD_S`` + L x ``GPU_S_PER_EXAMPLE`` (2-4x what a DP step of these models
@@ -68,24 +69,15 @@ COSTS_FILE = Path(__file__).with_name("gpu_costs.json")
 ASSUMED_STARTUP_S = 60.0  # interpreter, CUDA context, data, sigma calibration of one job (assumed)
 
 
-# The measured step that stands for each built-in optimizer's (by id, not by prefix: a plugin's
-# id that happens to start like a built-in's must not borrow its cost)
-COST_CLASSES = {
-    "sgd": "sgd", "adam": "sgd", "dpsgd": "dpsgd", "d2psgd": "dpsgd", "dpdisk": "dpdisk",
-    **{name: "dpadambc" for name in ("dpadam", "dpadambc", "dpadamw", "dpadamw-bc")},
-    **{name: "dpdice" for name in ("dpdice", "dpdice-strict")},
-    **{f"dpmatrix-{kind}": "dpmatrix-se" for kind in ("se", "se-lambda", "me", "me-lambda", "band", "band-amp", "blt")},
-}
-
-
 def cost_class(optimizer: str) -> str | None:
-    """The measured step whose cost stands for ``optimizer``'s: the non-private step for sgd
-    and adam, one Adam variant for all DP-Adam variants, one matrix mechanism for all (their
-    steps differ only in the factorization behind the noise rows); None for the projected
-    optimizers (a d x p projection per step, not measured) and for every optimizer of a
-    plugin, which are costed at the assumed, conservative ``STEP_OVERHEAD_S`` + L x
-    ``GPU_S_PER_EXAMPLE``."""
-    return COST_CLASSES.get(optimizer)
+    """The measured step whose cost stands for ``optimizer``'s: its spec's ``cost_class`` (the
+    non-private step for sgd and adam, one Adam variant for all DP-Adam variants, one matrix
+    mechanism for all, their steps differing only in the factorization behind the noise rows;
+    None for the projected optimizers, a d x p projection per step, not measured, and for a
+    plugin's optimizer unless its spec names a class: the assumed, conservative cost)."""
+    from dpbench.optimizers import get_optimizer  # the registry imports torch: only when asked
+
+    return get_optimizer(optimizer).cost_class
 
 
 def _interpolate(table: Mapping[int, float], batch_size: int) -> float:
