@@ -15,13 +15,16 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
-SCHEMA_PATH = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
+# The config schema ships inside the package (package data), so an installed dpbench validates
+# a config wherever it is; the workflow validates through this module too.
+SCHEMA_PATH = resources.files("dpbench.pipeline") / "config.schema.yaml"
 
 
 class ConfigError(ValueError):
