@@ -1,12 +1,23 @@
 # dpbench: benchmark differentially private optimizers.
 # The science lives in the `dpbench` package (src/); rules only name files and call it.
 import os
-import sys
+from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-sys.path.insert(0, os.path.join(workflow.basedir, "src"))
-from dpbench.pipeline.grid import ConfigError, read_yaml  # noqa: E402
+# The package comes from the install (scripts/setup.sh installs this repository's src/ into
+# .venv, editable), and it must be this workflow's own src/: the code fingerprints (rerun
+# triggers) hash the package Snakemake imports, and the jobs run src/ (common.smk's DPBENCH).
+SRC = os.path.join(workflow.basedir, "src")
+try:
+    import dpbench
+except ImportError:
+    raise WorkflowError(f"dpbench is not installed: run scripts/setup.sh (pip install -e .), or set PYTHONPATH={SRC}") from None
+if Path(dpbench.__file__).resolve().parent != Path(SRC, "dpbench").resolve():
+    raise WorkflowError(f"dpbench is imported from {Path(dpbench.__file__).parent}, not from this workflow's {SRC}: "
+                        f"install this repository's package (scripts/setup.sh: pip install -e .), or set PYTHONPATH={SRC}")
+
+from dpbench.pipeline.grid import ConfigError, read_yaml
 
 DEFAULT_CONFIG = "config/config.yaml"
 # The config files, read as `dpbench grid` reads them before Snakemake merges them: a YAML
@@ -48,5 +59,5 @@ rule all:
         [audit_file(name) for name in AUDITS],
         rules.aggregate.output if CELLS else [],
         [AUDIT_TABLE] if AUDITS else [],
-        [f"{RESULTS}/figures/{f}.{ext}" for f in FIGURES for ext in figure_extensions(f)],
+        [path for f in FIGURES for path in JOBS.figure_files(f)],
     default_target: True

@@ -53,18 +53,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from dpbench.training import cuda
+from dpbench.privacy.clipping import Clipping, NoClipping
+from dpbench.matrix.dense_mechanism import CorrelatedNoise
+from dpbench.privacy.noise import GaussianNoise
+from dpbench.optimizers import get_optimizer
+from dpbench.optimizers.base import Context
+from dpbench.privacy.per_sample_layers import Conv2dGrads, FactorGrads
+from dpbench.problems import get_problem
+from dpbench.privacy.sampling import PoissonSampler
 
-from dpbench.training import cuda  # noqa: E402
-from dpbench.privacy.clipping import Clipping, NoClipping  # noqa: E402
-from dpbench.matrix.dense_mechanism import CorrelatedNoise  # noqa: E402
-from dpbench.privacy.noise import GaussianNoise  # noqa: E402
-from dpbench.optimizers import get_optimizer  # noqa: E402
-from dpbench.optimizers.base import Context  # noqa: E402
-from dpbench.privacy.per_sample_layers import Conv2dGrads, FactorGrads  # noqa: E402
-from dpbench.problems import get_problem  # noqa: E402
-from dpbench.privacy.sampling import PoissonSampler  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 N_TRAIN = {"P1": 50_000, "P2": 60_000, "P3": 60_000}
 SHAPES = {"P1": (3, 32, 32), "P2": (1, 28, 28), "P3": (1, 28, 28)}

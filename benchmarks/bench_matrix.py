@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 
 FACTORIZATIONS = [  # (setup, problem, L, key)
     ("2", "P2", 32, "se-k1-b1875"),

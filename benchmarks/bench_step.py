@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import os
 import platform
 import statistics
@@ -53,11 +54,22 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpu import SIGMA, build_model, opacus_step, our_step  # noqa: E402
+from dpbench.problems import get_problem
+from dpbench.privacy.sampling import PoissonSampler
 
-from dpbench.problems import get_problem  # noqa: E402
-from dpbench.privacy.sampling import PoissonSampler  # noqa: E402
+
+def _sibling(name: str):
+    """benchmarks/<name>.py, imported by its file: benchmarks/ is not a package, and this script
+    is both run (``python benchmarks/bench_step.py``) and imported by the tests."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().with_name(f"{name}.py"))
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+_gpu = _sibling("bench_gpu")
+SIGMA, build_model, opacus_step, our_step = _gpu.SIGMA, _gpu.build_model, _gpu.opacus_step, _gpu.our_step
 
 WARMUP = 3
 MIN_REPEATS = 5  # docs/speed.md quotes only medians over at least this many repeats

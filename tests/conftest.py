@@ -1,4 +1,5 @@
 import functools
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -11,13 +12,30 @@ import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 # read when cuBLAS first runs in this process, which may be before any test configures it
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
+import dpbench
 from dpbench.privacy import accounting
 from dpbench.training import cuda
 from dpbench.data import image_datasets  # noqa: E402
+
+
+def pytest_configure(config):
+    """The tests test this checkout's package, imported through the install (scripts/setup.sh
+    installs src/ editable into .venv) or PYTHONPATH: refused where another copy would be tested."""
+    if Path(dpbench.__file__).resolve().parent != REPO / "src" / "dpbench":
+        pytest.exit(f"the tests import dpbench from {Path(dpbench.__file__).parent}, not this checkout's "
+                    f"{REPO / 'src'}: install it (scripts/setup.sh: pip install -e .), or set PYTHONPATH={REPO / 'src'}",
+                    returncode=4)
+
+
+def tree_env(root: Path = REPO, **variables) -> dict[str, str]:
+    """The environment of a subprocess (python -m dpbench, snakemake) that must run the package of
+    the tree ``root``, this checkout or a copy that a test edits: its src/ first on PYTHONPATH
+    (the Snakefile refuses a dpbench other than its own src/), and ``variables`` set."""
+    path = os.pathsep.join(filter(None, [str(Path(root) / "src"), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, **variables, "PYTHONPATH": path}
 
 FMNIST_DIRS = [Path(os.environ["DPBENCH_DATA_DIR"]) / "fashion-mnist"] if os.environ.get("DPBENCH_DATA_DIR") else []
 FMNIST_DIRS += [REPO / "data" / "fashion-mnist", *image_datasets.SYSTEM_DIRS["fashion-mnist"]]
@@ -100,12 +118,20 @@ def run_cell(cfg, **kwargs):
 
 
 def run_cli(*args, cwd=None, check=True, timeout=600):
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.run([sys.executable, "-m", "dpbench", *map(str, args)], cwd=cwd, env=env,
+    proc = subprocess.run([sys.executable, "-m", "dpbench", *map(str, args)], cwd=cwd, env=tree_env(),
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"dpbench {' '.join(map(str, args))} failed:\n{proc.stderr[-3000:]}")
     return proc
+
+
+def load_file(path: Path):
+    """A script outside the package (benchmarks/, scripts/), imported by its file as the module
+    named after it (those folders are not packages)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = sys.modules[path.stem] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def snakemake_exe():
@@ -145,7 +171,8 @@ def tiny_workflow(tmp_path_factory, fmnist_dir):
     config = yaml.safe_load((REPO / ".test" / "config" / "config.yaml").read_text())
     (d / "run.yaml").write_text(yaml.safe_dump({**config, "data_dir": str(fmnist_dir)}))
     proc = subprocess.run([snakemake_exe(), "--profile", d / "workflow" / "profiles" / "default",
-                           "--configfile", "run.yaml"], cwd=d, capture_output=True, text=True, timeout=1200)
+                           "--configfile", "run.yaml"], cwd=d, capture_output=True, text=True, timeout=1200,
+                          env=tree_env(d))
     assert proc.returncode == 0, proc.stderr[-4000:]
     (d / "snakemake.log").write_text(proc.stdout + proc.stderr)  # with the shell commands it ran (printshellcmds)
     return d

@@ -9,7 +9,6 @@ import hashlib
 import io
 import pickle
 import struct
-import sys
 import tarfile
 import urllib.error
 import urllib.request
@@ -19,12 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-try:
-    from dpbench.data import image_datasets
-except ImportError:  # running from a checkout without an installed package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from dpbench.data import image_datasets
-
+from dpbench.data import image_datasets
 from dpbench.data.image_datasets import DataError
 
 FMNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")

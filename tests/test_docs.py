@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, load_file
 
 README = REPO / "README.md"
 
@@ -59,11 +59,10 @@ def test_mkdocs_build_strict(tmp_path):
     assert "calibrate_noise" in (site / "api" / "training" / "index.html").read_text()
 
 
-def test_bench_step_reports_every_ratio_as_a_median_of_per_repeat_ratios_with_its_range(monkeypatch):
+def test_bench_step_reports_every_ratio_as_a_median_of_per_repeat_ratios_with_its_range():
     """docs/speed.md quotes benchmarks/bench_step.py: medians over >= 5 repeats with their range,
     each ratio taken repeat by repeat against the baseline of the same run."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import bench_step
+    bench_step = load_file(REPO / "benchmarks" / "bench_step.py")
 
     times = {bench_step.DP: [1.1, 1.2, 1.3, 1.4, 3.0], bench_step.BASELINE: [1.0, 1.0, 1.0, 1.0, 1.0],
              "Opacus hooks (same batches)": [2.2, 2.4, 2.6, 2.8, 3.0]}
@@ -79,9 +78,8 @@ def test_bench_step_reports_every_ratio_as_a_median_of_per_repeat_ratios_with_it
     assert "WARNING: 3 repeats < 5" in short
 
 
-def test_bench_step_lists_an_unsupported_method_without_ratios(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import bench_step
+def test_bench_step_lists_an_unsupported_method_without_ratios():
+    bench_step = load_file(REPO / "benchmarks" / "bench_step.py")
 
     times = {bench_step.DP: [1.2] * 5, bench_step.BASELINE: [1.0] * 5, "Opacus ghost clipping (same batches)": []}
     out = bench_step.report(times, steps=2, epoch_steps=100, L=8, threads=2, repeats=5, started="2026-01-01 00:00",
@@ -92,7 +90,7 @@ def test_bench_step_lists_an_unsupported_method_without_ratios(monkeypatch):
     assert "ghost clipping (same batches) / DP step" not in out
 
 
-def test_bench_step_p4_batches_are_the_fortunes_training_records(monkeypatch):
+def test_bench_step_p4_batches_are_the_fortunes_training_records():
     """bench_step.py --problem P4 draws its Poisson batches from the real corpus's token rows."""
     from dpbench.data import fortunes
     from dpbench.matrix import cache
@@ -100,8 +98,7 @@ def test_bench_step_p4_batches_are_the_fortunes_training_records(monkeypatch):
 
     if not fortunes.SYSTEM_DIRS[0].is_dir():
         pytest.skip("Debian's fortunes package is not installed")
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import bench_step
+    bench_step = load_file(REPO / "benchmarks" / "bench_step.py")
 
     x, y = bench_step.data("P4", None)
     assert x.shape == (cache.TRAIN_SIZES["fortunes"], 129) and x.dtype == torch.int64

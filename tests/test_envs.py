@@ -10,7 +10,7 @@ import tomllib
 import pytest
 import yaml
 
-from conftest import REPO, run_cell
+from conftest import REPO, run_cell, tree_env
 from dpbench.reporting.results import write_run
 from dpbench.training.train import RunConfig
 
@@ -75,13 +75,13 @@ class Missing:
 
 
 sys.meta_path.insert(0, Missing())
-sys.path.insert(0, {str(REPO / "src")!r})
 from dpbench.cli import main
 {script}
 assert not [m for m in sys.modules if m.split(".")[0] in {blocked!r}]
 print("ok")
 """
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env=tree_env())
 
 
 def test_matrix_environment_runs_factorize_and_noise(tmp_path):

@@ -3,7 +3,6 @@ solvers and the sensitivity oracles, the noise files, the fixed-batch participat
 exact calibration, the equivalence with DP-SGD for B = A, C = I, and the workflow's caches."""
 
 import itertools
-import os
 import subprocess
 import sys
 import threading
@@ -14,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import REPO, run_cell, run_cli, snakemake_exe
+from conftest import REPO, run_cell, run_cli, snakemake_exe, tree_env
 from dpbench.privacy import accounting
 from dpbench.matrix import cache, dense_factorization, dense_noise, sensitivity
 from dpbench.matrix.dual import dual_ascent
@@ -203,15 +202,14 @@ def test_noise_file_rows_have_covariance_c_inv_c_inv_t(tmp_path):
 def test_noise_writer_memory_stays_bounded(tmp_path):
     """A 512 MB file written with a peak RSS far below its size (T x d never in memory)."""
     code = (
-        "import resource, sys, numpy as np\n"
-        f"sys.path.insert(0, {str(REPO / 'src')!r})\n"
+        "import resource, numpy as np\n"
         "from dpbench.matrix import dense_noise\n"
         "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "c = np.tril(np.ones((32, 32))) / 32\n"
         f"dense_noise.write_noise({str(tmp_path / 'big.npy')!r}, c, 4_000_000, 1, chunk_blocks=16)\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+                         env=tree_env(OPENBLAS_NUM_THREADS="1"))
     assert out.returncode == 0, out.stderr
     growth_mb = int(out.stdout.split()[-1]) / 1024
     assert (tmp_path / "big.npy").stat().st_size > 500e6
@@ -222,7 +220,7 @@ def test_concurrent_readers_never_see_a_partial_noise_file(tmp_path):
     """A writer process and reader threads: whenever the final name exists it is complete."""
     path = tmp_path / "noise.npy"
     steps, dim, seed = 64, 400_000, 3
-    code = (f"import sys, numpy as np\nsys.path.insert(0, {str(REPO / 'src')!r})\n"
+    code = ("import numpy as np\n"
             "from dpbench.matrix import dense_noise\n"
             f"dense_noise.write_noise({str(path)!r}, np.eye({steps}), {dim}, {seed}, chunk_blocks=1)\n")
     expected_last = dense_noise.standard_normal_block(seed, steps, (dim - 1) // dense_noise.BLOCK)[
@@ -247,7 +245,7 @@ def test_concurrent_readers_never_see_a_partial_noise_file(tmp_path):
     for t in threads:
         t.start()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+                          env=tree_env(OPENBLAS_NUM_THREADS="1"))
     time.sleep(0.05)
     stop.set()
     for t in threads:
@@ -460,7 +458,8 @@ def test_workflow_reuses_factorization_and_noise_for_a_second_cell(tmp_path):
 
     def snakemake(*args):
         return subprocess.run([snakemake_exe(), "--snakefile", REPO / "Snakefile", "--directory", tmp_path,
-                               "--cores", "1", *args], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                               "--cores", "1", *args], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                              env=tree_env())
 
     (tmp_path / "one.yaml").write_text(yaml.safe_dump(config([0.1], [1])))
     first = snakemake("--configfile", tmp_path / "one.yaml", "--until", "noise")

@@ -15,14 +15,14 @@ import psutil
 import pytest
 import yaml
 
-from conftest import copy_repo, snakemake_exe
+from conftest import copy_repo, snakemake_exe, tree_env
 
 pytestmark = pytest.mark.slow
 
 
-def snakemake(workdir, *args, timeout=600, **kw):
+def snakemake(workdir, *args, timeout=600, env=None):
     return subprocess.run([snakemake_exe(), "--cores", "2", "--configfile", "run.yaml", *map(str, args)],
-                          cwd=workdir, capture_output=True, text=True, timeout=timeout, **kw)
+                          cwd=workdir, capture_output=True, text=True, timeout=timeout, env=env or tree_env(workdir))
 
 
 def dry_run(workdir, *args, **kw) -> tuple[dict[str, int], str]:
@@ -151,7 +151,7 @@ def test_switching_to_conda_environments_reruns_nothing(workdir, tmp_path):
     bin_dir.mkdir()
     (bin_dir / "conda").write_text(FAKE_CONDA)
     (bin_dir / "conda").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env = tree_env(workdir, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     jobs, out = dry_run(workdir, "--profile", "workflow/profiles/default", "--software-deployment-method", "conda",
                         env=env)
     assert jobs == {}, out[-3000:]
@@ -175,7 +175,8 @@ def test_a_killed_workflow_resumes_from_its_checkpoints(tmp_path, fmnist_dir):
                         "optimizers": {"dpsgd": {"lr": [0.5]}}}]}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     proc = subprocess.Popen([snakemake_exe(), "--cores", "1", "--configfile", "run.yaml"], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env=tree_env(tmp_path))
     runs = tmp_path / "results" / "runs"
     deadline = time.time() + 300
     while not list(runs.rglob("*.ckpt")) and time.time() < deadline and proc.poll() is None:

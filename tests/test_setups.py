@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import REPO, snakemake_exe
+from conftest import REPO, snakemake_exe, tree_env
 from dpbench.reporting import figures
 from dpbench.pipeline.grid import expand, load_config
 
@@ -44,7 +44,8 @@ def test_thesis_dry_run_lists_2476_training_jobs_quickly(repo_copy):
     """The DAG of the whole thesis builds in under 60 s on 2 cores."""
     t = time.perf_counter()
     proc = subprocess.run([snakemake_exe(), "-n", "--quiet", "rules", "--configfile", REPO / "config" / "thesis.yaml",
-                           "--cores", "2"], cwd=repo_copy, capture_output=True, text=True, timeout=300)
+                           "--cores", "2"], cwd=repo_copy, capture_output=True, text=True, timeout=300,
+                          env=tree_env(repo_copy))
     elapsed = time.perf_counter() - t
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = {}

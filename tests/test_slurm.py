@@ -10,7 +10,7 @@ import time
 import pytest
 import yaml
 
-from conftest import REPO, run_cli, snakemake_exe
+from conftest import REPO, run_cli, snakemake_exe, tree_env
 from dpbench.pipeline import cluster
 from dpbench.pipeline.grid import expand, load_config
 
@@ -239,7 +239,7 @@ def test_profile_dry_run(profile, device, threads, repo_copy):
     CPU training on the GPU-less test cluster."""
     pytest.importorskip("snakemake_executor_plugin_slurm", reason="snakemake-executor-plugin-slurm not installed")
     proc = subprocess.run([snakemake_exe(), "-n", "-p", "--cores", "8", "--profile", PROFILES / profile],
-                          cwd=repo_copy,
+                          cwd=repo_copy, env=tree_env(repo_copy),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stdout.count(f"--device {device} --threads {threads} ") == 6  # config/config.yaml: 6 cells
@@ -289,7 +289,7 @@ def slurm_cluster():
 def test_tiny_grid_through_slurm(slurm_cluster, tmp_path, fmnist_dir):
     t0 = time.perf_counter()
     proc = subprocess.run([SCRIPTS / "run-tiny-grid.sh", tmp_path / "work"], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "DPBENCH_FMNIST_DIR": str(fmnist_dir)})
+                          timeout=900, env=tree_env(DPBENCH_FMNIST_DIR=str(fmnist_dir)))
     print(f"tiny grid through SLURM in {time.perf_counter() - t0:.1f} s")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "FAIL" not in proc.stdout and proc.stdout.count("ok ") >= 6, proc.stdout

@@ -211,7 +211,7 @@ def test_workflow_factorizes_once_and_trains_streamed_cells(tmp_path, fmnist_dir
     import pandas as pd
     import yaml
 
-    from conftest import REPO, snakemake_exe
+    from conftest import REPO, snakemake_exe, tree_env
     from dpbench.reporting.results import read_meta
 
     config = {"data_dir": str(fmnist_dir), "results_dir": "out", "train": {"train_subset": 256, "test_subset": 200},
@@ -222,7 +222,7 @@ def test_workflow_factorizes_once_and_trains_streamed_cells(tmp_path, fmnist_dir
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     proc = subprocess.run([snakemake_exe(), "--snakefile", REPO / "Snakefile", "--directory", tmp_path, "--configfile",
                            tmp_path / "config.yaml", "--cores", "2"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=900)
+                          timeout=900, env=tree_env())
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = tmp_path / "out"
     keys = {"dpmatrix-band": "band-n8-b8", "dpmatrix-blt": "blt-n8-sep8-k1-m1",

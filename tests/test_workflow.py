@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, snakemake_exe
+from conftest import REPO, snakemake_exe, tree_env
 from dpbench.reporting import figures
 from dpbench.reporting.results import read_meta
 
@@ -18,7 +18,7 @@ PROFILES = REPO / "workflow" / "profiles"
 
 def snakemake(*args, cwd, timeout=900):
     return subprocess.run([snakemake_exe(), *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=tree_env(cwd))
 
 
 def test_lint_is_clean(repo_copy):
@@ -63,6 +63,22 @@ def test_a_config_without_audit_runs_no_audits_of_the_default_config(tmp_path, r
                       if re.match(r"^\w+\s+\d+$", line.strip())}
     assert "audit" not in jobs["noaudit"] and jobs["noaudit"]["train"] == 1
     assert jobs["audit"]["audit"] == 1 and jobs["audit"]["train"] == 1  # dpsgd at eps 2 only
+
+
+@pytest.mark.parametrize("config", [".test/config/config.yaml", "config/audit.yaml"])
+def test_dpbench_grid_lists_every_job_snakemake_runs(repo_copy, config):
+    """The package's expansion (`dpbench grid --jobs`) and Snakemake's dry run agree rule by
+    rule: datasets, matrix stages, cells, aggregate, audits, figures (Snakemake adds `all`)."""
+    from collections import Counter
+
+    from dpbench.pipeline.jobs import load_jobs
+
+    proc = snakemake("-n", "--configfile", REPO / config, cwd=repo_copy)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
+    counts = {line.split()[0]: int(line.split()[1]) for line in proc.stdout.splitlines()
+              if re.match(r"^\w+\s+\d+$", line.strip())}
+    listing = load_jobs(REPO / config).listing()
+    assert counts == {**Counter(rule for rule, _ in listing), "all": 1, "total": len(listing) + 1}
 
 
 def test_the_gpu_profile_trains_in_the_cuda_environment(repo_copy):
@@ -195,6 +211,9 @@ CONFIG_ERRORS = {
                                              "config key grid.0.batch_sizes: batch size 2000 is above the 900 "
                                              "training examples of P2 (after train.train_subset and validation_size) "
                                              "({file})"),
+    "audit-of-a-non-private-optimizer": (_edit(lambda c: c["audit"].update(optimizers=["dpsgd", "sgd"])),
+                                         "config key audit.optimizers: 'sgd' is not private: there is no claim to "
+                                         "audit ({file})"),
     "train-subset-above-the-dataset": (_edit(lambda c: c["train"].update(train_subset=70000)),
                                        "config key train.train_subset: 70000 is above the 60000 training examples "
                                        "of fashion-mnist ({file})"),

@@ -18,10 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "src"))
+from dpbench.reporting.results import read_run
 
-from dpbench.reporting.results import read_run  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 
 def command(args, out: Path) -> list[str]:

@@ -7,13 +7,16 @@ Usage: python scripts/gpu/make_cifar.py DIR [--per-batch 10000]
 
 import argparse
 import hashlib
+import importlib.util
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]
-
-from test_data import cifar_batches, cifar_tar  # noqa: E402
+# the test suite's generator, imported by its file (tests/ is not a package)
+_spec = importlib.util.spec_from_file_location("test_data", REPO / "tests" / "test_data.py")
+test_data = sys.modules["test_data"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(test_data)
+cifar_batches, cifar_tar = test_data.cifar_batches, test_data.cifar_tar
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("dir")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
 import os
 import sys
@@ -13,10 +14,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import bench_gpu as B  # noqa: E402
-from dpbench.training import cuda as dpcuda  # noqa: E402
-from dpbench.privacy.per_sample import LayerGrads  # noqa: E402
+from dpbench.training import cuda as dpcuda
+from dpbench.privacy.per_sample import LayerGrads
+
+# benchmarks/bench_gpu.py, imported by its file (benchmarks/ is not a package)
+_spec = importlib.util.spec_from_file_location("bench_gpu", Path(__file__).resolve().parents[2] / "benchmarks" /
+                                               "bench_gpu.py")
+B = sys.modules["bench_gpu"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(B)
 
 OUT = Path(os.environ.get("OUT", "/tmp/profile-out"))
 OUT.mkdir(parents=True, exist_ok=True)

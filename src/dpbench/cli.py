@@ -372,10 +372,17 @@ def noise_estimate(config_path: str) -> int:
 
 
 def cmd_grid(args) -> int:
-    from dpbench.pipeline.grid import expand, load_config
+    from dpbench.pipeline.jobs import load_jobs
 
-    for cell in expand(load_config(args.config)):
-        print(cell.id)
+    jobs = load_jobs(args.config)
+    if not args.jobs:
+        for cell_id in jobs.cells:
+            print(cell_id)
+        return 0
+    listing = jobs.listing()
+    width = max(len(rule) for rule, _ in listing)
+    for rule, path in listing:
+        print(f"{rule:<{width}}  {path}")
     return 0
 
 
@@ -528,8 +535,11 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--self-test", action="store_true", help="audit the built-in mutants and correct mechanisms")
     au.set_defaults(func=cmd_audit)
 
-    g = sub.add_parser("grid", help="list the cells a workflow config expands to")
+    g = sub.add_parser("grid", help="list the cells a workflow config expands to (--jobs: every job of the workflow)")
     g.add_argument("config")
+    g.add_argument("--jobs", action="store_true", help="every job the workflow runs for the config, one a line: its "
+                                                       "rule and the file it writes (datasets, matrix stages, training "
+                                                       "cells, aggregate, audits, figures)")
     g.set_defaults(func=cmd_grid)
 
     ls = sub.add_parser("list", help="every optimizer and problem, built-in or from a plugin (exits 1 if a plugin "

@@ -1,60 +1,31 @@
 # One rule per figure the config asks for (config key `figures`), each with its own caption:
-# figures write <id>.png and .pdf, tables (FIGURES[id].kind == "table") <id>.md.
-from dpbench.reporting.figures import FIGURES as _FIGURE_SPECS  # noqa: E402
-
+# figures write <id>.png and .pdf, tables (FIGURES[id].kind == "table") <id>.md; the first file
+# goes into the report and is the one `dpbench plot --out` names.
 for _figure in FIGURES:
+    _files = JOBS.figure_files(_figure)
+    _main = _files[0].rpartition(".")[2]
+    _outputs = {path.rpartition(".")[2]: path for path in _files}
+    _outputs[_main] = report(_files[0], caption=f"../report/{_figure}.rst",
+                             category="Tables" if _main == "md" else "Figures")
 
-    if _FIGURE_SPECS[_figure].kind == "table":
-
-        rule:
-            name:
-                f"plot_{_figure}"
-            input:
-                runs=figure_input(_figure),
-            output:
-                md=report(
-                    f"{RESULTS}/figures/{_figure}.md",
-                    caption=f"../report/{_figure}.rst",
-                    category="Tables",
-                ),
-            log:
-                f"{RESULTS}/logs/plot/{_figure}.log",
-            params:
-                dpbench=DPBENCH,
-                figure=_figure,
-                options=figure_options(_figure),
-                code=figure_fingerprint(_figure),
-            localrule: True
-            conda:
-                ENVS["analysis"]
-            shell:
-                "{params.dpbench} plot {params.figure} --runs {input.runs} --out {output.md} "
-                "{params.options} > {log} 2>&1"
-
-    else:
-
-        rule:
-            name:
-                f"plot_{_figure}"
-            input:
-                runs=figure_input(_figure),
-            output:
-                png=report(
-                    f"{RESULTS}/figures/{_figure}.png",
-                    caption=f"../report/{_figure}.rst",
-                    category="Figures",
-                ),
-                pdf=f"{RESULTS}/figures/{_figure}.pdf",
-            log:
-                f"{RESULTS}/logs/plot/{_figure}.log",
-            params:
-                dpbench=DPBENCH,
-                figure=_figure,
-                options=figure_options(_figure),
-                code=figure_fingerprint(_figure),
-            localrule: True
-            conda:
-                ENVS["analysis"]
-            shell:
-                "{params.dpbench} plot {params.figure} --runs {input.runs} --out {output.png} "
-                "{params.options} > {log} 2>&1"
+    rule:
+        name:
+            f"plot_{_figure}"
+        input:
+            runs=figure_input(_figure),
+        output:
+            **_outputs,
+        log:
+            f"{RESULTS}/logs/plot/{_figure}.log",
+        params:
+            dpbench=DPBENCH,
+            figure=_figure,
+            options=figure_options(_figure),
+            code=fingerprint.figure_fingerprint(_figure),
+        localrule: True
+        conda:
+            ENVS["analysis"]
+        shell:
+            # (the command's text is a rerun trigger: byte for byte what each kind had)
+            f"{{params.dpbench}} plot {{params.figure}} --runs {{input.runs}} --out {{output.{_main}}} "
+            "{params.options} > {log} 2>&1"

@@ -15,13 +15,16 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
-SCHEMA_PATH = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
+# The config schema ships inside the package (package data), so an installed dpbench validates
+# a config wherever it is; the workflow validates through this module too.
+SCHEMA_PATH = resources.files("dpbench.pipeline") / "config.schema.yaml"
 
 
 class ConfigError(ValueError):
@@ -230,27 +233,6 @@ def load_config(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{exc} ({path})") from None
 
 
-def workflow_config(config: dict[str, Any], files: list[str | Path]) -> dict[str, Any]:
-    """The workflow's validation (the Snakefile calls it): the same as ``load_config`` on the
-    config Snakemake merged from ``files`` (the default config, then those given with
-    --configfile); an error names the key and the file that sets it (the last of ``files``
-    with its top-level key, else all of them)."""
-    try:
-        return validate(config)
-    except ConfigError as exc:
-        message = str(exc)
-        key = message[len("config key "):].split(":")[0].split(".")[0] if message.startswith("config key ") else ""
-        setting = [f for f in files if key and Path(f).is_file() and key in _top_keys(f)]
-        raise ConfigError(f"{message} ({setting[-1] if setting else ', '.join(map(str, files))})") from None
-
-
-def _top_keys(path) -> set:
-    try:
-        return set(yaml.safe_load(Path(path).read_text()) or {})
-    except (yaml.YAMLError, TypeError, ValueError):
-        return set()
-
-
 # Deployment settings that configs no longer hold: where each went.
 MOVED_TO_PROFILE = {
     ("software_env",): "the profile chooses the training environment: envs/train-cuda.yaml where it gives "
@@ -271,26 +253,6 @@ def refuse_deployment_keys(config: dict[str, Any]) -> None:
         if isinstance(section, dict) and path[-1] in section:
             raise ConfigError(f"config key {'.'.join(path)}: deployment settings are not config keys; "
                               f"{where} (see workflow/profiles and config/README.md)")
-
-
-def refuse_inherited_grid(configfiles, given: dict[str, Any]) -> None:
-    """Snakemake merges the configs given with --configfile (``given``: their merged content)
-    over the Snakefile's default config, config/config.yaml, so a config without ``grid:``
-    would silently train the default's cells: refused, naming the files."""
-    if configfiles and "grid" not in (given or {}):
-        names = ", ".join(map(str, configfiles))
-        raise ConfigError(f"config {names} has no grid: (the cells to train), so the default config's grid "
-                          "(config/config.yaml) would run in its place; give the grid (config/README.md; `grid: []` in a config that only audits), or "
-                          "leave out --configfile to run the default workflow")
-
-
-def own_audit(config: dict[str, Any], configfiles, given: dict[str, Any]) -> dict[str, Any] | None:
-    """The config's ``audit`` section, unless the configs given with --configfile (``given``:
-    their merged content) have none: then it would only be the default config's
-    (config/config.yaml, merged under them), whose audits the user did not ask for."""
-    if configfiles and "audit" not in (given or {}):
-        return None
-    return config.get("audit")
 
 
 def refuse_non_finite(value: Any, path: str = "") -> None:

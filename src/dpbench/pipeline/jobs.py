@@ -1,0 +1,231 @@
+"""Every job a workflow config asks for, in one place: the training cells (``grid.expand``), the
+empirical privacy audits and the figures, with the file each job writes.
+
+The Snakemake workflow builds its rules from a ``Jobs`` (workflow/rules/common.smk keeps only
+what needs Snakemake: input functions, resources, environments, fingerprints), and ``dpbench
+grid --jobs`` lists the same jobs, so what a config runs can be read and tested without
+Snakemake. The workflow's config is the default config (config/config.yaml) with each
+``--configfile`` merged over it; ``workflow_jobs`` refuses or drops what that merge would add
+unasked (the default's grid, its audits).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dpbench.pipeline.grid import Cell, ConfigError, expand, read_yaml, validate
+
+
+@dataclass(frozen=True)
+class Jobs:
+    """The jobs of a validated config and the files they write (paths under ``results_dir``)."""
+
+    config: dict[str, Any]  # validated, defaults filled in
+    cells: dict[str, Cell]  # cell id -> cell, in id order
+    audit: dict[str, Any] | None  # the config's own audit section
+    audits: tuple[str, ...]  # "<optimizer>-eps<epsilon>", one audit job each
+    figures: dict[str, dict[str, Any]]  # figure id -> its options
+
+    @property
+    def results(self) -> str:
+        return self.config["results_dir"]
+
+    def manifest(self, dataset: str) -> str:
+        return f"{self.results}/data/{dataset}.json"
+
+    def run_file(self, cell_id: str) -> str:
+        return f"{self.results}/runs/{cell_id}.parquet"
+
+    @property
+    def runs_table(self) -> str:
+        return f"{self.results}/aggregate/runs.parquet"
+
+    def audit_file(self, name: str) -> str:
+        return f"{self.results}/audit/runs/{name}.parquet"
+
+    @property
+    def audit_table(self) -> str:
+        return f"{self.results}/audit/audits.parquet"
+
+    def figure_input(self, figure: str) -> str:
+        """The table a figure is drawn from: the audits for ``audit``, the runs for the others."""
+        return self.audit_table if figure == "audit" else self.runs_table
+
+    def figure_files(self, figure: str) -> list[str]:
+        """The files a figure's job writes: <id>.png and .pdf, or <id>.md for a table."""
+        from dpbench.reporting.figures import extensions
+
+        return [f"{self.results}/figures/{figure}.{ext}" for ext in extensions(figure)]
+
+    def cache_files(self, cell: Cell) -> dict[str, Path]:
+        """The factorization (and noise) file a matrix-mechanism cell reads (``Cell.cache_files``)."""
+        return cell.cache_files(self.config["train"], f"{self.results}/cache")
+
+    def train_args(self, cell: Cell) -> str:
+        """The ``dpbench train`` arguments of a cell, quoted for the shell, with the files it reads."""
+        args = cell.train_args(self.config["train"])
+        files = self.cache_files(cell)
+        for name, flag in (("factorization", "--factorization"), ("noise", "--noise-file")):
+            if name in files:
+                args += [flag, str(files[name])]
+        return shlex.join(args)
+
+    def listing(self) -> list[tuple[str, str]]:
+        """Every job, as (its rule, the file it writes: the first where it writes several), stage
+        by stage: datasets, the matrix mechanisms' factorizations and noise files, training,
+        aggregation, audits, figures. The jobs ``snakemake -n`` counts, less its target ``all``."""
+        cells = list(self.cells.values())
+        files = [self.cache_files(cell) for cell in cells]
+        dense = [f for f in files if "noise" in f]  # a streamed mechanism's cell has no noise file
+        jobs = [("data", self.manifest(d)) for d in sorted({cell.dataset for cell in cells})]
+        jobs += [("factorize", p) for p in sorted({str(f["factorization"]) for f in dense})]
+        jobs += [("noise", p) for p in sorted({str(f["noise"]) for f in dense})]
+        jobs += [("factorize_streaming", p) for p in sorted({str(f["factorization"]) for f in files
+                                                              if f and "noise" not in f})]
+        jobs += [("train", self.run_file(cell_id)) for cell_id in self.cells]
+        jobs += [("aggregate", self.runs_table)] if cells else []
+        jobs += [("audit", self.audit_file(name)) for name in self.audits]
+        jobs += [("audit_table", self.audit_table)] if self.audits else []
+        return jobs + [(f"plot_{figure}", self.figure_files(figure)[0]) for figure in self.figures]
+
+
+def load_jobs(path: str | Path) -> Jobs:
+    """The jobs of one config file (``dpbench grid``), validated as the workflow validates it;
+    every error is one line naming the key and the file."""
+    config = read_yaml(path)
+    figures_given = "figures" in config  # before the schema's default fills it in
+    try:
+        validate(config)
+        return plan(config, config.get("audit"), figures_given)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} ({path})") from None
+
+
+def workflow_jobs(config: dict[str, Any], files: list[str | Path], configfiles,
+                  given: dict[str, Any]) -> Jobs:
+    """The workflow's jobs (common.smk calls it): ``config`` is what Snakemake merged from
+    ``files`` (the default config, then the ``configfiles`` given with --configfile, whose
+    merged content is ``given``); validated in place, as ``load_jobs`` validates one file."""
+    figures_given = "figures" in config
+    refuse_inherited_grid(configfiles, given)
+    try:
+        validate(config)
+        return plan(config, own_audit(config, configfiles, given), figures_given)
+    except ConfigError as exc:
+        raise naming_file(exc, files) from None
+
+
+def plan(config: dict[str, Any], audit: dict[str, Any] | None, figures_given: bool) -> Jobs:
+    """The jobs of a validated config; ``audit``: its own audit section, if any;
+    ``figures_given``: whether it names its figures (else the schema's default stands)."""
+    cells = expand(config)
+    audits = tuple(audit_names(audit, cells)) if audit else ()
+    if not cells and not audits:
+        raise ConfigError("config key grid: the grid is empty and the config audits nothing: nothing to run")
+    figures = figures_of(config["figures"], bool(cells), bool(audits), figures_given)
+    return Jobs(config, {cell.id: cell for cell in cells}, audit, audits, figures)
+
+
+def naming_file(exc: ConfigError, files: list[str | Path]) -> ConfigError:
+    """``exc`` with the file that sets its key: the last of ``files`` with that top-level key,
+    else all of them (Snakemake merged them into one config)."""
+    message = str(exc)
+    key = message[len("config key "):].split(":")[0].split(".")[0] if message.startswith("config key ") else ""
+    setting = [f for f in files if key and Path(f).is_file() and key in _top_keys(f)]
+    return ConfigError(f"{message} ({setting[-1] if setting else ', '.join(map(str, files))})")
+
+
+def _top_keys(path) -> set:
+    try:
+        return set(yaml.safe_load(Path(path).read_text()) or {})
+    except (yaml.YAMLError, TypeError, ValueError):
+        return set()
+
+
+def refuse_inherited_grid(configfiles, given: dict[str, Any]) -> None:
+    """Snakemake merges the configs given with --configfile (``given``: their merged content)
+    over the Snakefile's default config, config/config.yaml, so a config without ``grid:``
+    would silently train the default's cells: refused, naming the files."""
+    if configfiles and "grid" not in (given or {}):
+        names = ", ".join(map(str, configfiles))
+        raise ConfigError(f"config {names} has no grid: (the cells to train), so the default config's grid "
+                          "(config/config.yaml) would run in its place; give the grid (config/README.md; `grid: []` in a config that only audits), or "
+                          "leave out --configfile to run the default workflow")
+
+
+def own_audit(config: dict[str, Any], configfiles, given: dict[str, Any]) -> dict[str, Any] | None:
+    """The config's ``audit`` section, unless the configs given with --configfile (``given``:
+    their merged content) have none: then it would only be the default config's
+    (config/config.yaml, merged under them), whose audits the user did not ask for."""
+    if configfiles and "audit" not in (given or {}):
+        return None
+    return config.get("audit")
+
+
+def audit_names(audit: dict[str, Any], cells: list[Cell]) -> list[str]:
+    """One audit per optimizer and claimed epsilon, ``<optimizer>-eps<epsilon>`` (its file's name)."""
+    return [f"{o}-eps{float(e):g}" for o in audited_optimizers(audit["optimizers"], cells)
+            for e in audited_epsilons(audit["epsilons"], cells)]
+
+
+def audited_optimizers(names, cells: list[Cell]) -> list[str]:
+    """``all``: every private optimizer of the registry; ``grid``: the private optimizers of the
+    grid; else the ones named, each private (a non-private optimizer claims nothing to audit)."""
+    from dpbench.optimizers import OPTIMIZERS, get_optimizer
+
+    if names == "all":
+        return sorted(n for n, spec in OPTIMIZERS.items() if spec.private)
+    if names == "grid":
+        return sorted({c.optimizer for c in cells if get_optimizer(c.optimizer).private})
+    for name in names:
+        if name not in OPTIMIZERS:
+            raise ConfigError(f"config key audit.optimizers: unknown optimizer {name!r} "
+                              f"(choose from {sorted(OPTIMIZERS)})")
+        if not get_optimizer(name).private:
+            raise ConfigError(f"config key audit.optimizers: {name!r} is not private: there is no claim to audit")
+    return sorted(set(names))
+
+
+def audited_epsilons(epsilons, cells: list[Cell]) -> list[float]:
+    """The claimed epsilons given, or ``grid``: every epsilon the grid trains at."""
+    if epsilons == "grid":
+        return sorted({c.epsilon for c in cells if c.epsilon is not None})
+    return sorted(set(epsilons))
+
+
+def figures_of(figures: dict[str, dict], trains: bool, audits: bool, given: bool) -> dict[str, dict]:
+    """The figures drawn, id -> options: the config's, and ``audit`` wherever there are audits;
+    a config that trains nothing draws only ``audit`` (by default, where it names no figures)."""
+    figures = dict(figures)
+    if audits:
+        figures.setdefault("audit", {})
+    elif "audit" in figures:
+        raise ConfigError("config key figures.audit: the figure of the audits needs audits (the config key audit)")
+    if not trains:
+        if not given:
+            figures = {"audit": {}}
+        extra = sorted(set(figures) - {"audit"})
+        if extra:
+            raise ConfigError(f"config key figures.{extra[0]}: figures {extra} need training runs, but the grid is "
+                              "empty")
+    return figures
+
+
+def figure_options(options: dict[str, Any]) -> str:
+    """A figure's options as ``dpbench plot`` arguments, ``-o KEY=VALUE`` each (a list joined
+    with commas; ``filters`` one ``-o filter.COLUMN=VALUES`` per column), quoted for the shell."""
+    def join(value):
+        return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+    args = []
+    for key, value in options.items():
+        if key == "filters" and isinstance(value, dict):
+            args += [f"filter.{column}={join(v)}" for column, v in value.items()]
+        else:
+            args.append(f"{key}={join(value)}")
+    return " ".join(f"-o {shlex.quote(a)}" for a in args)

@@ -1,0 +1,149 @@
+"""Every job of a config (dpbench.pipeline.jobs), without Snakemake: audits, figures, the
+workflow's merged configs, the files each job writes, and `dpbench grid --jobs`."""
+
+import copy
+from collections import Counter
+
+import pytest
+import yaml
+
+from conftest import REPO
+from dpbench import cli
+from dpbench.pipeline.grid import ConfigError, validate
+from dpbench.pipeline.jobs import (figure_options, load_jobs, own_audit, plan, refuse_inherited_grid,
+                                   workflow_jobs)
+
+GRID = [{"problems": ["P2"], "batch_sizes": [100], "epochs": [1], "epsilons": [1, 10],
+         "optimizers": {"dpsgd": {"lr": 0.5}, "sgd": {"lr": 0.1}}}]
+
+
+def jobs_of(grid=GRID, **config):
+    """The jobs of the config given (a train_subset of 1000 examples), as ``load_jobs`` makes them."""
+    given = "figures" in config
+    config = validate({"train": {"train_subset": 1000}, "grid": copy.deepcopy(grid), **copy.deepcopy(config)})
+    return plan(config, config.get("audit"), figures_given=given)
+
+
+def write(path, **config):
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_audits_are_one_per_private_optimizer_and_claimed_epsilon():
+    grid = jobs_of(audit={"optimizers": "grid", "epsilons": "grid"})
+    assert grid.audits == ("dpsgd-eps1", "dpsgd-eps10")  # sgd trains, but claims nothing
+    named = jobs_of(audit={"optimizers": ["dpsgd", "dpdice", "dpsgd"], "epsilons": [8, 2, 2.0, 0.5]})
+    assert named.audits == ("dpdice-eps0.5", "dpdice-eps2", "dpdice-eps8", "dpsgd-eps0.5", "dpsgd-eps2", "dpsgd-eps8")
+    every = jobs_of(audit={"optimizers": "all", "epsilons": [1]})
+    assert {"dpsgd-eps1", "dpmatrix-blt-eps1", "opacus-dpsgd-eps1"} <= set(every.audits) and len(every.audits) >= 19
+    assert not {"sgd-eps1", "adam-eps1", "adamw-eps1"} & set(every.audits)
+    assert every.audit == {"optimizers": "all", "epsilons": [1], "trials": 2000, "beta": 0.05, "seed": 0}
+    assert jobs_of().audits == () and jobs_of().audit is None
+
+
+@pytest.mark.parametrize("optimizers,line", [
+    (["sgd"], "config key audit.optimizers: 'sgd' is not private: there is no claim to audit"),
+    (["dpsgdd"], "config key audit.optimizers: unknown optimizer 'dpsgdd' (choose from ["),
+])
+def test_an_audit_of_nothing_private_is_one_line_naming_the_key_and_the_file(tmp_path, optimizers, line):
+    path = write(tmp_path / "c.yaml", grid=GRID, audit={"optimizers": optimizers, "epsilons": [1]})
+    with pytest.raises(ConfigError) as err:
+        load_jobs(path)
+    assert str(err.value).startswith(line) and str(err.value).endswith(f" ({path})")
+
+
+def test_a_config_with_audits_draws_them_and_an_audit_only_config_only_them():
+    assert list(jobs_of(figures={"fig5_2": {}}).figures) == ["fig5_2"]
+    assert list(jobs_of().figures) == ["fig5_1"]  # the schema's default
+    audited = jobs_of(figures={"fig5_2": {}, "fig5_1": {}}, audit={"optimizers": ["dpsgd"], "epsilons": [1]})
+    assert list(audited.figures) == ["fig5_2", "fig5_1", "audit"]
+    only = jobs_of(grid=[], audit={"optimizers": ["dpsgd"], "epsilons": [1]})
+    assert only.cells == {} and only.figures == {"audit": {}}
+    assert jobs_of(grid=[], figures={"audit": {"x": 1}}, audit={"optimizers": ["dpsgd"], "epsilons": [1]}).figures \
+        == {"audit": {"x": 1}}
+
+
+@pytest.mark.parametrize("config,line", [
+    ({"grid": []}, "config key grid: the grid is empty and the config audits nothing: nothing to run"),
+    ({"grid": [], "audit": {"optimizers": "grid", "epsilons": [1]}},
+     "config key grid: the grid is empty and the config audits nothing: nothing to run"),
+    ({"figures": {"audit": {}}}, "config key figures.audit: the figure of the audits needs audits"),
+    ({"grid": [], "figures": {"fig5_1": {}, "audit": {}}, "audit": {"optimizers": ["dpsgd"], "epsilons": [1]}},
+     "config key figures.fig5_1: figures ['fig5_1'] need training runs, but the grid is empty"),
+])
+def test_configs_that_run_nothing_or_draw_nothing_are_refused(config, line):
+    with pytest.raises(ConfigError, match="^" + line.replace("[", r"\[").replace("]", r"\]")):
+        jobs_of(**config)
+
+
+def test_the_workflow_gets_neither_the_default_configs_grid_nor_its_audits(tmp_path):
+    """Snakemake merges each --configfile over config/config.yaml: a config without grid: is
+    refused, one without audit: audits nothing (not the default's DP-SGD and DP-Dice)."""
+    default = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    mine = write(tmp_path / "mine.yaml", grid=GRID, train={"train_subset": 1000})
+    given = yaml.safe_load(mine.read_text())
+    merged = {**copy.deepcopy(default), **copy.deepcopy(given)}
+    jobs = workflow_jobs(merged, [str(REPO / "config" / "config.yaml"), str(mine)], [mine], given)
+    assert jobs.audits == () and jobs.audit is None and len(jobs.cells) == 3
+    assert own_audit(default, [], {}) == default["audit"]  # the default workflow audits
+    with pytest.raises(ConfigError, match=rf"^config {mine} has no grid: .*config/config.yaml"):
+        refuse_inherited_grid([mine], {"train": {}})
+    # an error names the file that sets the key
+    bad = yaml.safe_load(write(mine, **given, audit={"optimizers": ["sgd"], "epsilons": [1]}).read_text())
+    with pytest.raises(ConfigError, match=rf"'sgd' is not private: there is no claim to audit \({mine}\)$"):
+        workflow_jobs({**copy.deepcopy(default), **bad}, [str(REPO / "config" / "config.yaml"), str(mine)], [mine], bad)
+
+
+def test_every_job_and_the_file_it_writes():
+    """The tiny config of CI: its 19 jobs (snakemake -n counts 20 with its target `all`:
+    tests/test_workflow.py compares them)."""
+    jobs = load_jobs(REPO / ".test" / "config" / "config.yaml")
+    listing = jobs.listing()
+    assert Counter(rule for rule, _ in listing) == {
+        "data": 1, "factorize": 2, "noise": 2, "train": 6, "aggregate": 1, "audit": 2, "audit_table": 1,
+        "plot_fig5_1": 1, "plot_fig5_2": 1, "plot_fig5_6": 1, "plot_audit": 1}
+    assert [rule for rule, _ in listing][:3] == ["data", "factorize", "factorize"]  # stage by stage
+    files = dict((path, rule) for rule, path in listing)
+    # N = 1000 - 100 held out, b = N // L = 9 batches; k = E epochs
+    assert files["results/cache/matrix/se-k1-b9/factorization.npz"] == "factorize"
+    assert files["results/cache/matrix/me-lambda-k2-b9-tau4/factorization.npz"] == "factorize"
+    assert files["results/runs/P3/dpmatrix-me-lambda/L100-E2-eps10-lr0.01-tau4-s0.parquet"] == "train"
+    assert files["results/audit/runs/dpdice-eps10.parquet"] == "audit"
+    assert jobs.figure_files("fig5_1") == ["results/figures/fig5_1.png", "results/figures/fig5_1.pdf"]
+    noise = [path for rule, path in listing if rule == "noise"]
+    assert noise[1].startswith("results/cache/matrix/se-k1-b9/noise-d225034-seed")  # d: P2's parameters
+    cell = jobs.cells["P2/dpmatrix-se/L100-E1-eps10-lr0.5-s0"]
+    args = jobs.train_args(cell).split()
+    assert args[args.index("--noise-file") + 1] == noise[1]
+    assert args[args.index("--factorization") + 1] == "results/cache/matrix/se-k1-b9/factorization.npz"
+    # the streamed mechanisms: one factorization per key (shared by both epsilons), no noise file;
+    # a config that names no figures (figures: {}) draws none
+    streamed = jobs_of(grid=[{**GRID[0], "optimizers": {"dpmatrix-band": {"lr": 0.5},
+                                                        "dpmatrix-blt": {"lr": 0.5, "buffers": 1}}}], figures={})
+    assert streamed.listing() == [
+        ("data", "results/data/fashion-mnist.json"),
+        ("factorize_streaming", "results/cache/streaming/band-n10-b10.json"),  # b = min(64, N // L, T)
+        ("factorize_streaming", "results/cache/streaming/blt-n10-sep10-k1-m1.json"),
+        *[("train", f"results/runs/P2/{o}/L100-E1-eps{e}-lr0.5{hp}-s0.parquet")
+          for o, hp in (("dpmatrix-band", ""), ("dpmatrix-blt", "-buffers1")) for e in (1, 10)],
+        ("aggregate", "results/aggregate/runs.parquet")]
+
+
+def test_figure_options_are_the_plot_commands_options_quoted():
+    assert figure_options({}) == ""
+    assert figure_options({"problems": ["P3", "P2"], "filters": {"kappa": [0.5, 0.7], "bands": 8},
+                           "title": "a b"}) == \
+        "-o problems=P3,P2 -o filter.kappa=0.5,0.7 -o filter.bands=8 -o 'title=a b'"
+
+
+def test_dpbench_grid_lists_the_cells_and_with_jobs_every_job(capsys):
+    tiny = str(REPO / ".test" / "config" / "config.yaml")
+    assert cli.main(["grid", tiny]) == 0
+    assert capsys.readouterr().out.splitlines() == list(load_jobs(tiny).cells)
+    assert cli.main(["grid", "--jobs", tiny]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split() for line in lines] == [[rule, path] for rule, path in load_jobs(tiny).listing()]
+    assert lines[0] == "data         results/data/fashion-mnist.json"
+    assert cli.main(["grid", "--jobs", str(REPO / "config" / "audit.yaml")]) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == ["audit_table  results/audit/audits.parquet",
+                                                         "plot_audit   results/figures/audit.png"]
