@@ -25,11 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from dpbench.problems.catalog import facts
 from dpbench.training.seeds import stream_seeds
-
-# official training sets (fortunes: the records its hash split trains on; dpbench.data.fortunes)
-TRAIN_SIZES = {"fashion-mnist": 60_000, "cifar10": 50_000, "fortunes": 12_979}
-PARAMETER_COUNTS = {"P1": 258_762, "P2": 225_034, "P3": 1_875_265, "P4": 876_034}  # checked by tests
 
 
 def default_cache_dir() -> Path:
@@ -95,6 +92,7 @@ def ensure_noise(cache_dir: str | Path, fact, dim: int, seed: int,
 
 
 def run_files(cache_dir: str | Path, key: str, problem: str, seed: int) -> tuple[Path, Path]:
-    """The factorization and noise files of a run (for the workflow: no computing here)."""
-    return factorization_path(cache_dir, key), noise_path(cache_dir, key, PARAMETER_COUNTS[problem],
+    """The factorization and noise files of a run (for the workflow: no computing here); the
+    noise rows are as wide as the problem's parameter count d (its facts)."""
+    return factorization_path(cache_dir, key), noise_path(cache_dir, key, facts(problem).parameters,
                                                           stream_seeds(seed)["noise"])

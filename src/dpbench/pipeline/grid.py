@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from dpbench.problems import catalog
+
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
 
@@ -70,25 +72,14 @@ class Cell:
 
     @property
     def dataset(self) -> str:
-        from dpbench.problems import get_problem
-
-        return get_problem(self.problem).dataset
+        return catalog.facts(self.problem).dataset
 
     def n_train(self, train: dict[str, Any]) -> int:
         """N, the examples the run trains on: the official training set (or its ``train_subset``)
         less the ``validation_size`` held out before batches are cut, plus the canary copies a
-        language-model run plants (they are training records: q = L / N counts them)."""
-        from dpbench.matrix.cache import TRAIN_SIZES
-        from dpbench.problems import get_problem
-
-        n = TRAIN_SIZES[self.dataset]
-        if train.get("train_subset"):
-            n = min(n, train["train_subset"])
-        n -= train.get("validation_size") or 0
-        if get_problem(self.problem).plants_canaries:
-            from dpbench.problems.language import PLANTED
-            n += PLANTED
-        return n
+        language-model run plants (they are training records: q = L / N counts them); counted
+        by ``catalog.training_examples``, as the run counts its own."""
+        return catalog.facts(self.problem).n_train(train.get("train_subset"), train.get("validation_size") or 0)
 
     def cache_files(self, train: dict[str, Any], cache_dir: str | Path) -> dict[str, Path]:
         """The cached files this cell's run reads, under ``cache_dir`` (nothing is computed here):
@@ -376,12 +367,11 @@ def _schema_error(e) -> ConfigError:
 
 def check_train_subset(config: dict[str, Any], cells: list[Cell]) -> None:
     """``train.train_subset`` cannot exceed a dataset's training set (it would be clamped)."""
-    from dpbench.matrix.cache import TRAIN_SIZES
-
     subset = (config.get("train") or {}).get("train_subset")
-    for dataset in sorted({c.dataset for c in cells}):
-        if subset and subset > TRAIN_SIZES[dataset]:
-            raise ConfigError(f"config key train.train_subset: {subset} is above the {TRAIN_SIZES[dataset]} "
+    sizes = {catalog.facts(c.problem).dataset: catalog.facts(c.problem).train_size for c in cells}
+    for dataset in sorted(sizes):
+        if subset and subset > sizes[dataset]:
+            raise ConfigError(f"config key train.train_subset: {subset} is above the {sizes[dataset]} "
                               f"training examples of {dataset}")
 
 
@@ -450,7 +440,6 @@ def _set_defaults(properties_validator):
 def expand(config: dict[str, Any]) -> list[Cell]:
     """All training cells of a config, deduplicated, in a stable order."""
     from dpbench.optimizers import OPTIMIZERS
-    from dpbench.problems import PROBLEMS
 
     cells: dict[str, Cell] = {}
     for b, block in enumerate(config.get("grid", [])):
@@ -459,9 +448,9 @@ def expand(config: dict[str, Any]) -> list[Cell]:
         seed_indices = list(range(n_seeds)) if isinstance(n_seeds, int) else list(n_seeds)
         seeds = seeds_from_root(config.get("root_seed", 0), max(seed_indices) + 1)
         for problem in block["problems"]:
-            if problem not in PROBLEMS:
+            if problem not in catalog.FACTS:
                 raise ConfigError(f"config key {where}.problems: unknown problem {problem!r} "
-                                  f"(choose from {sorted(PROBLEMS)})")
+                                  f"(choose from {sorted(catalog.FACTS)})")
         for name, settings in block["optimizers"].items():
             if name not in OPTIMIZERS:
                 raise ConfigError(f"config key {where}.optimizers.{name}: unknown optimizer "
