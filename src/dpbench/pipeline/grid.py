@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from dpbench.problems import catalog
+import dpbench.problems.catalog as catalog
 
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 

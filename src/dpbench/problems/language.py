@@ -43,8 +43,7 @@ from dpbench.audit import canaries as canary_lib
 from dpbench.data import fortunes
 from dpbench.data.image_datasets import Dataset
 import dpbench.problems.tokenizer as tokenizer
-from dpbench.problems import catalog
-from dpbench.problems.catalog import CANARIES_PER_REPEAT, CANARY_REPEATS
+import dpbench.problems.catalog as catalog
 from dpbench.problems.spec import Problem
 from dpbench.problems.tasks import Task
 from dpbench.problems.transformer import TransformerLM, token_losses
@@ -64,7 +63,7 @@ def load(data_dir: str | None = None) -> Dataset:
 
 
 def make_canaries(seed: int) -> list[canary_lib.Canary]:
-    return canary_lib.make_canaries(seed, CANARY_REPEATS, CANARIES_PER_REPEAT, DIGITS)
+    return canary_lib.make_canaries(seed, catalog.CANARY_REPEATS, catalog.CANARIES_PER_REPEAT, DIGITS)
 
 
 def canary_records(canaries: list[canary_lib.Canary]) -> np.ndarray:

@@ -8,7 +8,10 @@ it as they see a built-in.
 
 from __future__ import annotations
 
-from dpbench.problems import catalog, images, language
+# module imports, not `from dpbench.problems import ...`: the package's __init__ loads this module
+import dpbench.problems.catalog as catalog
+import dpbench.problems.images as images
+import dpbench.problems.language as language
 from dpbench.problems.spec import Problem
 from dpbench.problems.tasks import Task
 

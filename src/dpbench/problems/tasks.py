@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpbench.problems import catalog
+import dpbench.problems.catalog as catalog
 
 
 class Task:
