@@ -210,11 +210,11 @@ def opacus_step(problem_id: str, mode: str, L: int, n: int, device):
             module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=SIGMA, max_grad_norm=1.0,
             poisson_sampling=False, grad_sample_mode=mode)
     module, optimizer = made[0], made[1]
-    latent = model.mu.out_features if problem.task == "vae" else None
+    latent = model.mu.out_features if problem.task.name == "vae" else None
     warnings.filterwarnings("ignore", message="Full backward hook")  # Opacus's hooks on a model without input grads
 
     def losses_of(x, y):
-        if problem.task == "language-model":  # P4: per-record mean token CE, batch cut to its longest record
+        if problem.task.name == "language-model":  # P4: per-record mean token CE, batch cut to its longest record
             return problem.per_sample_loss(module, x, y, gen)[0]
         if latent is None:
             return torch.nn.functional.cross_entropy(module(x), y, reduction="none")

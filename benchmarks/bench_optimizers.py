@@ -67,7 +67,7 @@ def build(name: str, batch_size: int, threads: int, data_dir: str | None, projec
     problem, spec = get_problem("P2"), get_optimizer(name)
     hp = {"projection": projection} if name in PROJECTED else None
     ds = image_datasets.load(problem.dataset, data_dir)
-    x, y = problem.preprocess(ds.train_images), torch.from_numpy(ds.train_labels)
+    x, y = problem.preprocess(ds.x_train), torch.from_numpy(ds.y_train)
     n = len(y)
     torch.manual_seed(0)
     model = problem.build()

@@ -244,7 +244,7 @@ def data(problem_id: str, data_dir: str | None) -> tuple[torch.Tensor, torch.Ten
     the fortunes training records as token rows (N, 129), labels unused zeros)."""
     problem = get_problem(problem_id)
     ds = problem.load(data_dir)
-    return problem.preprocess(ds.train_images), torch.from_numpy(ds.train_labels)
+    return problem.preprocess(ds.x_train), torch.from_numpy(ds.y_train)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from dpbench.reporting.aggregate import CANARY_REPEATS as REPEATS
+from dpbench.problems.catalog import CANARY_REPEATS as REPEATS
 from dpbench.reporting.results import read_meta
 
 

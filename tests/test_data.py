@@ -102,12 +102,12 @@ def test_load_fashion_round_trip(tmp_path, no_system_dirs):
     arrays, _, sums = make_fashion(tmp_path)
     ds = image_datasets.load("fashion-mnist", tmp_path, checksums=sums)
     assert ds.name == "fashion-mnist" and ds.source == str(tmp_path)
-    assert ds.train_images.shape == (20, 1, 28, 28) and ds.test_images.shape == (10, 1, 28, 28)
-    assert ds.train_images.dtype == np.uint8 and ds.train_labels.dtype == np.int64
-    np.testing.assert_array_equal(ds.train_images[:, 0], arrays["train-images-idx3-ubyte"])
-    np.testing.assert_array_equal(ds.train_labels, arrays["train-labels-idx1-ubyte"])
-    np.testing.assert_array_equal(ds.test_images[:, 0], arrays["t10k-images-idx3-ubyte"])
-    np.testing.assert_array_equal(ds.test_labels, arrays["t10k-labels-idx1-ubyte"])
+    assert ds.x_train.shape == (20, 1, 28, 28) and ds.x_test.shape == (10, 1, 28, 28)
+    assert ds.x_train.dtype == np.uint8 and ds.y_train.dtype == np.int64
+    np.testing.assert_array_equal(ds.x_train[:, 0], arrays["train-images-idx3-ubyte"])
+    np.testing.assert_array_equal(ds.y_train, arrays["train-labels-idx1-ubyte"])
+    np.testing.assert_array_equal(ds.x_test[:, 0], arrays["t10k-images-idx3-ubyte"])
+    np.testing.assert_array_equal(ds.y_test, arrays["t10k-labels-idx1-ubyte"])
     verified = image_datasets.verify("fashion-mnist", tmp_path, checksums=sums)
     assert verified == {k: f"md5:{v}" for k, v in sums.items()}
 
@@ -122,16 +122,16 @@ def test_load_cifar_round_trip(tmp_path, no_system_dirs):
     (tmp_path / "cifar10" / "cifar-10-python.tar.gz").write_bytes(blob)
     ds = image_datasets.load("cifar10", tmp_path, checksums={"cifar-10-python.tar.gz": md5(blob)})
     assert ds.source == str(tmp_path / "cifar10" / "cifar-10-python.tar.gz")
-    assert ds.train_images.shape == (15, 3, 32, 32) and ds.test_images.shape == (3, 3, 32, 32)
-    assert ds.train_images.dtype == np.uint8 and ds.train_labels.dtype == np.int64
-    image = ds.train_images[3 + 1]
+    assert ds.x_train.shape == (15, 3, 32, 32) and ds.x_test.shape == (3, 3, 32, 32)
+    assert ds.x_train.dtype == np.uint8 and ds.y_train.dtype == np.int64
+    image = ds.x_train[3 + 1]
     assert image[1, 5, 7] == 201 and int(image.sum()) == 201
     train = [batches[n] for n in CIFAR_BATCHES[:5]]
     train_x = np.concatenate([b[b"data"] for b in train])
-    np.testing.assert_array_equal(ds.train_images.reshape(15, -1), train_x)
-    np.testing.assert_array_equal(ds.train_labels, sum((b[b"labels"] for b in train), []))
-    np.testing.assert_array_equal(ds.test_images.reshape(3, -1), batches["test_batch"][b"data"])
-    np.testing.assert_array_equal(ds.test_labels, batches["test_batch"][b"labels"])
+    np.testing.assert_array_equal(ds.x_train.reshape(15, -1), train_x)
+    np.testing.assert_array_equal(ds.y_train, sum((b[b"labels"] for b in train), []))
+    np.testing.assert_array_equal(ds.x_test.reshape(3, -1), batches["test_batch"][b"data"])
+    np.testing.assert_array_equal(ds.y_test, batches["test_batch"][b"labels"])
 
 
 def test_cifar_refuses_foreign_pickle_globals(tmp_path):
@@ -278,7 +278,7 @@ def test_download_is_atomic_and_verified(tmp_path, monkeypatch, capsys, no_syste
     assert sorted(p.name for p in directory.iterdir()) == sorted(f"{k}.gz" for k in payloads)
     assert "fashion-mnist/train-images-idx3-ubyte.gz" in capsys.readouterr().err
     ds = image_datasets.load("fashion-mnist", tmp_path / "dl", checksums=sums)
-    np.testing.assert_array_equal(ds.train_images[:, 0], arrays["train-images-idx3-ubyte"])
+    np.testing.assert_array_equal(ds.x_train[:, 0], arrays["train-images-idx3-ubyte"])
 
     # Valid files already present are not fetched again.
     handler.requests.clear()
@@ -320,8 +320,8 @@ def test_prepare_manifest(tmp_path, monkeypatch, no_system_dirs):
 )
 def test_real_fashion_mnist():
     ds = image_datasets.load("fashion-mnist", FMNIST_SYSTEM_DIR)
-    assert ds.train_images.shape == (60000, 1, 28, 28) and ds.train_images.dtype == np.uint8
-    assert ds.test_images.shape == (10000, 1, 28, 28) and ds.test_images.dtype == np.uint8
-    assert ds.train_labels.dtype == np.int64 and ds.test_labels.dtype == np.int64
-    assert np.bincount(ds.train_labels, minlength=10).tolist() == [6000] * 10
-    assert np.bincount(ds.test_labels, minlength=10).tolist() == [1000] * 10
+    assert ds.x_train.shape == (60000, 1, 28, 28) and ds.x_train.dtype == np.uint8
+    assert ds.x_test.shape == (10000, 1, 28, 28) and ds.x_test.dtype == np.uint8
+    assert ds.y_train.dtype == np.int64 and ds.y_test.dtype == np.int64
+    assert np.bincount(ds.y_train, minlength=10).tolist() == [6000] * 10
+    assert np.bincount(ds.y_test, minlength=10).tolist() == [1000] * 10

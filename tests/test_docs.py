@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, load_file
+from dpbench.problems import facts as problems_facts
 
 README = REPO / "README.md"
 
@@ -93,15 +94,14 @@ def test_bench_step_lists_an_unsupported_method_without_ratios():
 def test_bench_step_p4_batches_are_the_fortunes_training_records():
     """bench_step.py --problem P4 draws its Poisson batches from the real corpus's token rows."""
     from dpbench.data import fortunes
-    from dpbench.matrix import cache
-    from dpbench.problems import tokenizer
+    from dpbench.problems import catalog, tokenizer
 
     if not fortunes.SYSTEM_DIRS[0].is_dir():
         pytest.skip("Debian's fortunes package is not installed")
     bench_step = load_file(REPO / "benchmarks" / "bench_step.py")
 
     x, y = bench_step.data("P4", None)
-    assert x.shape == (cache.TRAIN_SIZES["fortunes"], 129) and x.dtype == torch.int64
+    assert x.shape == (problems_facts("P4").train_size, 129) and x.dtype == torch.int64
     assert (x[:, 0] == tokenizer.BOUNDARY).all() and (y == 0).all()
     first = fortunes.load(None).train[0].encode("utf-8")[:127]
     assert bytes(x[0, 1:1 + len(first)].tolist()) == first

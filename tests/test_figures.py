@@ -82,10 +82,10 @@ def vae_runs():
     rows = []
     for (opt, eps, lr, size), loss in VAE_LOSS.items():
         status = "completed" if np.isfinite(loss) else "diverged"
-        rows.append(_row("P3", "generation", opt, eps, lr, size, 30, 0, np.nan, loss, status))
+        rows.append(_row("P3", "vae", opt, eps, lr, size, 30, 0, np.nan, loss, status))
         # a second, worse seed in every finite cell: the cell is the best over seeds
         if np.isfinite(loss):
-            rows.append(_row("P3", "generation", opt, eps, lr, size, 30, 1, np.nan, loss + 7.0, "completed"))
+            rows.append(_row("P3", "vae", opt, eps, lr, size, 30, 1, np.nan, loss + 7.0, "completed"))
     return pd.DataFrame(rows)
 
 

@@ -1,17 +1,14 @@
-"""Behaviour unchanged, proven: the golden runs (tests/golden/runs.py) recomputed now equal the
+"""Behaviour unchanged, proven: the golden runs (tests/golden_runs.py) recomputed now equal the
 ones recorded before the package was restructured, bit for bit, on the CPU: every registered
 optimizer on P2 (real Fashion-MNIST) and P4 (generated quotations), three steps at seed 0 (metrics,
 sigma, target and achieved epsilon, canary exposures), and one audit per mechanism family
 (scores and bounds)."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "golden"))
-import runs as golden  # noqa: E402
+import golden_runs as golden
 
 pytestmark = [pytest.mark.slow, pytest.mark.realdata]
 

@@ -18,12 +18,13 @@ from scipy import stats
 from torch import nn
 
 from conftest import run_cell
+from dpbench.problems import facts as problems_facts
 from dpbench.privacy import per_sample
 from dpbench.privacy.clipping import Clipping
-from dpbench.matrix import cache, dense_factorization, dense_noise
+from dpbench.matrix import dense_factorization, dense_noise
 from dpbench.matrix.dense_noise import NoiseFile, NoiseFileError
 from dpbench.privacy.per_sample import SampleMixingError, Tape
-from dpbench.problems import PROBLEMS
+from dpbench.problems import PROBLEMS, catalog
 
 # -- noise files: checksums written while writing, verified before training, rows checked ------
 
@@ -89,11 +90,11 @@ def test_rows_are_checked_against_the_factorization_even_with_a_matching_sidecar
 
 
 def test_chi_square_band_has_negligible_false_alarms_and_catches_damage():
-    d = cache.PARAMETER_COUNTS["P2"]
+    d = problems_facts("P2").parameters
     lo, hi = dense_noise.chi_square_band(d)
     assert (lo / d, hi / d) == pytest.approx((0.970, 1.030), abs=1e-3)
     # the Laurent-Massart bounds hold: each tail is below e^-50 (scipy's exact chi-square tails)
-    for dim in (1000, 5000, d, cache.PARAMETER_COUNTS["P3"]):
+    for dim in (1000, 5000, d, problems_facts("P3").parameters):
         lo, hi = dense_noise.chi_square_band(dim)
         assert stats.chi2.logsf(hi, dim) <= -dense_noise.ROW_CHECK_X
         assert lo == 0 or stats.chi2.logcdf(lo, dim) <= -dense_noise.ROW_CHECK_X

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from conftest import REPO, run_cell
+from dpbench.problems import facts as problems_facts
 from dpbench.data import fortunes
-from dpbench.matrix import cache
 from dpbench.pipeline.grid import expand, load_config
-from dpbench.problems import get_problem, language, tokenizer
+from dpbench.problems import catalog, get_problem, language, tokenizer
+from dpbench.problems.catalog import PLANTED
 from dpbench.reporting.results import read_meta
 from dpbench.seeds import stream_seeds
 from dpbench.training.train import RunConfig, load_splits
@@ -42,13 +43,14 @@ def generated_corpus(monkeypatch, tmp_path):
 def test_p4_is_registered_with_its_sizes():
     problem = get_problem("P4")
     model = problem.build()
-    assert sum(p.numel() for p in model.parameters()) == cache.PARAMETER_COUNTS["P4"] == 876_034
-    assert problem.dataset == "fortunes" and problem.plants_canaries and problem.metric == "loss"
-    assert not get_problem("P2").plants_canaries
-    assert language.PLANTED == 3 * (0 + 1 + 5 + 25) == 93
-    # the runs table's columns per k (aggregate needs no torch, so it keeps its own copy)
-    from dpbench.reporting.aggregate import CANARY_REPEATS
-    assert CANARY_REPEATS == language.REPEATS
+    assert sum(p.numel() for p in model.parameters()) == problem.facts.parameters == 876_034
+    assert problem.dataset == "fortunes" and problem.metric == "loss" and problem.task.name == "language-model"
+    assert problem.facts.planted == PLANTED == 3 * (0 + 1 + 5 + 25) == 93 and get_problem("P2").facts.planted == 0
+    assert [c.repeats for c in language.make_canaries(0)] == [0, 0, 0, 1, 1, 1, 5, 5, 5, 25, 25, 25]
+    assert len(language.canary_records(language.make_canaries(0))) == PLANTED
+    # the runs table's columns per k are the planted k (one home, torch-free: the catalog)
+    from dpbench.reporting import aggregate
+    assert aggregate.CANARY_REPEATS is catalog.CANARY_REPEATS == (0, 1, 5, 25)
 
 
 def test_splits_plant_each_canary_k_times_after_the_subset(generated_corpus):
@@ -57,7 +59,7 @@ def test_splits_plant_each_canary_k_times_after_the_subset(generated_corpus):
     seeds = stream_seeds(cfg.seed)
     splits = load_splits(cfg, get_problem("P4"), seeds, "cpu")
     # subset 100, 20 of them held out for validation, then every planted copy on top
-    assert splits.x_train.shape == (80 + language.PLANTED, language.CONTEXT + 1)
+    assert splits.x_train.shape == (80 + PLANTED, language.CONTEXT + 1)
     texts = Counter(tokenizer.decode(row.tolist()) for row in splits.x_train)
     assert {c.secret: texts[c.text] for c in splits.canaries} == {c.secret: c.repeats for c in splits.canaries}
     assert sorted(Counter(c.repeats for c in splits.canaries).items()) == [(0, 3), (1, 3), (5, 3), (25, 3)]
@@ -75,7 +77,8 @@ def test_the_workflow_counts_the_canaries_in_n():
     config = load_config(REPO / "config" / "lm.yaml")
     cell = next(c for c in expand(config) if c.problem == "P4")
     n = cell.n_train(config["train"])
-    assert n == cache.TRAIN_SIZES["fortunes"] - config["train"]["validation_size"] + language.PLANTED
+    assert n == problems_facts("P4").train_size - config["train"]["validation_size"] + PLANTED
+    assert problems_facts("P4").train_size == 12_979
 
 
 def test_a_p4_run_records_privacy_and_memorisation(generated_corpus):
@@ -83,7 +86,7 @@ def test_a_p4_run_records_privacy_and_memorisation(generated_corpus):
                     data_dir=str(generated_corpus), train_subset=120, max_steps=2, validation_size=16)
     res = run_cell(cfg)
     meta = res.meta
-    n = 120 - 16 + language.PLANTED
+    n = 120 - 16 + PLANTED
     assert meta["data"]["n_train"] == n and meta["privacy"]["sample_rate"] == pytest.approx(16 / n)
     assert meta["privacy"]["epsilon"] <= 10.0 and meta["privacy"]["target_epsilon"] == 10.0
     mem = meta["memorisation"]
@@ -146,7 +149,7 @@ def test_every_optimizer_trains_p4(generated_corpus, tmp_path, optimizer):
                     train_subset=40, test_subset=8, max_steps=2, cache_dir=str(tmp_path / "cache"))
     meta = run_cell(cfg).meta
     assert meta["result"]["status"] == "completed" and meta["privacy"]["steps"] == 2
-    assert meta["data"]["n_train"] == 40 + language.PLANTED
+    assert meta["data"]["n_train"] == 40 + PLANTED
     if private:
         assert 0 < meta["privacy"]["epsilon"] <= 10.0 + 1e-9 and meta["privacy"]["noise_multiplier"] > 0
     assert len(meta["memorisation"]["canaries"]) == 12

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import torch
 import yaml
 
 from conftest import REPO, run_cell, run_cli, snakemake_exe, tree_env
+from dpbench.problems import facts as problems_facts
 from dpbench.privacy import accounting
 from dpbench.matrix import cache, dense_factorization, dense_noise, sensitivity
 from dpbench.matrix.dual import dual_ascent
@@ -377,7 +379,7 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
     fact = dense_factorization.from_strategy(f"identity-k{epochs}-b{b}", np.eye(steps))
     dense_factorization.save(fact, tmp_path / "identity.npz")
     seeds = stream_seeds(seed)
-    dim = cache.PARAMETER_COUNTS["P2"]
+    dim = get_problem("P2").facts.parameters
     dense_noise.write_noise(tmp_path / "noise.npy", fact.noising, dim, seeds["noise"],
                            meta={"factorization_digest": fact.digest})
     res = run_cell(RunConfig(problem="P2", optimizer=optimizer, lr=lr, batch_size=L, epochs=epochs, seed=seed,
@@ -389,7 +391,7 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
     # DP-SGD by hand: same model init, same fixed batches, same Z, no amplification
     problem = get_problem("P2")
     ds = image_datasets.load("fashion-mnist")
-    x, y = problem.preprocess(ds.train_images), torch.from_numpy(ds.train_labels)
+    x, y = problem.preprocess(ds.x_train), torch.from_numpy(ds.y_train)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seeds["init"])
         model = problem.build()
@@ -425,14 +427,17 @@ def test_matrix_run_records_privacy_and_reuses_its_cache(tiny_fmnist, tmp_path):
     assert pa["accountant"].startswith("analytic-gaussian")
 
 
-def test_constants_match_the_problems_and_datasets():
-    from dpbench.data import image_datasets
-    from dpbench.problems import PROBLEMS
+def test_cache_names_noise_files_by_the_problems_parameter_count():
+    """A run's noise file is as wide as its model (the catalog's d, checked against the built
+    models in tests/test_problems.py) and named by its noise stream."""
+    from dpbench.problems import catalog
+    from dpbench.seeds import stream_seeds
 
-    for pid, count in cache.PARAMETER_COUNTS.items():
-        assert sum(p.numel() for p in PROBLEMS[pid].build().parameters()) == count
-    assert set(cache.TRAIN_SIZES) == {p.dataset for p in PROBLEMS.builtins.values()}
-    assert hasattr(image_datasets, "load")
+    for pid, facts in catalog.FACTS.items():
+        factorization, noise = cache.run_files("/c", "se-k1-b4", facts.parameters, 7)
+        assert factorization == Path("/c/matrix/se-k1-b4/factorization.npz")
+        assert noise == Path(f"/c/matrix/se-k1-b4/noise-d{facts.parameters}-seed{stream_seeds(7)['noise']}.npy")
+    assert problems_facts("P2").parameters == 225_034
 
 
 # -- commands and workflow ----------------------------------------------------------------------

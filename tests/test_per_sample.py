@@ -86,7 +86,7 @@ def test_problem_models(problem_id, device):
     x = torch.rand(B, *shape, device=device)
     y = torch.randint(0, 10, (B,), device=device)
     noise = torch.randn(B, 32, device=device)
-    if problem.task == "classification":
+    if problem.task.name == "classification":
         loss_batch = lambda x, y, n: F.cross_entropy(model(x), y, reduction="none")  # noqa: E731
         loss_one = lambda p, x, y, n: F.cross_entropy(functional_call(model, p, (x[None],)), y[None])  # noqa: E731
     else:

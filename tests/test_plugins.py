@@ -48,10 +48,11 @@ SPEC = OptimizerSpec(name="dpsgd-own", build=lambda ctx: DPStep(ctx, SGD(ctx.lr)
                      description="a plugin with its own mechanism", reference="none", mechanism=OwnAccounting())
 """
 PROBLEM = """
-from dpbench.problems import Problem
-from dpbench.problems.convnets import CNN2c2d
+import dataclasses
 
-SPEC = Problem({id!r}, "fashion-mnist", "classification", CNN2c2d, "accuracy")
+from dpbench.problems.images import P2
+
+SPEC = dataclasses.replace(P2, facts=dataclasses.replace(P2.facts, id={id!r}))
 """
 FAKE_PACKAGES = set()
 

@@ -133,7 +133,7 @@ def test_clipped_norms_stay_at_most_one_with_and_without_tf32(problem_id, device
     x = torch.rand(n, *shape, device=device)
     y = torch.randint(0, 10, (n,), device=device)
     z = torch.randn(n, 32, device=device)
-    if problem.task == "classification":
+    if problem.task.name == "classification":
         batch_loss = lambda: F.cross_entropy(model(x), y, reduction="none")  # noqa: E731
         reference = _float64_per_sample_norms(model, _classifier_one, x, y)
     else:

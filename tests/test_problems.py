@@ -1,11 +1,22 @@
-"""Problems P1-P3: architectures, parameter counts, preprocessing and losses."""
+"""The problems: P1-P3's architectures, parameter counts, preprocessing and losses; the
+torch-free catalog of every problem's facts against the built problems; N counted by one
+function for the run and the grid; the registry that takes a plugin's spec."""
+
+import dataclasses
+import subprocess
+import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
 
-from dpbench.problems import CHANNEL_STATS, PROBLEMS, get_problem
+from conftest import REPO, tree_env
+from dpbench.problems import facts as problems_facts
+from dpbench.data.image_datasets import Dataset
+from dpbench.problems import PROBLEMS, catalog, get_problem, registry
+from dpbench.problems.convnets import CHANNEL_STATS
 
 
 @pytest.mark.parametrize("pid,params,shape", [("P1", 258_762, (3, 32, 32)), ("P2", 225_034, (1, 28, 28)),
@@ -15,7 +26,7 @@ def test_parameter_counts_and_shapes(pid, params, shape):
     model = problem.build()
     assert sum(p.numel() for p in model.parameters()) == params
     x = torch.rand(5, *shape)
-    if problem.task == "classification":
+    if problem.task.name == "classification":
         assert model(x).shape == (5, 10)
     else:
         recon, mu, logvar = model(x, torch.zeros(5, 32))
@@ -40,7 +51,7 @@ def test_published_normalisation_constants_match_real_data(fmnist_dir):
     from dpbench.data import image_datasets
 
     ds = image_datasets.load("fashion-mnist", fmnist_dir)
-    x = ds.train_images.astype(np.float64) / 255
+    x = ds.x_train.astype(np.float64) / 255
     mean, std = CHANNEL_STATS["fashion-mnist"]
     assert x.mean() == pytest.approx(mean[0], abs=1e-3)
     assert x.std() == pytest.approx(std[0], abs=1e-3)
@@ -72,3 +83,172 @@ def test_vae_loss_is_summed_per_sample():
     torch.testing.assert_close(losses, rec + kl, rtol=1e-4, atol=1e-3)
     # the reconstruction term alone is of the order of 784 * log 2 for an untrained decoder
     assert rec.mean().item() > 300
+
+
+# -- the catalog: each problem's facts, without torch ---------------------------------------------
+
+
+def test_catalog_holds_the_facts_of_every_registered_problem():
+    assert list(catalog.FACTS) == list(PROBLEMS) == ["P1", "P2", "P3", "P4"]
+    for pid, problem in PROBLEMS.items():
+        facts = problems_facts(pid)
+        assert problem.facts is facts and problem.task.facts is catalog.TASKS[facts.task]
+        assert sum(p.numel() for p in problem.build().parameters()) == facts.parameters
+    sizes = {pid: (f.dataset, f.task, f.metric, f.train_size, f.test_size, f.planted) for pid, f in catalog.FACTS.items()}
+    assert sizes == {"P1": ("cifar10", "classification", "accuracy", 50_000, 10_000, 0),
+                     "P2": ("fashion-mnist", "classification", "accuracy", 60_000, 10_000, 0),
+                     "P3": ("fashion-mnist", "vae", "loss", 60_000, 10_000, 0),
+                     "P4": ("fortunes", "language-model", "loss", 12_979, 1_417, 93)}
+    with pytest.raises(KeyError, match="unknown problem 'P9'; choose one of"):
+        problems_facts("P9")
+    with pytest.raises(KeyError, match="unknown problem 'P9'; choose one of"):
+        get_problem("P9")
+
+
+def test_task_facts_say_what_is_reported_and_selected():
+    c, v, lm = (catalog.task_facts(n) for n in ("classification", "vae", "language-model"))
+    assert (c.metric, c.select_higher, c.measures_accuracy, c.plants_canaries) == ("accuracy", True, True, False)
+    assert (v.metric, v.select_higher, v.measures_accuracy, v.plants_canaries) == ("loss", False, False, False)
+    assert (lm.metric, lm.select_higher, lm.measures_accuracy, lm.plants_canaries) == ("loss", False, False, True)
+    from dpbench.training.train import summarize
+
+    # validation picks epoch 2 by accuracy (highest) for a classifier, epoch 1 by loss (lowest) otherwise
+    metrics = pd.DataFrame({"split": ["val", "val", "test", "test"], "epoch": [1, 2, 1, 2], "loss": [0.5, 0.9, 0.6, 1.0],
+                            "accuracy": [0.7, 0.8, 0.71, 0.79]})
+    assert summarize(metrics, c)["test_accuracy_at_best_val"] == 0.79
+    assert summarize(metrics, v)["test_loss_at_best_val"] == summarize(metrics, lm)["test_loss_at_best_val"] == 0.6
+
+
+def test_the_catalog_and_what_reads_it_need_no_torch():
+    """The grid, the cluster cost model, the matrix cache and the reports read problem facts
+    in processes without torch (the workflow's analysis and data environments)."""
+    code = f"""
+import sys
+
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "opacus"):
+            raise ImportError(name)
+
+
+sys.meta_path.insert(0, NoTorch())
+from dpbench.problems import catalog
+from dpbench.pipeline import cluster, grid
+from dpbench.matrix import cache
+from dpbench.reporting import aggregate
+assert cluster.train_size("P4", {{"validation_size": 10}}) == 12_979 - 10 + 93
+assert grid.Cell("P1", "dpsgd", 256, 1, None, 0.1, 0, 0).dataset == "cifar10"
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=tree_env())
+    assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr[-2000:]
+
+
+def test_n_is_counted_by_one_function_for_the_run_and_the_grid(monkeypatch):
+    """For every problem, canaries included: the training split a run builds has as many
+    examples as the grid (matrix keys) and the cluster cost model count, under subsets and
+    validation splits (datasets of 120 records standing in for the official ones)."""
+    from dpbench.pipeline import cluster
+    from dpbench.pipeline.grid import Cell
+    from dpbench.problems import language
+    from dpbench.seeds import stream_seeds
+    from dpbench.training.train import RunConfig, load_splits
+
+    shapes = {"P1": (3, 32, 32), "P2": (1, 28, 28), "P3": (1, 28, 28)}
+    rng = np.random.default_rng(0)
+    for pid, problem in PROBLEMS.items():
+        facts = dataclasses.replace(problem.facts, train_size=120)
+        monkeypatch.setitem(catalog.FACTS, pid, facts)
+        shape = shapes.get(pid, (language.CONTEXT + 1,))
+        x = rng.integers(0, 256, (150, *shape)).astype(np.uint8 if pid in shapes else np.int64)
+        data = Dataset(facts.dataset, x[:120], rng.integers(0, 10, 120), x[120:], rng.integers(0, 10, 30), "generated")
+        spec = dataclasses.replace(problem, facts=facts, load=lambda data_dir, data=data: data)
+        for train in ({}, {"train_subset": 50}, {"validation_size": 20}, {"train_subset": 70, "validation_size": 9},
+                      {"train_subset": 500}):
+            n = Cell(pid, "dpsgd", 8, 1, 1.0, 0.1, 0, 0).n_train(train)
+            assert n == cluster.train_size(pid, train)
+            cfg = RunConfig(problem=pid, optimizer="dpsgd", lr=0.1, batch_size=8, epochs=1, seed=0, epsilon=1.0,
+                            train_subset=train.get("train_subset"), validation_size=train.get("validation_size", 0))
+            splits = load_splits(cfg, spec, stream_seeds(0), "cpu")
+            expected = min(120, train.get("train_subset", 120)) - train.get("validation_size", 0) + facts.planted
+            assert splits.x_train.shape[0] == n == expected, (pid, train)
+    assert catalog.training_examples(100, None, 0, 93) == 193
+
+
+def test_a_task_that_plants_other_than_its_facts_say_is_refused():
+    """The run checks its training split against the one count: a task that planted other
+    records than the problem's facts declare would give the grid another N."""
+    from dpbench.seeds import stream_seeds
+    from dpbench.training.train import RunConfig, load_splits
+
+    rng = np.random.default_rng(0)
+    data = Dataset("fashion-mnist", rng.integers(0, 256, (40, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 40),
+                   rng.integers(0, 256, (10, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 10), "generated")
+
+    class Planting(type(get_problem("P2").task)):
+        def make_canaries(self, seed):
+            return ["one"]
+
+        def canary_records(self, canaries):
+            return np.zeros((1, 1, 28, 28), np.uint8)
+
+    spec = dataclasses.replace(get_problem("P2"), task=Planting(*CHANNEL_STATS["fashion-mnist"]),
+                               load=lambda data_dir: data)
+    cfg = RunConfig(problem="P2", optimizer="sgd", lr=0.1, batch_size=8, epochs=1, seed=0)
+    with pytest.raises(RuntimeError, match="training split has 41 examples where catalog.training_examples counts 40"):
+        load_splits(cfg, spec, stream_seeds(0), "cpu")
+
+
+# -- the registry: a plugin's problem is one spec ---------------------------------------------------
+
+
+def tiny_spec(problem_id="tiny", **facts):
+    from dpbench.problems.spec import Problem
+    from dpbench.problems.tasks import Classification
+
+    fields = dict(id=problem_id, dataset="tiny-images", task="classification", train_size=100, test_size=20,
+                  parameters=650, features=64, gpu_s_per_example=1e-6, cpu_s_per_example=1e-5)
+    return Problem(catalog.ProblemFacts(**{**fields, **facts}), Classification(scale=16.0),
+                   lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10)),
+                   lambda data_dir=None: None)
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    """A problem 'tiny' registered beside the built-ins, as an installed plugin's entry point
+    would register it."""
+    from dpbench.plugins import Registry
+
+    spec = tiny_spec()
+    monkeypatch.setattr(registry, "PROBLEMS", Registry(registry.GROUP, {**registry.PROBLEMS.builtins, "tiny": spec}))
+    return spec
+
+
+def test_a_registered_spec_is_everywhere_a_built_in_is(tiny):
+    from dpbench.pipeline import cluster
+    from dpbench.pipeline.grid import Cell
+
+    assert get_problem("tiny") is tiny and problems_facts("tiny") is tiny.facts
+    assert Cell("tiny", "dpsgd", 10, 1, 1.0, 0.1, 0, 0).n_train({"validation_size": 5}) == 95
+    assert cluster.planned_steps("tiny", 10, 2) == 20
+    x = tiny.preprocess(np.array([[[[0, 16]]]], np.uint8))
+    torch.testing.assert_close(x, torch.tensor([[[[0.0, 1.0]]]]))  # pixels 0-16 scaled to [0, 1], not normalised
+    with pytest.raises(KeyError, match="unknown problem 'nope'"):
+        problems_facts("nope")
+
+
+def test_a_malformed_spec_is_refused_saying_why():
+    registry.check(tiny_spec())  # well-formed
+    with pytest.raises(ValueError, match="its task must be a dpbench.problems.tasks.Task, got str"):
+        registry.check(dataclasses.replace(tiny_spec(), task="classification"))
+    with pytest.raises(ValueError, match="build must be callable"):
+        registry.check(dataclasses.replace(tiny_spec(), build=None))
+    with pytest.raises(ValueError, match="its facts name task 'vae', its task is 'classification'"):
+        registry.check(tiny_spec(task="vae"))
+    with pytest.raises(ValueError, match="its facts must be a dpbench.problems.catalog.ProblemFacts, got dict"):
+        registry.check(dataclasses.replace(tiny_spec(), facts={"id": "tiny"}))
+    with pytest.raises(ValueError, match="problem id 'a/b': letters, digits"):
+        tiny_spec("a/b")
+    with pytest.raises(ValueError, match="problem 'tiny': train_size must be a positive integer, got 0"):
+        tiny_spec(train_size=0)

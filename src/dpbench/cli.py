@@ -134,13 +134,12 @@ def cmd_train(args) -> int:
     from dpbench.training.train import RunConfig, run
 
     if args.train_subset:
-        from dpbench.matrix.cache import TRAIN_SIZES
-        from dpbench.problems import get_problem
+        from dpbench.problems import facts
 
-        dataset = get_problem(args.problem).dataset
-        if args.train_subset > TRAIN_SIZES[dataset]:
-            raise ValueError(f"argument --train-subset: {args.train_subset} is above the {TRAIN_SIZES[dataset]} "
-                             f"training examples of {dataset}")
+        problem = facts(args.problem)
+        if args.train_subset > problem.train_size:
+            raise ValueError(f"argument --train-subset: {args.train_subset} is above the {problem.train_size} "
+                             f"training examples of {problem.dataset}")
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = RunConfig(
@@ -332,7 +331,8 @@ def noise_estimate(config_path: str) -> int:
     import shutil
 
     from dpbench.pipeline.grid import expand, load_config
-    from dpbench.matrix import cache, dense_factorization, dense_noise
+    from dpbench.matrix import dense_factorization, dense_noise
+    from dpbench.problems import facts
 
     config = load_config(config_path)
     cache_dir = Path(config["results_dir"]) / "cache"
@@ -341,7 +341,7 @@ def noise_estimate(config_path: str) -> int:
         files = cell.cache_files(config["train"], cache_dir)
         if "noise" in files:
             _, k, b, _ = dense_factorization.parse_key(files["factorization"].parent.name)
-            steps, dim = k * b, cache.PARAMETER_COUNTS[cell.problem]
+            steps, dim = k * b, facts(cell.problem).parameters
             entry = noise.setdefault(files["noise"], {"steps": steps, "dim": dim, "cells": 0})
             entry["cells"] += 1
             dense[files["factorization"]] = 3 * 8 * steps * steps  # C, C^-1, B in float64

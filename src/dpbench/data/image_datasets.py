@@ -37,11 +37,15 @@ class DataError(RuntimeError):
 
 @dataclass(frozen=True)
 class Dataset:
+    """A dataset's training and test splits as raw arrays, in their fixed order: ``x`` the inputs
+    (here images, uint8 (N, C, H, W); P4's are token ids, ``dpbench.problems.language``), ``y``
+    the labels (int64 (N,); zeros where a task has none)."""
+
     name: str
-    train_images: np.ndarray  # uint8 (N, C, H, W)
-    train_labels: np.ndarray  # int64 (N,)
-    test_images: np.ndarray
-    test_labels: np.ndarray
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
     source: str  # directory or file the data was read from
 
 
@@ -464,6 +468,6 @@ def prepare(name: str, data_dir: str | Path | None, *, allow_download: bool = Tr
         "dataset": name,
         "directory": str(directory),
         "files": verified,
-        "n_train": int(len(dataset.train_labels)),
-        "n_test": int(len(dataset.test_labels)),
+        "n_train": int(len(dataset.y_train)),
+        "n_test": int(len(dataset.y_test)),
     }

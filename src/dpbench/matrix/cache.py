@@ -27,10 +27,6 @@ from typing import Callable
 
 from dpbench.seeds import stream_seeds
 
-# official training sets (fortunes: the records its hash split trains on; dpbench.data.fortunes)
-TRAIN_SIZES = {"fashion-mnist": 60_000, "cifar10": 50_000, "fortunes": 12_979}
-PARAMETER_COUNTS = {"P1": 258_762, "P2": 225_034, "P3": 1_875_265, "P4": 876_034}  # checked by tests
-
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("DPBENCH_CACHE_DIR") or Path(tempfile.gettempdir()) / "dpbench-cache")
@@ -94,7 +90,8 @@ def ensure_noise(cache_dir: str | Path, fact, dim: int, seed: int,
                        f"writing correlated noise {path} ({fact.steps} x {dim} float32)")
 
 
-def run_files(cache_dir: str | Path, key: str, problem: str, seed: int) -> tuple[Path, Path]:
-    """The factorization and noise files of a run (for the workflow: no computing here)."""
-    return factorization_path(cache_dir, key), noise_path(cache_dir, key, PARAMETER_COUNTS[problem],
-                                                          stream_seeds(seed)["noise"])
+def run_files(cache_dir: str | Path, key: str, parameters: int, seed: int) -> tuple[Path, Path]:
+    """The factorization and noise files of a run (for the workflow: no computing here); the
+    noise rows are as wide as the model's parameter count d (the caller reads it from the
+    problem's facts)."""
+    return factorization_path(cache_dir, key), noise_path(cache_dir, key, parameters, stream_seeds(seed)["noise"])

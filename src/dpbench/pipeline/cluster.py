@@ -4,19 +4,19 @@ the optimizer registry, read for each optimizer's cost class).
 
 The numbers are a deliberately conservative cost model, not a measurement of each run:
 
-* steps T = round(E·N/L) (as ``dpbench train``), capped by ``max_steps``; N is capped by
-  ``train_subset``, the test set by ``test_subset``;
+* the problem's sizes and cost constants come from its facts (``dpbench.problems.catalog``);
+* steps T = round(E·N/L) (as ``dpbench train``), capped by ``max_steps``; N is the run's own
+  (``ProblemFacts.n_train``: ``train_subset``, ``validation_size`` and planted canaries
+  included), the test set capped by ``test_subset``;
 * time per step on a GPU (the profile decides GPU or CPU, see workflow/rules/common.smk) comes
   from ``GpuCosts``: the measured seconds per step of the problem and the optimizer's cost class
   (``OptimizerSpec.cost_class``) at the measured batch sizes, interpolated linearly in L (below
   the smallest measured L: that step's time; above the largest: its time per example), read from
   ``gpu_costs.json`` next to this module (written by ``benchmarks/bench_gpu.py costs`` on a GPU,
   see docs/gpu.md); without that file, or for a problem or cost class it does not hold, the
-  assumed ``STEP_OVERHEAD_S`` + L x ``GPU_S_PER_EXAMPLE`` (2-4x what a DP step of these models
-  was expected to take; P2, L = 256: 17.7 ms). On the CPU: ``STEP_OVERHEAD_S`` + L x
-  ``CPU_S_PER_EXAMPLE``, the 2-thread P2 DP-SGD step measured by an earlier ``benchmarks/bench_step.py``
-  (74.7 ms at L = 256, docs/speed.md; i.e.
-  0.29 ms per example) with P1 and P3 scaled by their FLOPs; plus one test pass per epoch;
+  assumed ``STEP_OVERHEAD_S`` + L x the problem's ``gpu_s_per_example``. On the CPU:
+  ``STEP_OVERHEAD_S`` + L x its ``cpu_s_per_example`` (where those numbers come from: the
+  catalog); plus one test pass per epoch;
 * matrix mechanisms (optimizers named ``dpmatrix*``) read one d-vector of precomputed
   correlated noise per step from a memory-mapped file (``dpbench.matrix``), which costs
   neither memory nor time worth modelling; their factorization and noise files are made by
@@ -46,17 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# P4: the fortunes corpus's hash split (12,979 training records plus 93 canary copies; 1,417
-# held out), 129 int64 tokens a record
-N_TRAIN = {"P1": 50_000, "P2": 60_000, "P3": 60_000, "P4": 13_072}
-N_TEST = {"P1": 10_000, "P2": 10_000, "P3": 10_000, "P4": 1_417}
-FEATURES = {"P1": 3 * 32 * 32, "P2": 28 * 28, "P3": 28 * 28, "P4": 129 * 8 // 5}
+from dpbench.problems import facts
 
 STEP_OVERHEAD_S = 0.010  # sampling, clipping, noise, optimizer, kernel launches
-GPU_S_PER_EXAMPLE = {"P1": 40e-6, "P2": 30e-6, "P3": 120e-6, "P4": 400e-6}  # forward + per-sample backward
-# P4 on the CPU: a 2-thread DP step of the default transformer on 128-token records, measured
-# with OMP_NUM_THREADS=2 (about 2.4 s of CPU time for 64 records, rounded up)
-CPU_S_PER_EXAMPLE = {"P1": 0.45e-3, "P2": 0.29e-3, "P3": 1.2e-3, "P4": 40e-3}
 EVAL_FRACTION = 1 / 3  # a test example costs about a third of a training example (forward only)
 
 BASE_MB = 3000  # python, torch, CUDA context on the host
@@ -123,11 +115,11 @@ class GpuCosts:
     def step(self, problem: str, optimizer: str, batch_size: int) -> float:
         table = self.step_seconds.get(problem, {}).get(cost_class(optimizer) or "")
         if not table:
-            return STEP_OVERHEAD_S + batch_size * GPU_S_PER_EXAMPLE[problem]
+            return STEP_OVERHEAD_S + batch_size * facts(problem).gpu_s_per_example
         return _interpolate(table, batch_size)
 
     def eval_per_example(self, problem: str) -> float:
-        return self.eval_seconds_per_example.get(problem, GPU_S_PER_EXAMPLE[problem] * EVAL_FRACTION)
+        return self.eval_seconds_per_example.get(problem, facts(problem).gpu_s_per_example * EVAL_FRACTION)
 
     def gain(self, problem: str, batch_size: int, cells_per_gpu: int) -> float:
         """Aggregate throughput of K processes on one GPU over one process's, measured for the
@@ -173,13 +165,13 @@ def _round_up(x: float, step: int) -> int:
 
 
 def train_size(problem: str, train: Mapping | None = None) -> int:
-    """N: the problem's training set, capped by the config's train_subset."""
+    """N, as the run counts it (``ProblemFacts.n_train``) under the config's ``train`` section."""
     train = train or {}
-    return min(N_TRAIN[problem], train.get("train_subset") or N_TRAIN[problem])
+    return facts(problem).n_train(train.get("train_subset"), train.get("validation_size") or 0)
 
 
 def planned_steps(problem: str, batch_size: int, epochs: int, train: Mapping | None = None) -> int:
-    """T = round(E·N/L), with N capped by train_subset and T by max_steps."""
+    """T = round(E·N/L), with N the run's (``train_size``) and T capped by max_steps."""
     train = train or {}
     n = train_size(problem, train)
     steps = max(1, round(epochs * n / batch_size))
@@ -196,9 +188,9 @@ def compute_seconds(cell: Any, train: Mapping | None = None, on_gpu: bool = True
     steps = planned_steps(problem, batch_size, epochs, train)
     n_train = train_size(problem, train)
     evals = min(epochs, math.ceil(steps * batch_size / n_train))  # one test pass per epoch reached
-    n_test = min(N_TEST[problem], train.get("test_subset") or N_TEST[problem])
+    n_test = min(facts(problem).test_size, train.get("test_subset") or facts(problem).test_size)
     if not on_gpu:
-        per_example = CPU_S_PER_EXAMPLE[problem]
+        per_example = facts(problem).cpu_s_per_example
         return steps * (STEP_OVERHEAD_S + batch_size * per_example) + evals * n_test * per_example * EVAL_FRACTION
     step = costs.step(problem, _get(cell, "optimizer"), batch_size)
     return steps * step + evals * n_test * costs.eval_per_example(problem)
@@ -208,9 +200,9 @@ def memory_mb(cell: Any, train: Mapping | None = None) -> float:
     """Estimated peak host memory (MB) of a cell, before the safety factor."""
     train = train or {}
     problem = _get(cell, "problem")
-    n_train = train_size(problem, train)
-    # the full files as uint8, the (sub)set used as float32
-    data = (N_TRAIN[problem] + N_TEST[problem] + 4 * (n_train + N_TEST[problem])) * FEATURES[problem]
+    n_train, f = train_size(problem, train), facts(problem)
+    # the full files (and planted canaries) as uint8, the (sub)set used as float32
+    data = (f.n_train() + f.test_size + 4 * (n_train + f.test_size)) * f.features
     return BASE_MB + data / 1e6
 
 

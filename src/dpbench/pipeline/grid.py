@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from dpbench.problems import facts
+
 # The config schema ships inside the package (package data), so an installed dpbench validates
 # a config wherever it is; the workflow validates through this module too.
 SCHEMA_PATH = resources.files("dpbench.pipeline") / "config.schema.yaml"
@@ -73,25 +75,14 @@ class Cell:
 
     @property
     def dataset(self) -> str:
-        from dpbench.problems import get_problem
-
-        return get_problem(self.problem).dataset
+        return facts(self.problem).dataset
 
     def n_train(self, train: dict[str, Any]) -> int:
         """N, the examples the run trains on: the official training set (or its ``train_subset``)
         less the ``validation_size`` held out before batches are cut, plus the canary copies a
-        language-model run plants (they are training records: q = L / N counts them)."""
-        from dpbench.matrix.cache import TRAIN_SIZES
-        from dpbench.problems import get_problem
-
-        n = TRAIN_SIZES[self.dataset]
-        if train.get("train_subset"):
-            n = min(n, train["train_subset"])
-        n -= train.get("validation_size") or 0
-        if get_problem(self.problem).plants_canaries:
-            from dpbench.problems.language import PLANTED
-            n += PLANTED
-        return n
+        language-model run plants (they are training records: q = L / N counts them); counted
+        by ``catalog.training_examples``, as the run counts its own."""
+        return facts(self.problem).n_train(train.get("train_subset"), train.get("validation_size") or 0)
 
     def cache_files(self, train: dict[str, Any], cache_dir: str | Path) -> dict[str, Path]:
         """The cached files this cell's run reads, under ``cache_dir`` (nothing is computed here):
@@ -109,7 +100,7 @@ class Cell:
         hyper, n = dict(self.hyperparameters), self.n_train(train)
         if isinstance(mechanism, MatrixMechanism):
             key = mechanism.key(n, self.batch_size, self.epochs, hyper.get("tau"))
-            factorization, noise = cache.run_files(cache_dir, key, self.problem, self.seed)
+            factorization, noise = cache.run_files(cache_dir, key, facts(self.problem).parameters, self.seed)
             return {"factorization": factorization, "noise": noise}
         if isinstance(mechanism, StreamingMechanism):
             run = SimpleNamespace(hyperparameters=hyper, epsilon=self.epsilon,
@@ -340,12 +331,11 @@ def _schema_error(e) -> ConfigError:
 
 def check_train_subset(config: dict[str, Any], cells: list[Cell]) -> None:
     """``train.train_subset`` cannot exceed a dataset's training set (it would be clamped)."""
-    from dpbench.matrix.cache import TRAIN_SIZES
-
     subset = (config.get("train") or {}).get("train_subset")
-    for dataset in sorted({c.dataset for c in cells}):
-        if subset and subset > TRAIN_SIZES[dataset]:
-            raise ConfigError(f"config key train.train_subset: {subset} is above the {TRAIN_SIZES[dataset]} "
+    sizes = {facts(c.problem).dataset: facts(c.problem).train_size for c in cells}
+    for dataset in sorted(sizes):
+        if subset and subset > sizes[dataset]:
+            raise ConfigError(f"config key train.train_subset: {subset} is above the {sizes[dataset]} "
                               f"training examples of {dataset}")
 
 

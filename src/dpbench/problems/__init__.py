@@ -1,92 +1,49 @@
-"""The benchmark problems: a dataset, a model, preprocessing, a per-sample loss and the metric
-reported. P1-P3 are the thesis's (Table 4.1): image datasets read by ``dpbench.data``, the
-networks of ``convnets``. P4 is a private transformer language model on the fortunes corpus
-with planted canaries (``language``, ``transformer``, ``tokenizer``; ``canaries``: their
-generation, planting and exposure)."""
+"""The benchmark problems: a dataset, a model, a task (preprocessing, per-sample loss, the metric
+reported) and the facts the pipeline needs. P1-P3 are the thesis's (Table 4.1): image datasets
+read by ``dpbench.data``, the networks of ``convnets`` (``images``). P4 is a private transformer
+language model on the fortunes corpus with planted canaries (``language``, ``transformer``,
+``tokenizer``).
+
+* ``catalog``: every problem's facts, importable without torch (the grid, the cluster cost
+  model, the matrix cache and the reports read them);
+* ``tasks``: the task objects (classification, VAE; the language model's is in ``language``);
+* ``spec``: ``Problem``, a problem's spec (facts, task, model builder, loader);
+* ``registry``: problem id -> spec (``PROBLEMS``, ``get_problem``; plugins' problems join it from their entry points).
+
+This package imports nothing itself, so ``dpbench.problems.catalog`` needs no torch;
+``Problem``, ``PROBLEMS`` and ``get_problem`` are loaded from ``spec`` and
+``registry`` when first asked for.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+import dpbench.problems.catalog as catalog
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-from dpbench.data import image_datasets
-from dpbench.data.image_datasets import Dataset
-from dpbench.plugins import Group, Registry
-from dpbench.problems.convnets import CHANNEL_STATS, CNN2c2d, CNN3c3d, ConvVAE
-from dpbench.problems.transformer import TransformerLM
-
-LANGUAGE_MODEL = "language-model"
+_FROM_REGISTRY = ("PROBLEMS", "get_problem")
 
 
-@dataclass(frozen=True)
-class Problem:
-    """A benchmark problem. ``per_sample_loss(model, x, y, generator)`` returns
-    ``(losses, correct)``: per-sample losses (B,) and per-sample correctness (B,) or None."""
+def facts(problem_id: str) -> catalog.ProblemFacts:
+    """The facts of a problem: a built-in's from the catalog (no torch), a plugin's from its spec
+    (the registry, which loads the installed plugins; an unknown id is a KeyError naming the
+    choices, a broken plugin's id its one-line error)."""
+    if problem_id in catalog.FACTS:
+        return catalog.FACTS[problem_id]
+    from dpbench.problems.registry import get_problem
 
-    id: str
-    dataset: str
-    task: str  # "classification", "vae" or "language-model"
-    build: Callable[[], nn.Module]
-    metric: str  # "accuracy" or "loss"
-
-    @property
-    def plants_canaries(self) -> bool:
-        """Whether a run inserts canaries into its training split and measures their exposure."""
-        return self.task == LANGUAGE_MODEL
-
-    def load(self, data_dir: str | None = None) -> Dataset:
-        """The problem's dataset, from its official files (verified)."""
-        if self.task == LANGUAGE_MODEL:
-            from dpbench.problems import language
-            return language.load(data_dir)
-        return image_datasets.load(self.dataset, data_dir)
-
-    def preprocess(self, images: np.ndarray) -> torch.Tensor:
-        """uint8 images (N, C, H, W) -> float32 model inputs; P4: token ids (N, T + 1), as they are."""
-        if self.task == LANGUAGE_MODEL:
-            from dpbench.problems import language
-            return language.preprocess(images)
-        x = torch.from_numpy(np.ascontiguousarray(images)).float().div_(255.0)
-        if self.task == "classification":
-            mean, std = CHANNEL_STATS[self.dataset]
-            x = (x - torch.tensor(mean).view(1, -1, 1, 1)) / torch.tensor(std).view(1, -1, 1, 1)
-        return x
-
-    def per_sample_loss(self, model: nn.Module, x, y, generator: torch.Generator | None = None):
-        if self.task == LANGUAGE_MODEL:
-            from dpbench.problems import language
-            return language.per_sample_loss(model, x, y, generator)
-        if self.task == "classification":
-            logits = model(x)
-            losses = F.cross_entropy(logits, y, reduction="none")
-            return losses, (logits.argmax(1) == y)
-        # VAE: reconstruction (binary cross-entropy summed over pixels) + KL summed over
-        # latent dims, per sample. The Sigmoid output is compared with inputs in [0, 1].
-        noise = torch.randn(x.shape[0], model.mu.out_features, generator=generator, device=x.device)
-        recon, mu, logvar = model(x, noise)
-        rec = F.binary_cross_entropy(recon, x, reduction="none").flatten(1).sum(1)
-        kl = -0.5 * (1 + logvar - mu.pow(2) - logvar.exp()).sum(1)
-        return rec + kl, None
+    return get_problem(problem_id).facts
 
 
-# plugins: entry points of the group ``dpbench.problems``, each naming a Problem (dpbench.plugins)
-GROUP = Group("dpbench.problems", "problem", Problem, "id")
+def __getattr__(name: str):
+    if name in _FROM_REGISTRY:
+        from dpbench.problems import registry
 
-PROBLEMS: Registry = Registry(GROUP, {
-    "P1": Problem("P1", "cifar10", "classification", CNN3c3d, "accuracy"),
-    "P2": Problem("P2", "fashion-mnist", "classification", CNN2c2d, "accuracy"),
-    "P3": Problem("P3", "fashion-mnist", "vae", ConvVAE, "loss"),
-    # P4: byte-level transformer LM (876,034 parameters), one fortune = one record; loss = the
-    # held-out records' mean per-record token cross-entropy (perplexity = exp(loss))
-    "P4": Problem("P4", "fortunes", LANGUAGE_MODEL, TransformerLM, "loss"),
-})
+        return getattr(registry, name)
+    if name == "Problem":
+        from dpbench.problems.spec import Problem
+
+        return Problem
+    raise AttributeError(f"module 'dpbench.problems' has no attribute {name!r}")
 
 
-def get_problem(problem_id: str) -> Problem:
-    """As ``dpbench.optimizers.get_optimizer``: KeyError for an unknown id, PluginError for a broken plugin's."""
-    return PROBLEMS.lookup(problem_id)
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_FROM_REGISTRY, "Problem"])

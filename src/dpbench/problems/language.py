@@ -14,7 +14,8 @@ held-out ones are the run's *test* split (never trained on, whatever the seed). 
 problems, and ``train_subset`` draws a subset of them first.
 
 Canaries (Carlini et al. 2019, arXiv:1802.08232; ``canaries``). Every run plants
-``PER_REPEAT`` canaries "the secret code is <s>" for each repetition count k in ``REPEATS``, the
+``CANARIES_PER_REPEAT`` canaries "the secret code is <s>" for each repetition count k in
+``CANARY_REPEATS`` (``dpbench.problems.catalog``, where ``PLANTED`` counts their copies), the
 secrets s drawn uniformly from the 10^``DIGITS`` digit strings by the run's "canary" random
 stream. A canary with k = 0 is never inserted: its exposure is the baseline of a secret the
 model never saw. The k copies of each planted canary are appended to the training split
@@ -27,6 +28,9 @@ Memorisation (after the last step, on the trained model): per canary its log-per
 among all 10^DIGITS candidates (exact enumeration), exposure = log2|R| - log2 rank, and
 whether greedy decoding of 50 tokens after the prefix reproduces the secret. DIGITS = 5 keeps
 the exact enumeration (11,111 batched forward rows of <= 25 tokens) to seconds on a CPU.
+
+``LanguageModel`` is the task that does all this (preprocessing, loss, canaries, memorisation);
+``P4`` the problem's spec.
 """
 
 from __future__ import annotations
@@ -39,13 +43,13 @@ from dpbench.data import fortunes
 from dpbench.data.image_datasets import Dataset
 import dpbench.problems.canaries as canary_lib
 import dpbench.problems.tokenizer as tokenizer
-from dpbench.problems.transformer import token_losses
+import dpbench.problems.catalog as catalog
+from dpbench.problems.spec import Problem
+from dpbench.problems.tasks import Task
+from dpbench.problems.transformer import TransformerLM, token_losses
 
 CONTEXT = 128  # tokens the model reads; a record is [BOS] + bytes + [EOS], cut to CONTEXT + 1
-REPEATS = (0, 1, 5, 25)  # canary repetition counts k (25 as in Gong et al.; 0 = never inserted)
-PER_REPEAT = 3  # distinct canaries for each k
 DIGITS = 5  # |R| = 10^5 candidate secrets
-PLANTED = PER_REPEAT * sum(REPEATS)  # canary records a run adds to its training split (93)
 
 
 def load(data_dir: str | None = None) -> Dataset:
@@ -59,7 +63,7 @@ def load(data_dir: str | None = None) -> Dataset:
 
 
 def make_canaries(seed: int) -> list[canary_lib.Canary]:
-    return canary_lib.make_canaries(seed, REPEATS, PER_REPEAT, DIGITS)
+    return canary_lib.make_canaries(seed, catalog.CANARY_REPEATS, catalog.CANARIES_PER_REPEAT, DIGITS)
 
 
 def canary_records(canaries: list[canary_lib.Canary]) -> np.ndarray:
@@ -90,3 +94,29 @@ def memorisation(model: nn.Module, canaries: list[canary_lib.Canary], device) ->
     finally:
         model.train(was_training)
     return {"space_size": 10**DIGITS, "method": "exact", "canaries": rows}
+
+
+class LanguageModel(Task):
+    """Next-token prediction on token records with planted canaries (see the module docstring)."""
+
+    facts = catalog.LANGUAGE_MODEL
+
+    def preprocess(self, raw: np.ndarray) -> torch.Tensor:
+        return preprocess(raw)
+
+    def per_sample_loss(self, model, x, y=None, generator=None):
+        return per_sample_loss(model, x, y, generator)
+
+    def make_canaries(self, seed: int) -> list[canary_lib.Canary]:
+        return make_canaries(seed)
+
+    def canary_records(self, canaries) -> np.ndarray:
+        return canary_records(canaries)
+
+    def memorisation(self, model: nn.Module, canaries, device) -> dict:
+        return memorisation(model, canaries, device)
+
+
+# P4: byte-level transformer LM (876,034 parameters), one fortune = one record; loss = the
+# held-out records' mean per-record token cross-entropy (perplexity = exp(loss))
+P4 = Problem(catalog.FACTS["P4"], LanguageModel(), TransformerLM, load)

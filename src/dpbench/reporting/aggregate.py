@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dpbench.problems.catalog import CANARY_REPEATS, task_facts
 from dpbench.reporting.audits import violations
 from dpbench.reporting.results import dp_guarantee, is_private, read_run
 
@@ -40,7 +41,6 @@ RUNS_NOT_PRIVATE = {
 }
 _CANARY = ("not differentially private: computed from the canaries inserted into the training data "
            "(their secrets) and the model")
-CANARY_REPEATS = (0, 1, 5, 25)  # k = 0: canaries never seen in training (the reference)
 RUNS_NOT_PRIVATE.update({
     "final_val_loss": _VAL, "val_perplexity": _VAL,
     "final_train_loss": "not differentially private: mean loss on the private training batches of the last epoch",
@@ -171,7 +171,9 @@ def aggregate(paths: list[str | Path], out_runs: str | Path, out_epochs: str | P
 
 
 def _best_epoch(epochs: pd.DataFrame, task: str) -> float:
-    col, best = ("test_accuracy", "idxmax") if task == "classification" else ("test_loss", "idxmin")
+    """The epoch of the best test value of the task's metric (its facts: the highest or the lowest)."""
+    facts = task_facts(task)
+    col, best = f"test_{facts.metric}", "idxmax" if facts.select_higher else "idxmin"
     values = epochs[col].replace([np.inf, -np.inf], np.nan)
     if values.isna().all():
         return np.nan

@@ -41,7 +41,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from dpbench.files import refuse_special  # noqa: E402
-from dpbench.reporting.aggregate import CANARY_REPEATS  # noqa: E402
+from dpbench.problems.catalog import CANARY_REPEATS, task_facts  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 # Thesis names, in the thesis's order; other optimizers follow alphabetically under their own name.
@@ -126,11 +126,12 @@ def select_runs(runs: pd.DataFrame, filters: dict | None = None, optimizers: Ite
 
 
 def selection_columns(task: str, select_by: str = "test") -> tuple[str, str]:
-    """(selection column, reported test column) for a task ('classification' or other).
+    """(selection column, reported test column) for a task (its name): the columns of the task's
+    metric (``dpbench.problems.catalog``: accuracy for classification, else the loss).
 
     With ``select_by="val"`` both the configuration and its epoch are chosen on validation:
     the reported number is the test metric at the epoch of the best validation metric."""
-    kind = "accuracy" if task == "classification" else "loss"
+    kind = task_facts(task).metric
     if select_by == "val":
         return f"best_val_{kind}", f"test_{kind}_at_best_val"
     column = f"best_{select_by}_{kind}" if select_by == "test" else select_by

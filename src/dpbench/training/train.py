@@ -33,6 +33,7 @@ from dpbench.privacy.mechanisms import Plan
 from dpbench.optimizers.registry import OptimizerSpec
 from dpbench.plugins import mechanism_origin, record_of
 from dpbench.problems import Problem, get_problem
+from dpbench.problems.catalog import TaskFacts, training_examples
 from dpbench.reporting.results import provenance
 from dpbench.seeds import stream_seeds
 
@@ -128,7 +129,7 @@ def evaluate(problem, model, x, y, batch_size: int, seed: int) -> tuple[float, f
             total_correct += correct.double().sum().item()
     model.train(was_training)
     n = x.shape[0]
-    return total_loss / n, (total_correct / n if problem.task == "classification" else math.nan)
+    return total_loss / n, (total_correct / n if problem.task.facts.measures_accuracy else math.nan)
 
 
 class Progress:
@@ -160,19 +161,20 @@ class Splits:
     x_test: torch.Tensor
     y_test: torch.Tensor
     source: str
-    canaries: list = field(default_factory=list)  # planted in x_train (P4; dpbench.problems.language)
+    canaries: list = field(default_factory=list)  # planted in x_train (the task's; P4: dpbench.problems.language)
 
 
 def load_splits(cfg: RunConfig, problem, seeds: dict[str, int], device) -> Splits:
-    """The run's training, validation and test tensors. A problem that plants canaries (P4) gets
-    them appended to the training split after the subset and validation split are drawn, so
-    every run trains on them and they count in N."""
+    """The run's training, validation and test tensors. A problem whose task plants canaries (P4)
+    gets them appended to the training split after the subset and validation split are drawn, so
+    every run trains on them and they count in N. The training split has N examples as
+    ``catalog.training_examples`` counts them, the count the grid keys matrix mechanisms by."""
     ds = problem.load(cfg.data_dir)
-    train_idx = _subset(len(ds.train_labels), cfg.train_subset, seeds["subset"])
-    test_idx = _subset(len(ds.test_labels), cfg.test_subset, seeds["subset"] + 1)
+    train_idx = _subset(len(ds.y_train), cfg.train_subset, seeds["subset"])
+    test_idx = _subset(len(ds.y_test), cfg.test_subset, seeds["subset"] + 1)
     val_idx = None
     if cfg.validation_size:
-        pool = np.arange(len(ds.train_labels)) if train_idx is None else train_idx
+        pool = np.arange(len(ds.y_train)) if train_idx is None else train_idx
         if cfg.validation_size >= len(pool):
             raise ValueError(f"validation_size {cfg.validation_size} leaves no training examples "
                              f"(of {len(pool)})")
@@ -186,16 +188,18 @@ def load_splits(cfg: RunConfig, problem, seeds: dict[str, int], device) -> Split
             return problem.preprocess(images).to(device), torch.from_numpy(labels).to(device)
         return problem.preprocess(images[idx]).to(device), torch.from_numpy(labels[idx]).to(device)
 
-    x_train, y_train = tensors(ds.train_images, ds.train_labels, train_idx)
-    x_val, y_val = tensors(ds.train_images, ds.train_labels, val_idx) if val_idx is not None else (None, None)
-    x_test, y_test = tensors(ds.test_images, ds.test_labels, test_idx)
-    canaries = []
-    if problem.plants_canaries:
-        from dpbench.problems import language
-        canaries = language.make_canaries(seeds["canary"])
-        planted = language.canary_records(canaries)
+    x_train, y_train = tensors(ds.x_train, ds.y_train, train_idx)
+    x_val, y_val = tensors(ds.x_train, ds.y_train, val_idx) if val_idx is not None else (None, None)
+    x_test, y_test = tensors(ds.x_test, ds.y_test, test_idx)
+    canaries = problem.task.make_canaries(seeds["canary"])
+    if canaries:
+        planted = problem.task.canary_records(canaries)
         x_train = torch.cat([x_train, problem.preprocess(planted).to(device)])
         y_train = torch.cat([y_train, torch.zeros(len(planted), dtype=y_train.dtype, device=device)])
+    n_train = training_examples(len(ds.y_train), cfg.train_subset, cfg.validation_size, problem.facts.planted)
+    if x_train.shape[0] != n_train:
+        raise RuntimeError(f"problem {problem.id}: the training split has {x_train.shape[0]} examples where "
+                           f"catalog.training_examples counts {n_train} (its facts' planted: {problem.facts.planted})")
     return Splits(x_train, y_train, x_val, y_val, x_test, y_test, ds.source, canaries)
 
 
@@ -438,7 +442,7 @@ def evaluate_splits(problem: Problem, model: nn.Module, splits: Splits, trace: T
     return trace.eval_rows[-1]
 
 
-def metrics_table(trace: Trace, ends: list[int], task: str) -> pd.DataFrame:
+def metrics_table(trace: Trace, ends: list[int], task: TaskFacts) -> pd.DataFrame:
     """One row per training step (its batch's mean loss and accuracy, realised batch size) and
     one per evaluation, in the results schema's columns and dtypes."""
     done = trace.step
@@ -447,11 +451,11 @@ def metrics_table(trace: Trace, ends: list[int], task: str) -> pd.DataFrame:
         "step": np.arange(1, done + 1),
         "epoch": np.searchsorted(np.array(ends), np.arange(1, done + 1)) + 1,
         "loss": trace.train_loss[:done].cpu().numpy(),
-        "accuracy": (trace.train_correct[:done].cpu().numpy() if task == "classification"
+        "accuracy": (trace.train_correct[:done].cpu().numpy() if task.measures_accuracy
                      else np.full(done, math.nan)),
         "batch_size": trace.batch_sizes[:done].cpu().numpy(),
     })
-    if task == "classification":
+    if task.measures_accuracy:
         train_df.loc[train_df["batch_size"] == 0, "accuracy"] = math.nan
     metrics = pd.concat([train_df, pd.DataFrame(trace.eval_rows)], ignore_index=True)
     return metrics.astype({"step": "int64", "epoch": "int64", "batch_size": "int64",
@@ -483,7 +487,7 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
                 **parts.step.privacy_record()} if private else {})
     return {
         "config": asdict(cfg),
-        "problem": {"id": problem.id, "dataset": problem.dataset, "task": problem.task, "metric": problem.metric,
+        "problem": {"id": problem.id, "dataset": problem.dataset, "task": problem.task.name, "metric": problem.metric,
                     "parameters": sum(p.numel() for p in ctx.model.parameters()), "plugin": record_of(problem)},
         # plugin: distribution, version, entry point and source hash (dpbench.plugins); None: built-in
         "optimizer": {"name": spec.name, "private": private, "description": spec.description,
@@ -514,7 +518,7 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
             "calibration_time_s": setup.calibration.seconds,
             **privacy,
         },
-        "result": {"status": status, **summarize(metrics, problem.task)},
+        "result": {"status": status, **summarize(metrics, problem.task.facts)},
         "timing": timing,
         "environment": {**provenance(), "device": str(setup.device), "torch_threads": torch.get_num_threads(),
                         **({"cuda": cuda.settings(), "gpu": torch.cuda.get_device_name(setup.device)}
@@ -576,13 +580,12 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
         checkpoint_every_s=checkpoint_every_s, progress=Progress(label, steps, cfg.progress_every_s))
     train_s = trace.train_time()
 
-    metrics = metrics_table(trace, ends, problem.task)
+    metrics = metrics_table(trace, ends, problem.task.facts)
     memorisation = None
     if splits.canaries:
         t_mem = time.perf_counter()
         if status == "completed":
-            from dpbench.problems import language
-            memorisation = language.memorisation(model, splits.canaries, device)
+            memorisation = problem.task.memorisation(model, splits.canaries, device)
         else:  # a diverged model's exposure means nothing: recorded as not measured
             memorisation = {"space_size": None, "method": "not measured: the run diverged", "canaries": []}
         memorisation["time_s"] = time.perf_counter() - t_mem
@@ -600,10 +603,11 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     return RunResult(metrics, record)
 
 
-def summarize(metrics: pd.DataFrame, task: str) -> dict[str, float]:
+def summarize(metrics: pd.DataFrame, task: TaskFacts) -> dict[str, float]:
     """Best and final test metrics; with a validation split also the best validation metrics
-    and the test metrics at the epoch that validation picks (accuracy for classifiers, loss
-    for the VAE), which are not selected on the test set."""
+    and the test metrics at the epoch that validation picks (by the task's metric, the highest
+    or the lowest: accuracy for classifiers, loss for the VAE and the language model), which
+    are not selected on the test set."""
     test = metrics[metrics.split == "test"].set_index("epoch")
     val = metrics[metrics.split == "val"].set_index("epoch")
     nan = math.nan
@@ -614,7 +618,7 @@ def summarize(metrics: pd.DataFrame, task: str) -> dict[str, float]:
         "best_test_accuracy": float(test["accuracy"].max()) if len(test) else nan,
     }
     if len(val):
-        metric = val["accuracy"] if task == "classification" else -val["loss"]
+        metric = val[task.metric] if task.select_higher else -val[task.metric]
         metric = metric.replace([np.inf, -np.inf], np.nan)
         epoch = metric.idxmax() if metric.notna().any() else None
         out.update({

@@ -1,11 +1,11 @@
 """The golden runs: every registered optimizer on P2 and P4, a few steps at a fixed seed, and
 one audit per mechanism family, reduced to what a run promises and delivers (metrics, sigma,
 target and achieved epsilon, canary exposures, audit bounds). Recorded once before the package
-was restructured (tests/golden/runs.json); tests/test_golden.py recomputes them and asserts
-they are bit-identical on the CPU.
+was restructured (tests/golden/runs.json, at commit df9e1e6); tests/test_golden.py recomputes
+them and asserts they are bit-identical on the CPU.
 
 Record anew (only when a change of numbers is intended, and say why in the commit):
-    .venv/bin/python tests/golden/runs.py
+    .venv/bin/python tests/golden_runs.py
 """
 
 from __future__ import annotations
@@ -22,10 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-HERE = Path(__file__).resolve().parent
-TESTS = HERE.parent
-GOLDEN = HERE / "runs.json"
-sys.path.insert(0, str(TESTS))  # test_fortunes.write_fortunes, the official file format
+GOLDEN = Path(__file__).resolve().parent / "golden" / "runs.json"
 
 # P4 on generated quotations in the official format (the real corpus's canary space is too large
 # for exact exposure in a test): the same generator as tests/test_lm.py

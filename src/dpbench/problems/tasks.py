@@ -1,0 +1,112 @@
+"""The tasks a problem can pose: what its raw data becomes as model inputs, its per-sample loss,
+what it reports, and what a run plants in its training split.
+
+A task object owns the part of a problem that depends on the kind of learning, so that no
+caller asks which task it has: ``preprocess`` (raw arrays -> the model's input tensor, fixed
+public constants only, so preprocessing spends no privacy), ``per_sample_loss`` (per-sample
+losses and, where the task counts them, per-sample correctness), ``make_canaries`` and
+``canary_records`` (what a run plants: nothing here) and ``memorisation`` (what a run measures
+about them). Its ``facts`` (``dpbench.problems.catalog.TaskFacts``, torch-free) say which metric
+it reports and selects on. ``Classification`` and ``VAE`` are here; the language model's task,
+which plants canaries, is ``dpbench.problems.language.LanguageModel``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dpbench.problems.catalog as catalog
+
+
+class Task:
+    """The base: subclasses set ``facts`` and implement ``preprocess`` and ``per_sample_loss``.
+    ``per_sample_loss(model, x, y, generator)`` returns ``(losses, correct)``: per-sample
+    losses (B,) and per-sample correctness (B,), or None where the task counts none."""
+
+    facts: catalog.TaskFacts
+
+    @property
+    def name(self) -> str:
+        return self.facts.name
+
+    @property
+    def metric(self) -> str:
+        return self.facts.metric
+
+    def preprocess(self, raw: np.ndarray) -> torch.Tensor:
+        raise NotImplementedError
+
+    def per_sample_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor | None,
+                        generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        raise NotImplementedError
+
+    def make_canaries(self, seed: int) -> list:
+        """The canaries a run with the ``seed``'s canary stream plants: none."""
+        return []
+
+    def canary_records(self, canaries: Sequence) -> np.ndarray:
+        """The raw training records the canaries add (k copies of each)."""
+        raise ValueError(f"task {self.name!r} plants no canaries")
+
+    def memorisation(self, model: nn.Module, canaries: Sequence, device) -> dict:
+        """The trained model's memorisation of the planted canaries."""
+        raise ValueError(f"task {self.name!r} plants no canaries")
+
+
+def scaled(images: np.ndarray, scale: float) -> torch.Tensor:
+    """Integer pixels (N, C, H, W) as float32 in [0, 1]: divided by their largest possible value."""
+    return torch.from_numpy(np.ascontiguousarray(images)).float().div_(scale)
+
+
+class Classification(Task):
+    """Images -> class labels. Inputs are the pixels scaled to [0, 1] by ``scale`` (the largest
+    pixel value) and, with ``mean`` and ``std`` (per channel, fixed published constants, not
+    recomputed from the data), normalised; the loss is the per-sample cross-entropy of the
+    logits, and a prediction is correct where the largest logit is the label's."""
+
+    facts = catalog.CLASSIFICATION
+
+    def __init__(self, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+                 scale: float = 255.0):
+        if (mean is None) != (std is None):
+            raise ValueError("give both mean and std (per channel), or neither")
+        self.mean, self.std, self.scale = mean, std, scale
+
+    def preprocess(self, raw: np.ndarray) -> torch.Tensor:
+        x = scaled(raw, self.scale)
+        if self.mean is not None:
+            x = (x - torch.tensor(self.mean).view(1, -1, 1, 1)) / torch.tensor(self.std).view(1, -1, 1, 1)
+        return x
+
+    def per_sample_loss(self, model, x, y, generator=None):
+        logits = model(x)
+        losses = F.cross_entropy(logits, y, reduction="none")
+        return losses, (logits.argmax(1) == y)
+
+
+class VAE(Task):
+    """Images -> their reconstruction by a variational autoencoder whose forward takes
+    ``(x, noise)`` and returns ``(reconstruction, mu, logvar)``, the latent width being
+    ``model.mu.out_features``. Inputs are the pixels in [0, 1], not normalised: the Sigmoid
+    output is compared with them. Per-sample loss: reconstruction (binary cross-entropy summed
+    over pixels) + KL summed over latent dimensions; the latent noise comes from ``generator``."""
+
+    facts = catalog.VAE
+
+    def __init__(self, scale: float = 255.0):
+        self.scale = scale
+
+    def preprocess(self, raw: np.ndarray) -> torch.Tensor:
+        return scaled(raw, self.scale)
+
+    def per_sample_loss(self, model, x, y=None, generator=None):
+        noise = torch.randn(x.shape[0], model.mu.out_features, generator=generator, device=x.device)
+        recon, mu, logvar = model(x, noise)
+        rec = F.binary_cross_entropy(recon, x, reduction="none").flatten(1).sum(1)
+        kl = -0.5 * (1 + logvar - mu.pow(2) - logvar.exp()).sum(1)
+        return rec + kl, None
