@@ -312,7 +312,8 @@ def test_the_example_plugins_spec_is_well_formed():
     project = tomllib.loads((REPO / "examples" / "plugin" / "pyproject.toml").read_text())
     assert project["project"]["entry-points"]["dpbench.optimizers"] == {
         "dpsgd-momentum": "dpbench_example.momentum:DPSGD_MOMENTUM"}
-    assert "dpsgd-momentum" not in OPTIMIZERS  # not installed in the project's environment
+    assert project["project"]["entry-points"]["dpbench.problems"] == {"digits": "dpbench_example.digits:DIGITS"}
+    assert "dpsgd-momentum" not in OPTIMIZERS and "digits" not in PROBLEMS  # not installed in the project's environment
 
 
 # -- the example plugin, installed into a temporary virtual environment --------------------------
@@ -334,9 +335,9 @@ def test_the_example_plugin_installed_runs_through_the_workflow_and_the_audit(tm
     python = _venv(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
-    def run(*args, cwd=REPO, check=True, timeout=300):
-        proc = subprocess.run([str(python), *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=timeout)
+    def run(*args, cwd=REPO, check=True, timeout=300, pythonpath=None):
+        proc = subprocess.run([str(python), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                              env={**env, "PYTHONPATH": str(pythonpath)} if pythonpath else env, timeout=timeout)
         assert not check or proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
         return proc
 
@@ -349,6 +350,7 @@ def test_the_example_plugin_installed_runs_through_the_workflow_and_the_audit(tm
     assert sorted(os.listdir(project_site)) == project_before  # the project's environment is untouched
     listed = run("-m", "dpbench", "list").stdout
     assert "dpsgd-momentum      private      plugin dpbench-example-plugin 0.1.0\n" in listed, listed
+    assert "digits" in listed and listed.count("plugin dpbench-example-plugin 0.1.0") == 2, listed
     run("-m", "pytest", "-q", "-p", "no:cacheprovider", example / "tests", cwd=tmp_path)
 
     # a plugin cell beside a built-in one, through Snakemake to a figure
@@ -359,13 +361,20 @@ def test_the_example_plugin_installed_runs_through_the_workflow_and_the_audit(tm
               "train": {"accountant": "rdp", "max_steps": 3, "train_subset": 500, "test_subset": 100},
               "figures": {"fig5_1": {}},
               "grid": [{"problems": ["P2"], "batch_sizes": [50], "epsilons": [4], "epochs": [1],
-                        "optimizers": {"dpsgd": {"lr": 0.5}, "dpsgd-momentum": {"lr": 0.5, "momentum": 0.5}}}]}
+                        "optimizers": {"dpsgd": {"lr": 0.5}, "dpsgd-momentum": {"lr": 0.5, "momentum": 0.5}}},
+                       {"problems": ["digits"], "batch_sizes": [64], "epsilons": [4], "epochs": [1],
+                        "optimizers": {"dpsgd": {"lr": 0.5}, "dpsgd-momentum": {"lr": 0.5}}}]}
     (repo / "plugin.yaml").write_text(yaml.safe_dump(config))
     run("-m", "snakemake", "--profile", repo / "workflow" / "profiles" / "default", "--configfile", "plugin.yaml",
-        "--cores", "2", cwd=repo, timeout=600)
-    runs = pd.read_parquet(repo / "results" / "aggregate" / "runs.parquet").set_index("optimizer")
-    assert sorted(runs.index) == ["dpsgd", "dpsgd-momentum"] and (runs.status == "completed").all()
-    assert runs.loc["dpsgd-momentum", "optimizer_origin"] == "plugin dpbench-example-plugin 0.1.0"
+        "--cores", "2", cwd=repo, timeout=600, pythonpath=repo / "src")  # the copy's package, as the Snakefile asks
+    runs = pd.read_parquet(repo / "results" / "aggregate" / "runs.parquet")
+    assert sorted(zip(runs.problem, runs.optimizer)) == [("P2", "dpsgd"), ("P2", "dpsgd-momentum"),
+                                                        ("digits", "dpsgd"), ("digits", "dpsgd-momentum")]
+    assert (runs.status == "completed").all()
+    origin = runs.set_index(["problem", "optimizer"])
+    assert origin.loc[("P2", "dpsgd-momentum"), "optimizer_origin"] == "plugin dpbench-example-plugin 0.1.0"
+    assert set(runs[runs.problem == "digits"].problem_origin) == {"plugin dpbench-example-plugin 0.1.0"}
+    assert (repo / "results" / "data" / "sklearn-digits.json").is_file()  # the data rule verified it
     assert set(runs.mechanism_origin) == {"built-in"}  # momentum is post-processing of DP-SGD's releases
     assert (runs.epsilon <= 4).all() and (repo / "results" / "figures" / "fig5_1.png").stat().st_size > 10_000
 

@@ -181,8 +181,12 @@ def cmd_data(args) -> int:
         refuse_special(args.manifest, "argument --manifest:")
     if args.dataset == fortunes.NAME:  # a Debian package: verified, never downloaded
         manifest = fortunes.prepare(args.data_dir, args.context)
-    else:
+    elif args.dataset in image_datasets.DATASETS:
         manifest = image_datasets.prepare(args.dataset, args.data_dir, allow_download=args.download)
+    else:  # a plugin problem's dataset: its own loader verifies it
+        from dpbench.problems.registry import dataset_manifest
+
+        manifest = dataset_manifest(args.dataset, args.data_dir)
     text = json.dumps(manifest, indent=2, sort_keys=True)
     if args.manifest:
         Path(args.manifest).parent.mkdir(parents=True, exist_ok=True)
@@ -456,7 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
 
     d = sub.add_parser("data", help="find (or download) a dataset, verify its checksums, write a manifest")
-    d.add_argument("--dataset", required=True, choices=["fashion-mnist", "cifar10", "fortunes"])
+    d.add_argument("--dataset", required=True,
+                   help="fashion-mnist, cifar10, fortunes, or a plugin problem's dataset (dpbench list)")
     d.add_argument("--data-dir", help="where to look first and where downloads go")
     d.add_argument("--download", action=argparse.BooleanOptionalAction, default=True,
                    help="image datasets only; fortunes comes from Debian (apt-get install fortunes)")

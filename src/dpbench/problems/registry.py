@@ -45,6 +45,19 @@ GROUP = Group("dpbench.problems", "problem", Problem, "id", check=check)
 PROBLEMS: Registry = Registry(GROUP, {spec.id: spec for spec in BUILT_IN})
 
 
+def dataset_manifest(dataset: str, data_dir: str | None = None) -> dict:
+    """The manifest of a dataset that no built-in reader knows (a plugin problem's): loaded,
+    and so verified, by the loader of the first registered problem that reads it; an unknown
+    dataset is a ValueError naming the known ones."""
+    readers = [spec for spec in PROBLEMS.values() if spec.dataset == dataset]
+    if not readers:
+        known = sorted({spec.dataset for spec in PROBLEMS.values()})
+        raise ValueError(f"unknown dataset {dataset!r}; choose one of {known}")
+    data = readers[0].load(data_dir)
+    return {"dataset": dataset, "problem": readers[0].id, "source": data.source,
+            "n_train": int(len(data.y_train)), "n_test": int(len(data.y_test))}
+
+
 def get_problem(problem_id: str) -> Problem:
     """The spec of a problem id; an unknown id is a KeyError naming the choices, a broken
     plugin's id its one-line error."""
