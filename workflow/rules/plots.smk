@@ -26,6 +26,6 @@ for _figure in FIGURES:
         conda:
             ENVS["analysis"]
         shell:
-            # (the command's text is a rerun trigger: byte for byte what each kind had)
-            f"{{params.dpbench}} plot {{params.figure}} --runs {{input.runs}} --out {{output.{_main}}} "
-            "{params.options} > {log} 2>&1"
+            # output[0]: the main file (the shell string is formatted when the job runs, after
+            # this loop has rebound _main: a name of the loop must not appear in it)
+            "{params.dpbench} plot {params.figure} --runs {input.runs} --out {output[0]} {params.options} > {log} 2>&1"
