@@ -65,3 +65,49 @@ def test_figure_fingerprints_follow_each_figures_own_code():
     # the same builder with other defaults (5.6 vs 5.7: P2 vs P1 heatmaps) is another figure
     assert len(set(prints.values())) == len(prints)
     assert prints["fig5_1"] == fingerprint.figure_fingerprint("fig5_1")
+
+
+def test_figure_fingerprints_follow_helpers_into_other_reporting_modules(tmp_path):
+    """In a copy of the sources: editing ``select_best`` (dpbench.reporting.figures.selection,
+    reached from the thesis figures through their data functions) changes the fingerprint of
+    every figure that selects a best run, and not those of seed sensitivity (5.3: means over
+    seeds), the audit or the language model; editing the heatmap panel changes the heatmaps' alone."""
+    from dpbench.reporting import figures
+
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
+    ids = sorted(figures.FIGURES.builtins)
+    code = f"""
+from pathlib import Path
+from dpbench.pipeline import fingerprint
+
+FIGURES = Path({str(src / "dpbench" / "reporting" / "figures")!r})
+
+
+def prints():
+    print(" ".join(fingerprint.figure_fingerprint(f) for f in {ids!r}))
+
+
+def edit(module, old, new):
+    path = FIGURES / module
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+prints()
+edit("selection.py", "    s = scored(runs, select_by)\\n    if s.empty:",
+     "    s = scored(runs, select_by)  # an edit\\n    if s.empty:")
+prints()
+edit("thesis.py", "np.nan)\\n    for _, c in cells.iterrows():", "np.nan)  # an edit\\n    for _, c in cells.iterrows():")
+prints()
+"""
+    # (edits within a line: the functions below keep their line numbers, which inspect.getsource
+    # reads the edited file at)
+    out = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(src)}, capture_output=True,
+                         text=True, check=True)
+    before, after_selection, after_panel = (dict(zip(ids, line.split())) for line in out.stdout.splitlines())
+    changed = {f for f in ids if before[f] != after_selection[f]}
+    assert changed == set(figures.THESIS_FIGURES) - {"fig5_3"}
+    assert {f for f in ids if after_panel[f] != after_selection[f]} == {"fig5_4", "fig5_6", "fig5_7", "fig5_8",
+                                                                         "figB_1"}

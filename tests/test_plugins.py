@@ -25,6 +25,7 @@ from dpbench.pipeline import cluster, fingerprint
 from dpbench.pipeline.grid import ConfigError, expand, load_config
 from dpbench.plugins import PluginError, listing
 from dpbench.problems import PROBLEMS, get_problem
+from dpbench.reporting.figures import FIGURES
 
 OPTIMIZER = """
 from dpbench.optimizers.base import SGD, DPStep
@@ -196,7 +197,8 @@ def test_dpbench_list_says_where_each_comes_from_and_whose_claim(site, capsys):
     assert rows[("optimizer", "dpsgd-fake")] == ("private", "plugin fake-plugin 1.0")
     assert rows[("optimizer", "dpsgd-own")] == ("private", "plugin own-mechanism 2.5; privacy claim: the plugin's own")
     assert rows[("problem", "P2")] == ("-", "built-in")
-    assert len(rows) == len(OPTIMIZERS) + len(PROBLEMS)
+    assert rows[("figure", "fig5_1")] == ("-", "built-in")
+    assert len(rows) == len(OPTIMIZERS) + len(PROBLEMS) + len(FIGURES)
 
 
 # each way a plugin can fail: (entry points, files, the id it claims, the error's reason)

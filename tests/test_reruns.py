@@ -81,9 +81,9 @@ def test_changing_the_harness_reruns_every_cell(workdir):
 
 
 def test_changing_one_figure_reruns_only_that_figure(workdir):
-    undo = edit(workdir / "src" / "dpbench" / "reporting" / "figures.py",
+    undo = edit(workdir / "src" / "dpbench" / "reporting" / "figures" / "thesis.py",
                 "\n\ndef heatmap_data(*args, **kwargs):  # a changed heatmap\n    return _heatmap_data(*args, **kwargs)\n")
-    figures = workdir / "src" / "dpbench" / "reporting" / "figures.py"
+    figures = workdir / "src" / "dpbench" / "reporting" / "figures" / "thesis.py"
     text = figures.read_text()
     figures.write_text(text.replace("def heatmap_data(runs", "def _heatmap_data(runs", 1))
     try:  # the heatmap (5.6), not the bar charts (5.1, 5.2)

@@ -483,7 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
     at.set_defaults(func=cmd_audits)
 
     p = sub.add_parser("plot", help="a figure of thesis chapter 5 / appendix B, as PNG and PDF")
-    p.add_argument("figure", help="fig5_1 ... fig5_8, figB_1, figB_2, lm_loss, lm_exposure, lm_ranking")
+    p.add_argument("figure", help="fig5_1 ... fig5_8, figB_1, figB_2, lm_loss, lm_exposure, lm_ranking, audit or "
+                                  "a plugin's figure (dpbench list)")
     p.add_argument("--runs", required=True, help="the aggregated runs table")
     p.add_argument("--out", required=True, help="output stem: writes STEM.png and STEM.pdf (a table: STEM.md)")
     p.add_argument("-o", "--option", action="append", metavar="KEY=VALUE",
@@ -547,8 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "cells, aggregate, audits, figures)")
     g.set_defaults(func=cmd_grid)
 
-    ls = sub.add_parser("list", help="every optimizer and problem, built-in or from a plugin (exits 1 if a plugin "
-                                     "is broken)")
+    ls = sub.add_parser("list", help="every optimizer, problem and figure, built-in or from a plugin (exits 1 if "
+                                     "a plugin is broken)")
     ls.set_defaults(func=cmd_list)
     return parser
 

@@ -1,11 +1,15 @@
-# One rule per figure the config asks for (config key `figures`), each with its own caption:
-# figures write <id>.png and .pdf, tables (FIGURES[id].kind == "table") <id>.md; the first file
-# goes into the report and is the one `dpbench plot --out` names.
+# One rule per figure the config asks for (config key `figures`), each with its own caption (a
+# plugin's figure: one caption for all, naming its rule): figures write <id>.png and .pdf, tables
+# (FigureSpec.kind == "table") <id>.md; the first file goes into the report and is the one
+# `dpbench plot --out` names.
+from dpbench.reporting.figures import FIGURES as FIGURE_SPECS
+
 for _figure in FIGURES:
     _files = JOBS.figure_files(_figure)
     _main = _files[0].rpartition(".")[2]
     _outputs = {path.rpartition(".")[2]: path for path in _files}
-    _outputs[_main] = report(_files[0], caption=f"../report/{_figure}.rst",
+    _caption = "plugin_figure" if FIGURE_SPECS.plugin(_figure) else _figure
+    _outputs[_main] = report(_files[0], caption=f"../report/{_caption}.rst",
                              category="Tables" if _main == "md" else "Figures")
 
     rule:

@@ -4,15 +4,17 @@ The workflow passes them to rules as params, and Snakemake reruns a job when its
 change. So editing one optimizer's module reruns only that optimizer's cells; editing the
 harness (training loop, per-sample gradients, accounting, ...) reruns every cell; editing
 one figure function reruns only that figure. Dependencies are found statically from import
-statements (modules) and from references to module-level functions (figures).
+statements (modules) and from references to functions (figures: ``function_closure``).
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import importlib
 import inspect
 import sys
+import textwrap
 from functools import lru_cache
 from pathlib import Path
 
@@ -128,31 +130,61 @@ def _plugin_digest(plugin, roots: tuple[str, ...]) -> str:
                    + [(f"plugin {plugin.distribution} {plugin.entry_point}", plugin.source_sha256)])
 
 
+# Functions of these packages are followed from any module that references them (figures share
+# their selection, names and style): a figure's fingerprint covers every function that draws it.
+FOLLOWED = ("dpbench.reporting",)
+
+
+def _followed(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in FOLLOWED)
+
+
+def _referenced(f) -> list:
+    """The functions f's source names: module-level names of its module (``g``, and names bound
+    there by ``from dpbench.reporting.x import g``), ``module.g`` where ``module`` is a followed
+    module bound there, and names f imports itself from a followed module."""
+    module = sys.modules[f.__module__]
+    found = []
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(f)))):
+        if isinstance(node, ast.Name):
+            found.append(getattr(module, node.id, None))
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            owner = getattr(module, node.value.id, None)
+            if inspect.ismodule(owner) and _followed(owner.__name__):
+                found.append(getattr(owner, node.attr, None))
+        elif isinstance(node, ast.ImportFrom) and not node.level and _followed(node.module or ""):
+            owner = importlib.import_module(node.module)
+            found += [getattr(owner, a.name, None) for a in node.names]
+    return [g for g in found if inspect.isfunction(g) and (g.__module__ == f.__module__ or _followed(g.__module__))]
+
+
 def function_closure(fn) -> list:
-    """fn and the module-level functions of its own module that it references, transitively."""
-    module = sys.modules[fn.__module__]
+    """fn and the functions it references, transitively: module-level functions of its own
+    module, and functions of the ``FOLLOWED`` packages (``_referenced``)."""
     seen, todo = {}, [fn]
     while todo:
         f = todo.pop()
-        if f.__name__ in seen:
+        key = f"{f.__module__}.{f.__qualname__}"
+        if key in seen:
             continue
-        seen[f.__name__] = f
-        for node in ast.walk(ast.parse(inspect.getsource(f))):
-            if isinstance(node, ast.Name):
-                target = getattr(module, node.id, None)
-                if inspect.isfunction(target) and target.__module__ == module.__name__:
-                    todo.append(target)
+        seen[key] = f
+        todo.extend(_referenced(f))
     return list(seen.values())
 
 
 def figure_fingerprint(figure_id: str) -> str:
-    """Hash of what draws one figure: its builder, the shared plotting path, its defaults."""
+    """Hash of what draws one figure: its builder and the functions it calls, wherever in
+    dpbench.reporting they are; the shared plotting path; its defaults; for a plugin's figure,
+    the plugin's source hash."""
     from dpbench.reporting import figures
 
-    spec = figures.FIGURES[figure_id]
-    functions = {f.__qualname__: f for f in function_closure(spec.build) + _plot_closure()}
+    spec = figures.spec_of(figure_id)
+    functions = {f"{f.__module__}.{f.__qualname__}": f for f in function_closure(spec.build) + _plot_closure()}
     parts = [(name, inspect.getsource(f)) for name, f in functions.items()]
     filters = figures.THESIS_FILTERS.get(figure_id)
+    plugin = figures.FIGURES.plugin(figure_id)
+    if plugin is not None:
+        parts.append((f"plugin {plugin.distribution} {plugin.entry_point}", plugin.source_sha256))
     return _digest(parts + [("defaults", repr(spec.defaults)), ("thesis_filters", repr(filters))])
 
 

@@ -277,6 +277,7 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     errors = sorted(validator_cls(schema).iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
         raise _schema_error(errors[0])
+    check_figure_ids(config)
     cells = expand(config)  # semantic checks: optimizer names, hyperparameter names, batch sizes
     check_train_subset(config, cells)
     check_figures(config, cells)
@@ -337,6 +338,19 @@ def check_train_subset(config: dict[str, Any], cells: list[Cell]) -> None:
         if subset and subset > sizes[dataset]:
             raise ConfigError(f"config key train.train_subset: {subset} is above the {sizes[dataset]} "
                               f"training examples of {dataset}")
+
+
+def check_figure_ids(config: dict[str, Any]) -> None:
+    """Each figure is a built-in's or an installed plugin's (``dpbench.reporting.figures.FIGURES``);
+    a broken plugin's id is its one-line error."""
+    if not config.get("figures"):
+        return
+    from dpbench.reporting.figures import FIGURES
+
+    for name in config["figures"]:
+        if name not in FIGURES:
+            raise ConfigError(f"config key figures.{name}: " + str(FIGURES.error(name) or (
+                f"unknown figure ({_closest(name, FIGURES)})")))
 
 
 def check_figures(config: dict[str, Any], cells: list[Cell]) -> None:

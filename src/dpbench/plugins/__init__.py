@@ -1,11 +1,13 @@
-"""Plugins: optimizers and problems from other installed packages, beside the built-ins.
+"""Plugins: optimizers, problems and figures from other installed packages, beside the built-ins.
 
 A plugin is a pip-installed distribution that declares Python entry points in the group
-``dpbench.optimizers`` (each names an ``OptimizerSpec``) or ``dpbench.problems`` (each names a
-problem spec, a ``dpbench.problems.Problem``); the entry point's name is the id the spec
-carries. A ``Registry`` (``dpbench.optimizers.OPTIMIZERS``, ``dpbench.problems.PROBLEMS``) is
-a read-only mapping id -> spec holding the built-ins and, from its first read on, the plugins
-of its group (found with ``importlib.metadata.entry_points``, each loaded once per process).
+``dpbench.optimizers`` (each names an ``OptimizerSpec``), ``dpbench.problems`` (each names a
+problem spec, a ``dpbench.problems.Problem``) or ``dpbench.figures`` (each names a
+``dpbench.reporting.figures.FigureSpec``); the entry point's name is the id the spec carries. A
+``Registry`` (``dpbench.optimizers.OPTIMIZERS``, ``dpbench.problems.PROBLEMS``,
+``dpbench.reporting.figures.FIGURES``) is a read-only mapping id -> spec holding the built-ins
+and, from its first read on, the plugins of its group (found with
+``importlib.metadata.entry_points``, each loaded once per process).
 
 Every loaded plugin carries its provenance (``Plugin``): distribution, version, entry point
 and the SHA-256 of its source (every .py file of the top-level import package its entry point's

@@ -1,18 +1,19 @@
-"""``dpbench list``: every optimizer and problem, one line each, with where it comes from, and
-every plugin that could not be loaded, with its one-line error."""
+"""``dpbench list``: every optimizer, problem and figure, one line each, with where it comes from,
+and every plugin that could not be loaded, with its one-line error."""
 
 from __future__ import annotations
 
 from dpbench.optimizers import OPTIMIZERS
 from dpbench.plugins import mechanism_origin
 from dpbench.problems import PROBLEMS
+from dpbench.reporting.figures import FIGURES
 
 OWN_CLAIM = "privacy claim: the plugin's own"
 HEADER = ("kind", "id", "private", "origin")
 
 
 def rows() -> list[tuple[str, str, str, str]]:
-    """(kind, id, private, origin) of every optimizer and problem, then (``error``, id, ``-``,
+    """(kind, id, private, origin) of every optimizer, problem and figure, then (``error``, id, ``-``,
     the line) of every broken plugin. A private plugin optimizer whose mechanism is the plugin's
     own class (its own sigma calibration or accountant) has ``OWN_CLAIM`` after its origin."""
     out = []
@@ -22,7 +23,8 @@ def rows() -> list[tuple[str, str, str, str]]:
             origin += f"; {OWN_CLAIM}"
         out.append(("optimizer", name, "private" if spec.private else "non-private", origin))
     out += [("problem", pid, "-", PROBLEMS.origin(pid)) for pid in PROBLEMS]
-    out += [("error", e.id, "-", e.line) for e in OPTIMIZERS.errors + PROBLEMS.errors]
+    out += [("figure", fid, "-", FIGURES.origin(fid)) for fid in FIGURES]
+    out += [("error", e.id, "-", e.line) for e in OPTIMIZERS.errors + PROBLEMS.errors + FIGURES.errors]
     return out
 
 

@@ -1,0 +1,174 @@
+"""The figures: the registry ``FIGURES`` (figure id -> ``FigureSpec``) and how a figure is drawn
+and written. Every figure is a pure function of an aggregated table (the runs table; the audits
+table for ``audit``): ``plot(figure_id, runs_path, out_stem, **options)`` reads the table, builds
+the figure named by its id (a thesis figure's is its number) and writes ``<out_stem>.png`` and
+``.pdf`` (a table: ``<out_stem>.md``).
+
+One module per idea:
+
+* ``selection``: which runs a figure is about, and the best run of a group (``select_by``);
+* ``style``: the optimizers' names and privacy marks, their order and colours, the plot style;
+* ``thesis``: thesis chapter 5 and Appendix B (comparison, seed sensitivity, heatmaps, best
+  settings), each a data function (runs -> the numbers drawn) and a draw function;
+* ``audit``: the empirical privacy audit;
+* ``language_model``: the language model P4 (loss, canary exposure, a ranking table);
+* ``spec``: ``FigureSpec``, what the registry holds of a figure.
+
+``FIGURES`` is a ``dpbench.plugins.Registry``: the built-ins below and, from its first read on,
+the figures of installed plugins (entry points of the group ``dpbench.figures``, each naming a
+``FigureSpec`` whose id is the entry point's name; docs/plugins.md). A plugin's figure is drawn
+from the runs table. The public names of the modules above are importable from here too.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")  # before any pyplot import (this package's modules import it)
+import difflib  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Iterable  # noqa: E402
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from dpbench.files import refuse_special  # noqa: E402
+from dpbench.plugins import Registry  # noqa: E402
+# every public name of the modules, as the single module figures.py had them (callers import them from here)
+from dpbench.reporting.figures.audit import audit_figure, draw_audit  # noqa: E402
+from dpbench.reporting.figures.language_model import (  # noqa: E402
+    LM_REPEATS, draw_lm_exposure, draw_lm_loss, draw_lm_ranking, lm_configurations, lm_exposure_data,
+    lm_exposure_figure, lm_loss_data, lm_loss_figure, lm_ranking_data, lm_ranking_table)
+from dpbench.reporting.figures.selection import (  # noqa: E402
+    CONFIG_KEYS, scored, select_best, select_runs, selection_columns, target_as_epsilon)
+from dpbench.reporting.figures.spec import GROUP, KINDS, FigureSpec, option_names  # noqa: E402
+from dpbench.reporting.figures.style import (  # noqa: E402
+    AUDIT_MARK, AXIS_LABELS, DATASETS, LABELS, NO_GUARANTEE_MARK, apply_style, empty_figure, fmt_tick, label,
+    legend_labels, ordered, palette)
+from dpbench.reporting.figures.thesis import (  # noqa: E402
+    THESIS_FILTERS, best_per_setting, best_settings_data, best_settings_figure, comparison_figure,
+    draw_best_settings, draw_comparison, draw_heatmaps, draw_seed_sensitivity, heatmap_data, heatmap_figure,
+    seed_sensitivity_data, seed_sensitivity_figure)
+
+BUILT_IN = (
+    FigureSpec("fig5_1", comparison_figure, "Setup 1: best test accuracy per optimizer and ε"),
+    FigureSpec("fig5_2", comparison_figure, "Setups 2 & 3: matrix mechanisms, best utility per optimizer and ε",
+               {"problems": ["P1", "P3", "P2"]}),
+    FigureSpec("fig5_3", seed_sensitivity_figure, "Setup 1: seed sensitivity"),
+    FigureSpec("fig5_4", heatmap_figure, "Setup 1, P1: best test accuracy over lr × batch size and lr × epochs",
+               {"problem": "P1", "ys": ("batch_size", "epochs")}),
+    FigureSpec("fig5_5", best_settings_figure, "Setup 1, P1: best epochs and lr per batch size", {"problem": "P1"}),
+    FigureSpec("fig5_6", heatmap_figure, "Setup 2, P2: best test accuracy over lr × batch size", {"problem": "P2"}),
+    FigureSpec("fig5_7", heatmap_figure, "Setup 3, P1: best test accuracy over lr × batch size", {"problem": "P1"}),
+    FigureSpec("fig5_8", heatmap_figure, "Setup 3, P3: best log10 test loss over lr × batch size", {"problem": "P3"}),
+    FigureSpec("figB_1", heatmap_figure, "Setup 1, P2: best test accuracy over lr × batch size and lr × epochs",
+               {"problem": "P2", "ys": ("batch_size", "epochs")}),
+    FigureSpec("figB_2", best_settings_figure, "Setup 1, P2: best epochs and lr per batch size", {"problem": "P2"}),
+    # drawn from the audits table (results/audit/audits.parquet), not the runs table
+    FigureSpec("audit", audit_figure, "Empirical privacy audit: claimed ε against the measured lower bound"),
+    # the language model (config/lm.yaml; Gong, Pavliv & Peng)
+    FigureSpec("lm_loss", lm_loss_figure, "P4: training and validation loss per optimizer and ε"),
+    FigureSpec("lm_exposure", lm_exposure_figure, "P4: canary exposure against ε per repetition count k"),
+    FigureSpec("lm_ranking", lm_ranking_table, "P4: optimizers ranked by validation perplexity per ε",
+               kind="table"),
+)
+FIGURES: Registry = Registry(GROUP, {spec.id: spec for spec in BUILT_IN})
+THESIS_FIGURES = [f for f in FIGURES.builtins if f.startswith("fig")]
+LM_FIGURES = [f for f in FIGURES.builtins if f.startswith("lm_")]  # the ones drawn from the runs table
+
+
+def extensions(figure_id: str) -> tuple[str, ...]:
+    """The files `plot` writes for a figure: ("png", "pdf"), or ("md",) for a table."""
+    return ("md",) if FIGURES[figure_id].kind == "table" else ("png", "pdf")
+
+
+def save(fig: Figure | str, out_stem: str | Path) -> tuple[Path, ...]:
+    """Writes <stem>.png (200 dpi) and <stem>.pdf (vector, no creation date, so reruns give the
+    same bytes) and closes the figure; a table (Markdown string) as <stem>.md. A .png/.pdf/.md
+    suffix on `out_stem` is dropped."""
+    stem = Path(out_stem)
+    if stem.suffix in (".png", ".pdf", ".md"):
+        stem = stem.with_suffix("")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(fig, str):
+        from dpbench.files import atomic_write
+
+        md = stem.with_name(stem.name + ".md")
+        atomic_write(md, lambda f: f.write(fig), mode="w")
+        return (md,)
+    png, pdf = stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".pdf")
+    for out in (png, pdf):
+        refuse_special(out)
+    fig.savefig(png, dpi=200, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(pdf, bbox_inches="tight", metadata={"CreationDate": None, "Creator": None, "Producer": None})
+    plt.close(fig)
+    return png, pdf
+
+
+def spec_of(figure_id: str) -> FigureSpec:
+    """The spec of a figure id: a ValueError naming the known ones for an unknown id, the one-line
+    ``dpbench.plugins.PluginError`` (a ValueError) of a plugin figure that failed to load."""
+    if figure_id in FIGURES:
+        return FIGURES[figure_id]
+    raise FIGURES.error(figure_id) or ValueError(f"unknown figure {figure_id!r}; known: {', '.join(FIGURES)}")
+
+
+def check_options(figure_id: str, options: dict) -> None:
+    """Refuses an option the figure does not take (naming it and the closest one it does) and
+    a ``select_by`` other than test or val, before any drawing."""
+    params = option_names(spec_of(figure_id).build)
+    for key in options:
+        if key not in params:
+            close = difflib.get_close_matches(key, params, n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}?" if close else f"options: {', '.join(params)}"
+            raise ValueError(f"unknown option {key!r} of figure {figure_id} ({hint})")
+    if options.get("select_by", "test") not in ("test", "val"):
+        raise ValueError(f"select_by must be test or val, got {options['select_by']!r}")
+
+
+def build(figure_id: str, runs: pd.DataFrame, **options) -> Figure | str:
+    """The figure `figure_id` (a key of FIGURES) of a runs table; options override the
+    figure's defaults; filters="thesis" uses THESIS_FILTERS[figure_id]."""
+    spec = spec_of(figure_id)
+    check_options(figure_id, options)
+    if isinstance(options.get("filters"), str):
+        if options["filters"] != "thesis":
+            raise ValueError(f"filters must be a dict or 'thesis', got {options['filters']!r}")
+        if figure_id not in THESIS_FILTERS:
+            raise ValueError(f"filters='thesis': {figure_id} is not a thesis figure ({', '.join(THESIS_FILTERS)})")
+        options["filters"] = THESIS_FILTERS[figure_id]
+    apply_style()
+    return spec.build(runs, **{**spec.defaults, **options})
+
+
+LIST_OPTIONS = ("ys", "epsilons", "optimizers", "problems")
+
+
+def parse_options(items: Iterable[str]) -> dict:
+    """Command-line options ``KEY=VALUE`` -> keyword arguments of `plot`: values are YAML
+    scalars (``min_seeds=3``, ``select_by=val``); ``ys``, ``epsilons``, ``optimizers`` and
+    ``problems`` take comma-separated lists; ``filter.COLUMN=v1,v2`` adds to ``filters``;
+    ``filters=thesis`` uses THESIS_FILTERS."""
+    import yaml
+
+    options: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"figure option {item!r}: expected KEY=VALUE")
+        if key.startswith("filter."):
+            options.setdefault("filters", {})[key[len("filter."):]] = [yaml.safe_load(v) for v in value.split(",")]
+        elif key in LIST_OPTIONS:
+            options[key] = [yaml.safe_load(v) for v in value.split(",")]
+        else:
+            options[key] = yaml.safe_load(value)
+    return options
+
+
+def plot(figure_id: str, runs_path: str | Path, out_stem: str | Path, **options) -> tuple[Path, ...]:
+    """Reads the aggregated runs table, draws figure `figure_id`, writes <out_stem>.png and
+    .pdf (a table: <out_stem>.md); returns their paths."""
+    runs = pd.read_parquet(runs_path)
+    return save(build(figure_id, runs, **options), out_stem)
+

@@ -1,0 +1,65 @@
+"""The figure of the empirical privacy audit (``dpbench audit``), drawn from the audits table
+(results/audit/audits.parquet), not the runs table: per optimizer, the claimed ε against the
+lower bound the audit measured."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from dpbench.reporting.figures.style import empty_figure, fmt_tick, label, ordered
+
+
+def draw_audit(audits: pd.DataFrame, optimizers: list[str] | None = None) -> Figure:
+    """The empirical audit (dpbench audit): one panel per optimizer, claimed ε (x) against the
+    certified lower bound ε_lower (filled, a bar from 0) and the GDP estimate ε_GDP (hollow;
+    a heuristic under subsampling), the claim as the diagonal, and the largest ε any audit
+    with that many trials could certify (dotted). A violation of the claim turns the panel red."""
+    trials = audits[audits["mode"] == "trials"] if "mode" in audits else audits
+    if trials.empty:
+        return empty_figure("no audits")
+    names = ordered(trials["optimizer"].unique(), optimizers)
+    cols = min(4, len(names))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.4 * rows), squeeze=False, sharex=True)
+    top = float(np.nanmax(trials[["epsilon_claimed", "epsilon_lower"]].to_numpy())) * 1.15
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, names):
+        here = trials[trials["optimizer"] == name].sort_values("epsilon_claimed")
+        eps = here["epsilon_claimed"].to_numpy(float)
+        x = np.arange(len(eps))
+        flagged = bool(here["violation"].any())
+        ax.plot(x, eps, color="0.3", lw=1, marker="_", ms=14, label="claimed ε")
+        ax.bar(x, here["epsilon_lower"], width=0.5, color="#c0392b" if flagged else "#2e86c1", alpha=0.85,
+               label="ε_lower (certified)")
+        gdp = here["epsilon_gdp"].clip(upper=top)
+        ax.scatter(x, gdp, facecolors="none", edgecolors="k", s=22, zorder=3, label="ε_GDP (estimate)")
+        if "max_certifiable_epsilon" in here:
+            ax.axhline(here["max_certifiable_epsilon"].min(), color="0.5", ls=":", lw=1, label="max certifiable")
+        for xi, v in zip(x, here["violation"]):
+            if v:
+                ax.text(xi, 0.02 * top, "✗", ha="center", va="bottom", color="white", fontsize=9, fontweight="bold")
+        ax.set_xticks(x, [fmt_tick(e) for e in eps])
+        ax.set_ylim(0, top)
+        ax.set_title(label(name) + ("  — VIOLATION" if flagged else ""), color="#c0392b" if flagged else "black")
+        if flagged:
+            ax.set_facecolor("#fdecea")
+    for ax in axes[-1]:
+        ax.set_xlabel("claimed ε")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("ε")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    r = int(trials["trials"].max())
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, frameon=False,
+               title=f"R = {r} trials, β = {trials['beta'].iloc[0]:g}, δ = {trials['delta'].iloc[0]:g}",
+               title_fontsize=7, bbox_to_anchor=(0.5, -0.02))
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig
+
+
+def audit_figure(audits: pd.DataFrame, optimizers: list[str] | None = None) -> Figure:
+    return draw_audit(audits, optimizers)
+

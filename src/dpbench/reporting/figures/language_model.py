@@ -1,0 +1,235 @@
+"""The language-model figures (P4, config/lm.yaml) of Gong, Pavliv & Peng, "Evaluating
+Differentially Private SGD Optimizers for Training Transformer Language Models": training and
+validation loss per optimizer and ε, exposure of canaries repeated k times (Carlini et al. 2019,
+arXiv:1802.08232), and a ranking table.
+
+Every number comes from one configuration per (optimizer, ε): the one whose mean best
+validation loss over its seeds is lowest (selected on validation, never on test or canaries);
+a configuration with a non-finite validation loss on any seed loses to every finite one.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from dpbench.problems.catalog import CANARY_REPEATS
+from dpbench.reporting.figures.selection import CONFIG_KEYS, select_runs, target_as_epsilon
+from dpbench.reporting.figures.style import empty_figure, fmt_tick, label, legend_labels, ordered, palette
+
+LM_REPEATS = CANARY_REPEATS  # canary repetitions k (0: never seen in training): the aggregated columns' k
+
+
+def lm_configurations(runs: pd.DataFrame, problem: str = "P4") -> pd.DataFrame:
+    """The runs of the chosen configuration of each (optimizer, ε) of ``problem``, all seeds,
+    with ``epsilon`` the target ε (inf for non-private runs)."""
+    r = target_as_epsilon(runs[runs["problem"] == problem])
+    r["epsilon"] = r["epsilon"].astype(float).fillna(np.inf)
+    if r.empty:
+        return r
+    keys = [k for k in CONFIG_KEYS if k in r.columns and k != "target_epsilon"] + ["epsilon"]
+    val = r["best_val_loss"].astype(float)
+    r["_score"] = val.where(np.isfinite(val), np.inf)
+    configs = r.groupby(keys, dropna=False)["_score"].agg(lambda v: v.mean() if np.isfinite(v).all() else np.inf)
+    configs = configs.reset_index().sort_values(keys, kind="stable")
+    chosen = configs.loc[configs.groupby(["optimizer", "epsilon"])["_score"].idxmin()]
+    return r.merge(chosen[keys], on=keys).drop(columns="_score")
+
+
+def _mean_std(values: pd.Series) -> tuple[float, float, int]:
+    v = values.astype(float)
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if len(v) else np.nan, float(v.std(ddof=1)) if len(v) > 1 else np.nan, len(v)
+
+
+def lm_loss_data(runs: pd.DataFrame, problem: str = "P4") -> pd.DataFrame:
+    """Per (optimizer, ε) of the chosen configuration and split (train: ``final_train_loss``,
+    val: ``best_val_loss``): mean and std (ddof = 1) over its seeds with a finite loss.
+    Columns: optimizer, private, epsilon (inf: non-private), split, mean, std, n_seeds, lr."""
+    rows = []
+    for (opt, eps), g in lm_configurations(runs, problem).groupby(["optimizer", "epsilon"], sort=True):
+        for split, column in (("train", "final_train_loss"), ("val", "best_val_loss")):
+            mean, std, n = _mean_std(g[column])
+            rows.append({"optimizer": opt, "private": bool(g["private"].iloc[0]), "epsilon": eps, "split": split,
+                         "mean": mean, "std": std, "n_seeds": n, "lr": float(g["lr"].iloc[0])})
+    return pd.DataFrame(rows, columns=["optimizer", "private", "epsilon", "split", "mean", "std", "n_seeds", "lr"])
+
+
+def lm_exposure_data(runs: pd.DataFrame, problem: str = "P4", repeats: Iterable[int] = LM_REPEATS) -> pd.DataFrame:
+    """Per (optimizer, ε) of the chosen configuration and k: the exposure's mean and std
+    (ddof = 1) over all its canaries of all seeds, pooled exactly from each run's mean, std
+    (ddof = 0) and count; the share of them extracted. Columns: optimizer, private, epsilon
+    (inf: non-private), k, mean, std, n_canaries, n_seeds, extracted."""
+    rows = []
+    for (opt, eps), g in lm_configurations(runs, problem).groupby(["optimizer", "epsilon"], sort=True):
+        for k in repeats:
+            n = g[f"canaries_k{k}"].astype(float).fillna(0).to_numpy()
+            m, s = g[f"exposure_k{k}"].astype(float).to_numpy(), g[f"exposure_std_k{k}"].astype(float).to_numpy()
+            ok = (n > 0) & np.isfinite(m)
+            n, m, s, x = n[ok], m[ok], s[ok], g[f"extracted_k{k}"].astype(float).to_numpy()[ok]
+            total = n.sum()
+            mean = float((n * m).sum() / total) if total else np.nan
+            # total sum of squares: within runs (n s^2) plus between runs (n (m - mean)^2)
+            std = float(np.sqrt((n * s ** 2 + n * (m - mean) ** 2).sum() / (total - 1))) if total > 1 else np.nan
+            rows.append({"optimizer": opt, "private": bool(g["private"].iloc[0]), "epsilon": eps, "k": k,
+                         "mean": mean, "std": std, "n_canaries": int(total), "n_seeds": int(ok.sum()),
+                         "extracted": float((n * x).sum() / total) if total else np.nan})
+    return pd.DataFrame(rows, columns=["optimizer", "private", "epsilon", "k", "mean", "std", "n_canaries",
+                                       "n_seeds", "extracted"])
+
+
+def lm_ranking_data(runs: pd.DataFrame, problem: str = "P4", k: int = 25) -> pd.DataFrame:
+    """The paper's ranking: per ε (inf: the non-private runs), the optimizers by mean
+    validation perplexity exp(best_val_loss) over the chosen configuration's seeds (rank 1:
+    lowest; diverged last), with its std, the exposure at k and the share extracted.
+    Columns: epsilon, rank, optimizer, private, val_perplexity, val_perplexity_std, n_seeds,
+    lr, exposure, exposure_std, extracted."""
+    chosen = lm_configurations(runs, problem)
+    exposure = lm_exposure_data(runs, problem, (k,)).set_index(["optimizer", "epsilon"])
+    rows = []
+    for (opt, eps), g in chosen.groupby(["optimizer", "epsilon"], sort=True):
+        ppl = np.exp(g["best_val_loss"].astype(float))
+        mean, std, n = _mean_std(ppl)
+        e = exposure.loc[(opt, eps)]
+        rows.append({"epsilon": eps, "optimizer": opt, "private": bool(g["private"].iloc[0]),
+                     "val_perplexity": mean, "val_perplexity_std": std, "n_seeds": n, "lr": float(g["lr"].iloc[0]),
+                     "exposure": e["mean"], "exposure_std": e["std"], "extracted": e["extracted"]})
+    out = pd.DataFrame(rows, columns=["epsilon", "optimizer", "private", "val_perplexity", "val_perplexity_std",
+                                      "n_seeds", "lr", "exposure", "exposure_std", "extracted"])
+    out["_key"] = out["val_perplexity"].fillna(np.inf)
+    out = out.sort_values(["epsilon", "_key", "optimizer"], kind="stable").drop(columns="_key")
+    out.insert(1, "rank", out.groupby("epsilon").cumcount() + 1)
+    return out.reset_index(drop=True)
+
+
+def _eps_positions(epsilons: Iterable[float]) -> dict[float, float]:
+    """x positions: finite ε on a log scale, ε = ∞ (non-private) one decade right of the largest."""
+    finite = sorted(e for e in set(epsilons) if np.isfinite(e))
+    pos = {e: float(np.log10(e)) for e in finite}
+    if any(not np.isfinite(e) for e in epsilons):
+        pos[np.inf] = (max(pos.values()) if pos else 0.0) + 1.0
+    return pos
+
+
+def _eps_axis(ax, pos: dict[float, float]) -> None:
+    ax.set_xticks(list(pos.values()), ["∞\n(non-private)" if not np.isfinite(e) else fmt_tick(e) for e in pos])
+    ax.set_xlabel("target ε")
+    if np.inf in pos:
+        ax.axvline(pos[np.inf] - 0.5, color="0.6", lw=0.8, ls=":")
+
+
+def draw_lm_loss(data: pd.DataFrame, optimizers: list[str] | None = None,
+                 labels: dict[str, str] | None = None) -> Figure:
+    """Two panels (training, validation loss): mean ± std over seeds against target ε (log x),
+    one line per private optimizer; non-private optimizers as dashed lines with a ± std band."""
+    if data.empty:
+        return empty_figure("no language-model runs")
+    names = ordered(data["optimizer"], optimizers)
+    colours = palette(names)
+    pos = _eps_positions(data.loc[data["private"], "epsilon"])
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
+    for ax, split, title in zip(axes, ("train", "val"), ("training loss (last epoch)", "validation loss (best)")):
+        d = data[data["split"] == split]
+        for opt in names:
+            o = d[d["optimizer"] == opt].sort_values("epsilon")
+            if o.empty:
+                continue
+            if o["private"].iloc[0]:
+                ax.errorbar([pos[e] for e in o["epsilon"]], o["mean"], yerr=o["std"].fillna(0), marker="o", ms=4,
+                            capsize=3, color=colours[opt], label=label(opt, labels))
+            else:
+                m, sd = o["mean"].iloc[0], (0.0 if pd.isna(o["std"].iloc[0]) else o["std"].iloc[0])
+                ax.axhline(m, ls="--", lw=1, color=colours[opt], label=label(opt, labels))
+                ax.axhspan(m - sd, m + sd, color=colours[opt], alpha=0.12, lw=0)
+        if pos:
+            ax.set_xticks(list(pos.values()), [fmt_tick(e) for e in pos])
+        ax.set_xlabel("target ε")
+        ax.set_title(title)
+    axes[0].set_ylabel("cross-entropy (nats/token)\nmean ± std over seeds")
+    axes[1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def draw_lm_exposure(data: pd.DataFrame, optimizers: list[str] | None = None,
+                     labels: dict[str, str] | None = None) -> Figure:
+    """One panel per k (canary repetitions; k = 0: unseen canaries, the reference): exposure
+    mean ± std over seeds and canaries against target ε (log x), non-private runs at the
+    right edge (ε = ∞). Panel titles give the share of canaries extracted, worst optimizer."""
+    if data.empty:
+        return empty_figure("no memorisation results")
+    names = ordered(data["optimizer"], optimizers)
+    colours = palette(names)
+    pos = _eps_positions(data["epsilon"])
+    ks = sorted(data["k"].unique())
+    fig, axes = plt.subplots(1, len(ks), figsize=(3.3 * len(ks), 3.4), sharey=True, squeeze=False)
+    offsets = {o: (i - (len(names) - 1) / 2) * 0.03 for i, o in enumerate(names)}  # keep error bars apart
+    for ax, k in zip(axes[0], ks):
+        d = data[data["k"] == k]
+        for opt in names:
+            o = d[(d["optimizer"] == opt) & np.isfinite(d["mean"])].sort_values("epsilon")
+            if o.empty:
+                continue
+            x = [pos[e] + offsets[opt] for e in o["epsilon"]]
+            ax.errorbar(x, o["mean"], yerr=o["std"].fillna(0), marker="o" if o["private"].iloc[0] else "D",
+                        ms=4, capsize=3, color=colours[opt], ls="-" if o["private"].iloc[0] else "none",
+                        label=label(opt, labels))
+        _eps_axis(ax, pos)
+        worst = d["extracted"].max()
+        ax.set_title(f"k = {k}" + (" (unseen)" if k == 0 else "") +
+                     (f" · extracted ≤ {worst:.0%}" if np.isfinite(worst) else ""))
+    axes[0][0].set_ylabel("exposure (bits)\nmean ± std over seeds and canaries")
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def _pm(mean: float, std: float, fmt: str) -> str:
+    if not np.isfinite(mean):
+        return "diverged" if mean == np.inf else "–"
+    return format(mean, fmt) + ("" if not np.isfinite(std) else " ± " + format(std, fmt))
+
+
+def draw_lm_ranking(data: pd.DataFrame, k: int = 25, labels: dict[str, str] | None = None) -> str:
+    """The ranking as Markdown: one table per ε (non-private last)."""
+    if data.empty:
+        return "# Language model: ranking\n\nNo language-model runs.\n"
+    lines = ["# Language model: optimizers ranked by validation perplexity", "",
+             "Per target ε, the configuration of each optimizer with the lowest mean validation loss; "
+             f"perplexity exp(best validation loss), mean ± std over seeds; exposure of the canaries "
+             f"inserted k = {k} times (bits), mean ± std over seeds and canaries.", ""]
+    for eps, g in data.groupby("epsilon", sort=True):
+        lines += [f"## ε = {fmt_tick(eps)}" if np.isfinite(eps) else "## non-private (ε = ∞)", "",
+                  f"| rank | optimizer | validation perplexity | exposure (k = {k}) | extracted (k = {k}) | lr | seeds |",
+                  "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+        for _, r in g.iterrows():
+            extracted = "–" if not np.isfinite(r["extracted"]) else f"{r['extracted']:.0%}"
+            lines.append(f"| {r['rank']} | {label(r['optimizer'], labels)} | "
+                         f"{_pm(r['val_perplexity'], r['val_perplexity_std'], '.2f')} | "
+                         f"{_pm(r['exposure'], r['exposure_std'], '.2f')} | {extracted} | {fmt_tick(r['lr'])} | "
+                         f"{r['n_seeds']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def lm_loss_figure(runs: pd.DataFrame, problem: str = "P4", optimizers: list[str] | None = None,
+                   filters: dict | None = None) -> Figure:
+    runs = select_runs(runs, filters, optimizers)
+    return draw_lm_loss(lm_loss_data(runs, problem), optimizers, legend_labels(runs))
+
+
+def lm_exposure_figure(runs: pd.DataFrame, problem: str = "P4", optimizers: list[str] | None = None,
+                       filters: dict | None = None) -> Figure:
+    runs = select_runs(runs, filters, optimizers)
+    return draw_lm_exposure(lm_exposure_data(runs, problem), optimizers, legend_labels(runs))
+
+
+def lm_ranking_table(runs: pd.DataFrame, problem: str = "P4", k: int = 25, optimizers: list[str] | None = None,
+                     filters: dict | None = None) -> str:
+    runs = select_runs(runs, filters, optimizers)
+    return draw_lm_ranking(lm_ranking_data(runs, problem, k), k, legend_labels(runs))
+

@@ -1,0 +1,116 @@
+"""Which run a figure shows: the runs a figure is about (``select_runs``) and, among the runs of
+a group (a bar, a heatmap cell, ...), the best one (``select_best``).
+
+"Best" means: the run with the best *selection metric*; the number shown is that run's *test*
+metric.
+
+* ``select_by="test"`` (default, as in the thesis): ``best_test_accuracy`` for classifiers,
+  ``best_test_loss`` for the VAE (lower is better, shown as log10). Optimistic: the same
+  test set selects and reports.
+* ``select_by="val"``: ``best_val_accuracy`` / ``best_val_loss`` (columns a validation split
+  adds) choose the run, and the number reported is its test metric at the epoch validation
+  chose (``test_accuracy_at_best_val`` / ``test_loss_at_best_val``): nothing is selected on
+  the test set.
+* any other column name: selects by it (lower is better iff its name contains "loss").
+
+Runs whose selection metric is not finite (diverged: infinite loss, NaN accuracy) never win;
+a group whose runs all diverged is ``diverged`` (black boxes in heatmaps, no bar in bar plots).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from dpbench.problems.catalog import task_facts
+
+# What a run is, apart from its seed.
+CONFIG_KEYS = ("problem", "optimizer", "lr", "batch_size", "epochs", "target_epsilon", "hyperparameters")
+
+
+def select_runs(runs: pd.DataFrame, filters: dict | None = None, optimizers: Iterable[str] | None = None,
+                problems: Iterable[str] | None = None) -> pd.DataFrame:
+    """The runs whose column values are in `filters` ({column: value or list of values}),
+    and whose optimizer and problem are among those given."""
+    for column, allowed in (filters or {}).items():
+        if column not in runs.columns:
+            raise KeyError(f"filter column {column!r} is not in the runs table")
+        allowed = list(allowed) if isinstance(allowed, (list, tuple, set)) else [allowed]
+        runs = runs[runs[column].isin(allowed)]
+    if optimizers is not None:
+        runs = runs[runs["optimizer"].isin(list(optimizers))]
+    if problems is not None:
+        runs = runs[runs["problem"].isin(list(problems))]
+    return runs
+
+
+def selection_columns(task: str, select_by: str = "test") -> tuple[str, str]:
+    """(selection column, reported test column) for a task (its name): the columns of the task's
+    metric (``dpbench.problems.catalog``: accuracy for classification, else the loss).
+
+    With ``select_by="val"`` both the configuration and its epoch are chosen on validation:
+    the reported number is the test metric at the epoch of the best validation metric."""
+    kind = task_facts(task).metric
+    if select_by == "val":
+        return f"best_val_{kind}", f"test_{kind}_at_best_val"
+    column = f"best_{select_by}_{kind}" if select_by == "test" else select_by
+    return column, f"best_test_{kind}"
+
+
+def scored(runs: pd.DataFrame, select_by: str = "test") -> pd.DataFrame:
+    """The runs with, per run: `score` (selection metric, higher is better, -inf when not
+    finite), `value` (reported test metric: accuracy, or log10 loss), `lower_is_better`
+    (of `value`), `metric` (its name for axis labels) and `run_diverged`."""
+    out = runs.copy()
+    out["score"], out["value"] = -np.inf, np.nan
+    out["lower_is_better"], out["metric"] = False, ""
+    for task in out["task"].unique():
+        rows = out["task"] == task
+        sel_col, rep_col = selection_columns(task, select_by)
+        if sel_col not in out.columns:
+            raise KeyError(f"selection metric {sel_col!r} is not in the runs table "
+                           f"(select_by={select_by!r})")
+        sel = out.loc[rows, sel_col].astype(float)
+        sel = -sel if "loss" in sel_col else sel
+        out.loc[rows, "score"] = sel.where(np.isfinite(sel), -np.inf)
+        rep = out.loc[rows, rep_col].astype(float)
+        is_loss = rep_col.endswith("loss")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out.loc[rows, "value"] = np.log10(rep) if is_loss else rep
+        out.loc[rows, "lower_is_better"] = is_loss
+        chosen = "" if select_by == "test" else f" (selected by {sel_col})"
+        out.loc[rows, "metric"] = ("best log10 test loss" if is_loss else "best test accuracy") + chosen
+    loss = out["best_test_loss"].astype(float) if "best_test_loss" in out else pd.Series(0.0, out.index)
+    out["run_diverged"] = (out["status"] == "diverged") | ~np.isfinite(loss)
+    return out
+
+
+def target_as_epsilon(df: pd.DataFrame) -> pd.DataFrame:
+    """Figures call the target ε `epsilon`; the achieved one becomes `achieved_epsilon`."""
+    return df.rename(columns={"epsilon": "achieved_epsilon"}).rename(columns={"target_epsilon": "epsilon"})
+
+
+def _sort_keys(df: pd.DataFrame) -> list[str]:
+    return [k for k in (*CONFIG_KEYS, "seed", "run_id") if k in df.columns]
+
+
+def select_best(runs: pd.DataFrame, by: list[str], select_by: str = "test") -> pd.DataFrame:
+    """One row per group of `by`: the run with the highest selection score (ties: the first
+    in config order), its columns plus `value`, `metric`, `lower_is_better`, `n_runs` and
+    `diverged` (no run of the group has a finite score and one of them diverged). A group
+    without a finite score has `value` NaN, or +inf for a loss whose runs diverged."""
+    s = scored(runs, select_by)
+    if s.empty:
+        return s.assign(n_runs=pd.Series(dtype=int), diverged=pd.Series(dtype=bool))
+    s = s.sort_values(_sort_keys(s), kind="stable").reset_index(drop=True)
+    groups = s.groupby(list(by), dropna=False, sort=True)
+    best = s.loc[groups["score"].idxmax().to_numpy()].reset_index(drop=True)
+    best["n_runs"] = groups.size().to_numpy()
+    no_winner = ~np.isfinite(best["score"].to_numpy())
+    best["diverged"] = no_winner & groups["run_diverged"].any().to_numpy()
+    best.loc[no_winner, "value"] = np.nan
+    best.loc[best["diverged"] & best["lower_is_better"].astype(bool), "value"] = np.inf
+    return best
+

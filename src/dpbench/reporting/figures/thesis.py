@@ -1,0 +1,341 @@
+"""The figures of thesis chapter 5 and Appendix B: the comparison of optimizers (Figs. 5.1,
+5.2), seed sensitivity (5.3), heatmaps over two settings (5.4, 5.6-5.8, B.1) and the best
+settings per batch size (5.5, B.2).
+
+Every figure is two steps: a *data* function (runs table -> a tidy DataFrame holding exactly
+the numbers drawn, testable without a plot) and a *draw* function (that DataFrame -> Figure);
+the *figure* function (the ``build`` of its ``FigureSpec``) selects the runs and chains them.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from dpbench.reporting.figures.selection import CONFIG_KEYS, scored, select_best, select_runs, target_as_epsilon
+from dpbench.reporting.figures.style import (AXIS_LABELS, DATASETS, empty_figure, fmt_tick, label, legend_labels,
+                                             ordered, palette)
+
+# Which runs of config/thesis.yaml's table (all three setups) each figure is about: the setups
+# differ in their epochs (Setup 1: 250, 500; Setup 2: 1; Setup 3: 30). Harmless on a table of
+# one setup (config/setupN.yaml); wrong for small configs. plot(..., filters="thesis") uses them.
+THESIS_FILTERS = {
+    "fig5_1": {"epochs": [250, 500]}, "fig5_2": {"epochs": [1, 30]}, "fig5_3": {"epochs": [250, 500]},
+    "fig5_4": {"epochs": [250, 500]}, "fig5_5": {"epochs": [250, 500]}, "fig5_6": {"epochs": [1]},
+    "fig5_7": {"epochs": [30]}, "fig5_8": {"epochs": [30]}, "figB_1": {"epochs": [250, 500]},
+    "figB_2": {"epochs": [250, 500]},
+}
+
+
+
+# ---------------------------------------------------------------------------- data functions
+
+def best_per_setting(runs: pd.DataFrame, select_by: str = "test") -> pd.DataFrame:
+    """Figs. 5.1, 5.2: per (problem, optimizer, target ε) the best run over all other settings.
+    Columns: problem, dataset, optimizer, epsilon (target; inf for non-private), private,
+    value, metric, lower_is_better, diverged, n_runs, and the chosen run's run_id, lr,
+    batch_size, epochs, seed, achieved_epsilon."""
+    r = target_as_epsilon(runs)
+    r["epsilon"] = r["epsilon"].astype(float).fillna(np.inf)
+    best = select_best(r, ["problem", "optimizer", "epsilon"], select_by)
+    best["private"] = best["private"].astype(bool)
+    cols = ["problem", "dataset", "optimizer", "epsilon", "private", "value", "metric", "lower_is_better",
+            "diverged", "n_runs", "run_id", "lr", "batch_size", "epochs", "seed", "achieved_epsilon"]
+    return best[[c for c in cols if c in best.columns]]
+
+
+def seed_sensitivity_data(runs: pd.DataFrame, select_by: str = "test", min_seeds: int = 2) -> pd.DataFrame:
+    """Fig. 5.3: per (problem, optimizer, learning rate), the configuration (all settings but
+    the seed) with at least `min_seeds` seeds whose mean selection score over seeds is best,
+    and the mean and sample std (ddof=1) over those seeds of its reported test metric.
+
+    A seed that diverged gives its configuration a score of -inf (a configuration that
+    diverges on some seed is not chosen while another is available); mean and std are over
+    the seeds with a finite value (`n_finite` of `n_seeds`)."""
+    s = scored(runs, select_by)
+    keys = [k for k in CONFIG_KEYS if k in s.columns]
+    columns = [*keys, "n_seeds", "n_finite", "mean", "std", "metric"]
+    if s.empty:
+        return pd.DataFrame(columns=columns)
+    s["finite_value"] = s["value"].where(np.isfinite(s["value"]))
+    configs = (s.groupby(keys, dropna=False, sort=True)
+               .agg(score=("score", "mean"), mean=("finite_value", "mean"), std=("finite_value", "std"),
+                    n_seeds=("seed", "nunique"), n_finite=("finite_value", "count"), metric=("metric", "first"))
+               .reset_index())
+    configs = configs[configs["n_seeds"] >= min_seeds]
+    if configs.empty:
+        return pd.DataFrame(columns=columns)
+    configs = configs.sort_values(keys, kind="stable").reset_index(drop=True)
+    best = configs.loc[configs.groupby(["problem", "optimizer", "lr"], sort=True)["score"].idxmax().to_numpy()]
+    return best[columns].reset_index(drop=True)
+
+
+def heatmap_data(runs: pd.DataFrame, problem: str, y: str = "batch_size", x: str = "lr",
+                 epsilons: Iterable[float] = (1, 10), select_by: str = "test") -> pd.DataFrame:
+    """Figs. 5.4, 5.6-5.8, B.1: for one problem, the best run per (optimizer, ε, y, x) cell over
+    all other settings, seeds included. Columns: problem, optimizer, epsilon, x, y, value,
+    diverged, is_best (the best finite cell of each (optimizer, ε) panel: highest accuracy or
+    lowest loss; one per panel), n_runs, run_id, metric, lower_is_better."""
+    eps = [float(e) for e in epsilons]
+    r = runs[(runs["problem"] == problem) & runs["private"].astype(bool)
+             & runs["target_epsilon"].astype(float).isin(eps)]
+    best = target_as_epsilon(select_best(r, ["optimizer", "target_epsilon", y, x], select_by))
+    cols = ["problem", "optimizer", "epsilon", x, y, "value", "diverged", "is_best", "n_runs", "run_id",
+            "metric", "lower_is_better"]
+    if best.empty:
+        return pd.DataFrame(columns=cols)
+    best["is_best"] = False
+    finite = best[np.isfinite(best["value"])]
+    for _, panel in finite.groupby(["optimizer", "epsilon"], sort=False):
+        pick = panel["value"].idxmin() if panel["lower_is_better"].iloc[0] else panel["value"].idxmax()
+        best.loc[pick, "is_best"] = True
+    return best[cols].sort_values(["optimizer", "epsilon", y, x]).reset_index(drop=True)
+
+
+def best_settings_data(runs: pd.DataFrame, problem: str, epsilons: Iterable[float] | None = None,
+                       select_by: str = "test") -> pd.DataFrame:
+    """Figs. 5.5, B.2: per (optimizer, ε, batch size) of one problem, the epochs and learning
+    rate of the best run over all other settings. Columns: problem, optimizer, epsilon,
+    batch_size, epochs, lr, value, metric, diverged, run_id."""
+    r = runs[(runs["problem"] == problem) & runs["private"].astype(bool)]
+    if epsilons is not None:
+        r = r[r["target_epsilon"].astype(float).isin([float(e) for e in epsilons])]
+    best = target_as_epsilon(select_best(r, ["optimizer", "target_epsilon", "batch_size"], select_by))
+    cols = ["problem", "optimizer", "epsilon", "batch_size", "epochs", "lr", "value", "metric", "diverged", "run_id"]
+    if best.empty:
+        return pd.DataFrame(columns=cols)
+    # a batch size whose runs all diverged has no best epochs or learning rate
+    best.loc[best["diverged"] | ~np.isfinite(best["value"]), ["epochs", "lr"]] = np.nan
+    return best[cols].reset_index(drop=True)
+
+
+
+# ---------------------------------------------------------------------------- drawing
+
+def draw_comparison(best: pd.DataFrame, problems: list[str] | None = None,
+                    optimizers: list[str] | None = None, labels: dict[str, str] | None = None) -> Figure:
+    """Bars: best metric per optimizer (hue) and target ε (x), one panel per problem (in the
+    order given, panels lettered (a), (b), ... when several); non-private optimizers as dashed
+    horizontal lines. Groups whose runs all diverged have no bar."""
+    import seaborn as sns
+
+    present = list(best["problem"].unique())
+    problems = [p for p in problems if p in present] if problems is not None else sorted(present)
+    if not problems:
+        return empty_figure("no runs to compare")
+    colours = palette(best["optimizer"].unique())
+    fig, axes = plt.subplots(1, len(problems), figsize=(4.6 * len(problems), 3.6), squeeze=False)
+    for i, (ax, problem) in enumerate(zip(axes[0], problems)):
+        here = best[best["problem"] == problem]
+        names = ordered(here["optimizer"], optimizers)
+        private = here[here["private"] & here["optimizer"].isin(names) & np.isfinite(here["value"])].copy()
+        if len(private):
+            eps = sorted(private["epsilon"].unique())
+            private["ε"] = private["epsilon"].map(fmt_tick)
+            private["optimizer "] = private["optimizer"].map(lambda o: label(o, labels))
+            hue = [label(o, labels) for o in names if o in set(private["optimizer"])]
+            sns.barplot(data=private, x="ε", y="value", hue="optimizer ", order=[fmt_tick(e) for e in eps],
+                        hue_order=hue, palette={label(o, labels): colours[o] for o in names}, ax=ax)
+            for container in ax.containers:
+                ax.bar_label(container, fmt="%.3f", fontsize=6, padding=1,
+                             bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.4, "alpha": 0.85})
+        for _, ref in here[~here["private"] & here["optimizer"].isin(names)].iterrows():
+            if np.isfinite(ref["value"]):
+                ax.axhline(ref["value"], ls="--", lw=1, color=colours[ref["optimizer"]],
+                           label=label(ref["optimizer"], labels))
+        metric = here["metric"].iloc[0]
+        dataset = f" · {DATASETS.get(here['dataset'].iloc[0], here['dataset'].iloc[0])}" if "dataset" in here else ""
+        letter = f"({chr(ord('a') + i)}) " if len(problems) > 1 else ""
+        ax.set(title=f"{letter}{problem}{dataset}", ylabel=metric, xlabel="target ε")
+        if not here["lower_is_better"].iloc[0]:
+            ax.set_ylim(0, 1)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def draw_seed_sensitivity(data: pd.DataFrame, optimizers: list[str] | None = None, min_seeds: int = 2,
+                          labels: dict[str, str] | None = None) -> Figure:
+    """Mean ± std over seeds vs learning rate (log x); rows = problems, columns = optimizers."""
+    if data.empty:
+        return empty_figure(f"no configuration with at least {min_seeds} seeds")
+    problems = sorted(data["problem"].unique())
+    names = ordered(data["optimizer"], optimizers)
+    colours = palette(names)
+    fig, axes = plt.subplots(len(problems), len(names), figsize=(3.2 * len(names), 2.6 * len(problems)),
+                             squeeze=False, sharey="row")
+    for i, problem in enumerate(problems):
+        for j, opt in enumerate(names):
+            ax = axes[i][j]
+            d = data[(data["problem"] == problem) & (data["optimizer"] == opt)].sort_values("lr")
+            if d.empty:
+                ax.text(0.5, 0.5, f"no configuration\nwith ≥ {min_seeds} seeds", ha="center", va="center",
+                        transform=ax.transAxes)
+                ax.set_xticks([])
+            else:
+                ax.errorbar(d["lr"], d["mean"], yerr=d["std"].fillna(0), marker="o", ms=4, capsize=3,
+                            color=colours[opt])
+                ax.set_xscale("log")
+                ax.set_xticks(d["lr"], [fmt_tick(v) for v in d["lr"]])
+                ax.minorticks_off()
+            ax.set_title(f"{problem} · {label(opt, labels)}")
+            ax.set_xlabel(AXIS_LABELS["lr"])
+            if j == 0:
+                metric = data.loc[data["problem"] == problem, "metric"].iloc[0]
+                ax.set_ylabel(metric.replace("best ", "") + "\n(mean ± std over seeds)")
+    fig.tight_layout()
+    return fig
+
+
+def draw_heatmaps(blocks: list[tuple[str, pd.DataFrame]], x: str = "lr", epsilons: Iterable[float] = (1, 10),
+                  optimizers: list[str] | None = None, fmt: str = ".2f",
+                  labels: dict[str, str] | None = None) -> Figure:
+    """Heatmap blocks, one per (y, heatmap_data) pair, stacked and lettered: rows = ε,
+    columns = optimizers; x and y values of each optimizer's own grid, ascending; missing cells
+    blank; the best cell of each panel boxed red, cells whose runs all diverged boxed black."""
+    blocks = [(y, d) for y, d in blocks if not d.empty]
+    if not blocks:
+        return empty_figure("no runs for this heatmap")
+    eps = [float(e) for e in epsilons]
+    names = ordered(pd.concat([d["optimizer"] for _, d in blocks]), optimizers)
+    n_cells_x = max(d[x].nunique() for _, d in blocks)
+    width = max(4.0, len(names) * (0.55 * n_cells_x + 0.9) + 1.2)
+    heights = [len(eps) * (0.42 * d[y].nunique() + 0.9) for y, d in blocks]
+    fig = plt.figure(figsize=(width, sum(heights) + 0.3 * len(blocks)), layout="constrained")
+    subfigs = np.atleast_1d(fig.subfigures(len(blocks), 1, height_ratios=heights))
+    for k, (subfig, (y, data)) in enumerate(zip(subfigs, blocks)):
+        lower = bool(data["lower_is_better"].iloc[0])
+        finite = data["value"][np.isfinite(data["value"])]
+        norm = Normalize(finite.min(), finite.max()) if len(finite) else Normalize(0, 1)
+        cmap = plt.get_cmap("viridis_r" if lower else "viridis")
+        axes = subfig.subplots(len(eps), len(names), squeeze=False)
+        for i, e in enumerate(eps):
+            for j, opt in enumerate(names):
+                grid = data[data["optimizer"] == opt]
+                _heatmap_panel(axes[i][j], grid[grid["epsilon"] == e], x, y, sorted(grid[x].unique()),
+                               sorted(grid[y].unique()), norm, cmap, fmt, lower)
+                axes[i][j].set_title(f"{label(opt, labels)} · ε = {e:g}")
+                if i < len(eps) - 1:
+                    axes[i][j].set_xlabel("")
+                if j > 0:
+                    axes[i][j].set_ylabel("")
+        subfig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes, shrink=0.8,
+                        label=data["metric"].iloc[0])
+        if len(blocks) > 1:
+            subfig.suptitle(f"({chr(ord('a') + k)}) {AXIS_LABELS.get(x, x)} × {AXIS_LABELS.get(y, y)}",
+                            fontsize=10)
+    return fig
+
+
+def _heatmap_panel(ax, cells: pd.DataFrame, x: str, y: str, xs: list, ys: list, norm, cmap, fmt: str,
+                   lower: bool) -> None:
+    matrix = np.full((len(ys), len(xs)), np.nan)
+    for _, c in cells.iterrows():
+        if np.isfinite(c["value"]):
+            matrix[ys.index(c[y]), xs.index(c[x])] = c["value"]
+    # cell (row i, column j) spans [j, j+1] x [i, i+1], first row on top (as seaborn's heatmap)
+    ax.pcolormesh(np.ma.masked_invalid(matrix), cmap=cmap, norm=norm, edgecolors="white", linewidth=0.5)
+    ax.set_xlim(0, len(xs))
+    ax.set_ylim(len(ys), 0)
+    ax.set_xticks(np.arange(len(xs)) + 0.5, [fmt_tick(v) for v in xs], rotation=45)
+    ax.set_yticks(np.arange(len(ys)) + 0.5, [fmt_tick(v) for v in ys])
+    ax.grid(False)
+    ax.set_facecolor("white")
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.set(xlabel=AXIS_LABELS.get(x, x), ylabel=AXIS_LABELS.get(y, y))
+    for _, c in cells.iterrows():
+        i, j = ys.index(c[y]), xs.index(c[x])
+        if c["diverged"]:
+            ax.text(j + 0.5, i + 0.5, "∞" if lower else "div.", ha="center", va="center", fontsize=9)
+            ax.add_patch(_box(i, j, "black", "diverged"))
+        elif np.isfinite(c["value"]):
+            r, g, b, _ = cmap(norm(c["value"]))
+            dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
+            ax.text(j + 0.5, i + 0.5, format(c["value"], fmt), ha="center", va="center", fontsize=7,
+                    color="white" if dark else "black")
+        if c["is_best"]:
+            ax.add_patch(_box(i, j, "red", "best"))
+
+
+def _box(i: int, j: int, colour: str, gid: str) -> Rectangle:
+    """A frame just inside cell (i, j); gid names what it marks (tests find boxes by it)."""
+    return Rectangle((j + 0.04, i + 0.04), 0.92, 0.92, fill=False, edgecolor=colour, lw=2.2, zorder=3, gid=gid)
+
+
+def draw_best_settings(data: pd.DataFrame, optimizers: list[str] | None = None,
+                       labels: dict[str, str] | None = None) -> Figure:
+    """Top row: the best run's epochs per batch size; bottom row: its learning rate (log y);
+    one column per ε, one line per optimizer (slightly dodged so that equal values stay visible)."""
+    if data.empty:
+        return empty_figure("no runs")
+    eps = sorted(data["epsilon"].unique())
+    names = ordered(data["optimizer"], optimizers)
+    colours = palette(names)
+    sizes = sorted(data["batch_size"].unique())
+    fig, axes = plt.subplots(2, len(eps), figsize=(3.4 * len(eps), 5.0), squeeze=False, sharex=True, sharey="row")
+    for j, e in enumerate(eps):
+        for k, opt in enumerate(names):
+            d = data[(data["epsilon"] == e) & (data["optimizer"] == opt)].sort_values("batch_size")
+            pos = np.array([sizes.index(b) for b in d["batch_size"]]) + 0.08 * (k - (len(names) - 1) / 2)
+            for row, column in enumerate(("epochs", "lr")):
+                axes[row][j].plot(pos, d[column], marker="o", ms=4, color=colours[opt], label=label(opt, labels))
+        axes[0][j].set_title(f"ε = {e:g}")
+        axes[1][j].set_yscale("log")
+        axes[1][j].set_xticks(range(len(sizes)), [fmt_tick(b) for b in sizes])
+        axes[1][j].set_xlabel(AXIS_LABELS["batch_size"])
+    axes[0][0].set_ylabel(f"best {AXIS_LABELS['epochs']}")
+    axes[1][0].set_ylabel(f"best {AXIS_LABELS['lr']}")
+    for row, column in enumerate(("epochs", "lr")):
+        values = sorted(data[column].dropna().unique())
+        if values:
+            axes[row][0].set_yticks(values, [fmt_tick(v) for v in values])
+            axes[row][0].minorticks_off()
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+
+# ---------------------------------------------------------------------------- figures
+
+def comparison_figure(runs: pd.DataFrame, problems: list[str] | None = None, optimizers: list[str] | None = None,
+                      select_by: str = "test", filters: dict | None = None) -> Figure:
+    """Figs. 5.1 (one panel per problem) and 5.2 (problems P1, P3, P2: (a)-(c))."""
+    runs = select_runs(runs, filters, optimizers, problems)
+    return draw_comparison(best_per_setting(runs, select_by), problems, optimizers, legend_labels(runs))
+
+
+def seed_sensitivity_figure(runs: pd.DataFrame, problems: list[str] | None = None,
+                            optimizers: list[str] | None = None, select_by: str = "test",
+                            min_seeds: int = 2, filters: dict | None = None) -> Figure:
+    """Fig. 5.3."""
+    runs = select_runs(runs, filters, optimizers, problems)
+    return draw_seed_sensitivity(seed_sensitivity_data(runs, select_by, min_seeds), optimizers, min_seeds,
+                                 legend_labels(runs))
+
+
+def heatmap_figure(runs: pd.DataFrame, problem: str, ys: Iterable[str] = ("batch_size",), x: str = "lr",
+                   epsilons: Iterable[float] = (1, 10), optimizers: list[str] | None = None,
+                   select_by: str = "test", filters: dict | None = None, fmt: str = ".2f") -> Figure:
+    """Figs. 5.4 and B.1 (ys = batch_size, epochs), 5.6, 5.7, 5.8 (ys = batch_size)."""
+    runs = select_runs(runs, filters, optimizers)
+    blocks = [(y, heatmap_data(runs, problem, y, x, epsilons, select_by)) for y in ys]
+    return draw_heatmaps(blocks, x, epsilons, optimizers, fmt, legend_labels(runs))
+
+
+def best_settings_figure(runs: pd.DataFrame, problem: str, epsilons: Iterable[float] | None = None,
+                         optimizers: list[str] | None = None, select_by: str = "test",
+                         filters: dict | None = None) -> Figure:
+    """Figs. 5.5 and B.2."""
+    runs = select_runs(runs, filters, optimizers)
+    return draw_best_settings(best_settings_data(runs, problem, epsilons, select_by), optimizers,
+                              legend_labels(runs))
+
