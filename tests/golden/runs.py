@@ -1,0 +1,130 @@
+"""The golden runs: every registered optimizer on P2 and P4, a few steps at a fixed seed, and
+one audit per mechanism family, reduced to what a run promises and delivers (metrics, sigma,
+target and achieved epsilon, canary exposures, audit bounds). Recorded once before the package
+was restructured (tests/golden/runs.json); tests/test_golden.py recomputes them and asserts
+they are bit-identical on the CPU.
+
+Record anew (only when a change of numbers is intended, and say why in the commit):
+    .venv/bin/python tests/golden/runs.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent
+GOLDEN = HERE / "runs.json"
+sys.path.insert(0, str(TESTS))  # test_fortunes.write_fortunes, the official file format
+
+# P4 on generated quotations in the official format (the real corpus's canary space is too large
+# for exact exposure in a test): the same generator as tests/test_lm.py
+WORDS = "the of and a to in is you that it he was for on are as with his they at be this".split()
+AUDITED = ("dpsgd", "d2psgd", "dp2sgd", "dpmatrix-se", "dpmatrix-band", "dpmatrix-band-amp", "dpmatrix-blt", "dpdice-strict")
+
+
+@contextlib.contextmanager
+def generated_corpus():
+    from test_fortunes import write_fortunes
+    from dpbench.data import fortunes
+    from dpbench.problems import language
+
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
+        rng = np.random.default_rng(0)
+        records = [" ".join(rng.choice(WORDS, rng.integers(3, 30))) + f" ({i})" for i in range(400)]
+        patch.setattr(fortunes, "SHA256", write_fortunes(Path(tmp) / "fortunes", {"generated": records}))
+        (Path(tmp) / "system").mkdir()
+        patch.setattr(fortunes, "SYSTEM_DIRS", [Path(tmp) / "system"])
+        patch.setattr(language, "DIGITS", 3)
+        yield tmp
+
+
+def _exact(value, cache_dir: str):
+    """Floats as their shortest exact repr (JSON keeps them; NaN and inf as strings); durations
+    dropped and the temporary cache's path replaced by <cache>: neither is a behaviour."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, str):
+        return value.replace(cache_dir, "<cache>")
+    if isinstance(value, dict):
+        return {k: _exact(v, cache_dir) for k, v in value.items()
+                if not (k in ("seconds", "time_s") or k.endswith("_time_s"))}
+    if isinstance(value, (list, tuple)):
+        return [_exact(v, cache_dir) for v in value]
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        return _exact(value.item(), cache_dir)
+    return value
+
+
+def run_summary(meta: dict, metrics, cache_dir: str) -> dict:
+    """What must not move: the privacy record (calibration time aside), the results, every
+    metric row, the canaries' exposures, the run's seeds."""
+    out = {"privacy": meta["privacy"], "result": meta["result"], "data": {k: v for k, v in meta["data"].items() if k != "source"},
+           "optimizer_stats": meta["optimizer"].get("stats"), "seeds": meta["environment"]["seeds"],
+           "metrics": metrics.to_dict(orient="list")}
+    if "memorisation" in meta:
+        out["memorisation"] = meta["memorisation"]
+    return _exact(out, cache_dir)
+
+
+def training_runs(cache_dir: str, data_dirs: dict[str, str | None]):
+    """(key, summary) of every registered optimizer on P2 and P4."""
+    from dpbench.optimizers import OPTIMIZERS
+    from dpbench.training.train import RunConfig, run
+
+    for problem in ("P2", "P4"):
+        for name, spec in sorted(OPTIMIZERS.items()):
+            cfg = RunConfig(problem=problem, optimizer=name, lr=1e-3 if "adam" in name else 0.5, batch_size=16,
+                            epochs=1, seed=0, epsilon=10.0 if spec.private else None,
+                            data_dir=data_dirs[problem], train_subset=64 if problem == "P2" else 40,
+                            test_subset=32 if problem == "P2" else 8, validation_size=16 if problem == "P2" else 8,
+                            max_steps=3, cache_dir=cache_dir, progress_every_s=1e9)
+            res = run(cfg, spec)
+            yield f"{problem}/{name}", run_summary(res.meta, res.metrics, cache_dir)
+
+
+def audits(cache_dir: str):
+    """(key, summary) of one audit per mechanism family, few trials (the bounds are weak; what
+    is checked is that the same trials give the same scores and bounds)."""
+    from dpbench.audit.run import audit
+    from dpbench.optimizers import get_optimizer
+
+    for name in AUDITED:
+        rows, record = audit(get_optimizer(name), 4.0, trials=64, seed=0, cache_dir=cache_dir)
+        scores = hashlib.sha256(np.ascontiguousarray(rows["score"].to_numpy(np.float64)).tobytes()).hexdigest()
+        keep = ("epsilon_lower", "violation", "epsilon_gdp", "mu_lower", "canary_norm", "family", "claim",
+                "max_certifiable_epsilon", "checks", "n_in", "n_out")
+        yield f"audit/{name}", _exact({"scores_sha256": scores, **{k: record[k] for k in keep}}, cache_dir)
+
+
+def compute(fmnist_dir: str | None) -> dict:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with tempfile.TemporaryDirectory() as cache, generated_corpus() as corpus:
+            out = dict(training_runs(cache, {"P2": fmnist_dir, "P4": corpus}))
+            out.update(audits(cache))
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+if __name__ == "__main__":
+    from conftest import _fmnist_dir
+
+    d = _fmnist_dir()
+    if d is None:
+        sys.exit("golden runs need the real Fashion-MNIST files (apt-get install dataset-fashion-mnist)")
+    runs = compute(str(d))
+    GOLDEN.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {GOLDEN}: {len(runs)} runs", file=sys.stderr)
