@@ -59,13 +59,12 @@ sys.path.insert(0, str(REPO / "src"))
 
 from dpbench.training import cuda  # noqa: E402
 from dpbench.privacy.clipping import Clipping, NoClipping  # noqa: E402
-from dpbench.matrix.dense_mechanism import CorrelatedNoise  # noqa: E402
-from dpbench.privacy.noise import GaussianNoise  # noqa: E402
+from dpbench.mechanisms.noise import CorrelatedNoise, GaussianNoise  # noqa: E402
 from dpbench.optimizers import get_optimizer  # noqa: E402
 from dpbench.optimizers.base import Context  # noqa: E402
 from dpbench.privacy.per_sample import LayerGrads  # noqa: E402
 from dpbench.problems import get_problem  # noqa: E402
-from dpbench.privacy.sampling import PoissonSampler  # noqa: E402
+from dpbench.mechanisms.sampling import PoissonSampler  # noqa: E402
 
 N_TRAIN = {"P1": 50_000, "P2": 60_000, "P3": 60_000}
 SHAPES = {"P1": (3, 32, 32), "P2": (1, 28, 28), "P3": (1, 28, 28)}

@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gpu import SIGMA, build_model, opacus_step, our_step  # noqa: E402
 
 from dpbench.problems import get_problem  # noqa: E402
-from dpbench.privacy.sampling import PoissonSampler  # noqa: E402
+from dpbench.mechanisms.sampling import PoissonSampler  # noqa: E402
 
 WARMUP = 3
 MIN_REPEATS = 5  # docs/speed.md quotes only medians over at least this many repeats

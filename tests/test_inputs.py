@@ -94,7 +94,7 @@ def test_every_mechanism_refuses_a_non_finite_target_or_a_delta_outside_0_1(name
 def test_the_shared_calibration_refuses_a_non_finite_noise_multiplier(sigma):
     """harness.calibrate_noise is what every caller (a grid cell, the audit) gets sigma from."""
     from dpbench.training.harness import calibrate_noise
-    from dpbench.privacy.mechanisms import Plan
+    from dpbench.mechanisms.base import Plan
 
     with pytest.raises(ValueError, match="noise multiplier must be finite and >= 0"):
         calibrate_noise(OPTIMIZERS["dpsgd"], Plan(10, 5, 0.1), target_epsilon=None, noise_multiplier=sigma,
@@ -390,7 +390,8 @@ def test_every_file_written_honours_the_umask(tmp_path, umask):
     import torch  # noqa: F401
 
     from dpbench.reporting import results
-    from dpbench.matrix import dense_factorization, dense_noise, streamed_mechanism, streamed_factorization
+    from dpbench.matrix import dense_factorization, dense_noise, streamed_factorization
+    from dpbench.mechanisms import streamed
     from dpbench.training.train import Checkpoint
 
     metrics = pd.DataFrame({"split": ["train"], "step": [1], "epoch": [1], "loss": [1.0], "accuracy": [0.5],
@@ -402,7 +403,7 @@ def test_every_file_written_honours_the_umask(tmp_path, umask):
     written += [tmp_path / "f.npz", tmp_path / "f.json"]
     dense_noise.write_noise(tmp_path / "noise.npy", fact.noising, 10, 1)
     written += [tmp_path / "noise.npy", dense_noise.meta_path(tmp_path / "noise.npy")]
-    streamed_factorization.save(streamed_mechanism.compute("band-n12-b3"), tmp_path / "band.json")  # a streamed factorization
+    streamed_factorization.save(streamed.compute("band-n12-b3"), tmp_path / "band.json")  # a streamed factorization
     written.append(tmp_path / "band.json")
     cfg = RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=2, seed=3, epsilon=2.0)
     Checkpoint(tmp_path / "run.ckpt", cfg).save({"step": 1})

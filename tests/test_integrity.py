@@ -276,7 +276,7 @@ def dice_movements(name, c2=1.0, L=64, steps=12):
     """||release(D) - release(D')|| per step, D' = D without one outlying example that takes
     part in step 1 only; both evaluated along D's parameter trajectory (the same released
     history), noise off. Returns the movements and the noise std per unit sigma."""
-    from dpbench.privacy.noise import GaussianNoise
+    from dpbench.mechanisms.noise import GaussianNoise
     from dpbench.optimizers import get_optimizer
     from dpbench.optimizers.base import Context
 
@@ -324,11 +324,12 @@ def test_dpdice_release_moves_far_beyond_its_calibration_and_dpdice_strict_cover
 
 
 def test_dpdice_strict_accounts_t_gaussian_releases_without_amplification():
-    from dpbench.privacy import accounting
+    from dpbench.mechanisms.base import PlanRequest
     from dpbench.optimizers import get_optimizer
+    from dpbench.privacy import accounting
 
     mech = get_optimizer("dpdice-strict").mechanism
-    plan = mech.plan(60_000, 256, 1)  # P2, one epoch: T = 234 Poisson steps at q = 256 / 60000
+    plan = mech.plan(PlanRequest(60_000, 256, 1))  # P2, one epoch: T = 234 Poisson steps at q = 256 / 60000
     assert plan.steps == 234
     sigma = mech.calibrate(plan, 10.0, 1e-5, "prv")
     one = accounting.gaussian_noise_multiplier(10.0, 1e-5)  # 0.49989, one release of sensitivity 1
@@ -366,7 +367,7 @@ def test_dpdice_runs_say_their_calibration_is_no_guarantee_in_output_table_and_f
 
 
 def test_every_void_calibration_is_worded_so_that_it_is_found():
-    from dpbench.optimizers.projection import PAPER_SENSITIVITY_CAVEAT
+    from dpbench.mechanisms.projection import PAPER_SENSITIVITY_CAVEAT
     from dpbench.optimizers.dice import CAVEAT
     from dpbench.reporting.results import NO_GUARANTEE
 

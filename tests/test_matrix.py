@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from dpbench.privacy import accounting
 from dpbench.matrix import cache, dense_factorization, dense_noise, sensitivity
 from dpbench.matrix.dual import dual_ascent
 from dpbench.matrix.fixed_point import fixed_point
-from dpbench.matrix.participation import FixedBatchSampler
+from dpbench.mechanisms.sampling import FixedBatchSampler
 from dpbench.matrix.workload import gram_inverse, gram_inverse_tridiagonal, objective_workload, prefix_sum, \
     restart_weights
 
@@ -310,21 +311,23 @@ def test_fixed_batches_are_exact_disjoint_and_repeat_every_epoch():
 
 
 def test_single_epoch_refuses_more_than_one_epoch(tmp_path):
+    from dpbench.mechanisms.base import PlanRequest
     from dpbench.optimizers import get_optimizer
 
     for name in ("dpmatrix-se", "dpmatrix-se-lambda"):
         with pytest.raises(ValueError, match="single-epoch .* cannot train for E = 2 epochs"):
-            get_optimizer(name).mechanism.plan(600, 64, 2, None)
-    assert get_optimizer("dpmatrix-me").mechanism.key(600, 64, 2) == "me-k2-b9"
+            get_optimizer(name).mechanism.plan(PlanRequest(600, 64, 2, cache_dir=tmp_path))
+    assert get_optimizer("dpmatrix-me").mechanism.key(PlanRequest(600, 64, 2)) == "me-k2-b9"
 
 
 def test_sigma_is_the_exact_gaussian_calibration(tmp_path):
-    from dpbench.privacy.mechanisms import Plan
+    from dpbench.mechanisms.dense_matrix import DenseMatrixPlan
     from dpbench.optimizers import get_optimizer
 
     mech = get_optimizer("dpmatrix-me").mechanism
     fact = dense_factorization.factorize("me-k3-b4")
-    plan = Plan(64, 12, None, {"factorization": fact, "unused_examples": 0, "factorization_file": "f"})
+    plan = DenseMatrixPlan(batch_size=64, steps=12, sample_rate=None, factorization=fact, factorization_file=Path("f"),
+                           key=fact.key, epochs=3, batches=4, unused_examples=0, noise_file=None, cache_dir=tmp_path)
     for eps in (1.0, 10.0):
         sigma = mech.calibrate(plan, eps, 1e-5, "prv")
         assert accounting.gaussian_delta(eps, fact.sensitivity / sigma) == pytest.approx(1e-5, rel=1e-6)

@@ -5,19 +5,20 @@ the run's plan reads."""
 
 import json
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from dpbench.pipeline.grid import Cell
-from dpbench.matrix import banded, blt, cache, streamed_mechanism, streamed_factorization
+from dpbench.matrix import banded, blt, cache, streamed_factorization
+from dpbench.mechanisms import cyclic_poisson, streamed
+from dpbench.mechanisms.base import PlanRequest
 from dpbench.matrix.streamed_factorization import StreamingFactorizationError
 from dpbench.optimizers import get_optimizer
 
 
-def cfg(**kw):
-    return SimpleNamespace(**{"hyperparameters": {}, "epsilon": None, "delta": 1e-5, **kw})
+def request(n_train, batch_size, epochs, epsilon=None, **kw):
+    return PlanRequest(n_train, batch_size, epochs, target_epsilon=epsilon, **{"delta": 1e-5, **kw})
 
 
 @pytest.fixture(autouse=True)
@@ -28,18 +29,18 @@ def _cache_dir(tmp_path, monkeypatch):
 def test_keys_name_what_determines_the_strategy():
     band, blt_mech, amp = (get_optimizer(n).mechanism for n in ("dpmatrix-band", "dpmatrix-blt", "dpmatrix-band-amp"))
     # Setup 2, L = 32: b' = 1875 steps per epoch, one epoch
-    assert band.key(60_000, 32, 1, cfg()) == "band-n1875-b64"  # auto: min(64, b', T)
-    assert band.key(60_000, 32, 1, cfg(hyperparameters={"bands": 16})) == "band-n1875-b16"
-    assert blt_mech.key(60_000, 32, 1, cfg()) == "blt-n1875-sep1875-k1-mauto"
+    assert band.key(request(60_000, 32, 1)) == "band-n1875-b64"  # auto: min(64, b', T)
+    assert band.key(request(60_000, 32, 1, hyperparameters={"bands": 16})) == "band-n1875-b16"
+    assert blt_mech.key(request(60_000, 32, 1)) == "blt-n1875-sep1875-k1-mauto"
     # Setup 3, P1, L = 1024: b' = 48, k = 30, T = 1440
-    assert band.key(50_000, 1024, 30, cfg()) == "band-n1440-b48"
-    assert blt_mech.key(50_000, 1024, 30, cfg(hyperparameters={"buffers": 2})) == "blt-n1440-sep48-k30-m2"
+    assert band.key(request(50_000, 1024, 30)) == "band-n1440-b48"
+    assert blt_mech.key(request(50_000, 1024, 30, hyperparameters={"buffers": 2})) == "blt-n1440-sep48-k30-m2"
     # amplified: T = round(E N / L) = 1465; auto names (N, L, T, epsilon, delta); a given b is a plain band
-    assert amp.key(50_000, 1024, 30, cfg(epsilon=1.0)) == "band-auto-N50000-L1024-n1465-eps1-delta1e-05"
-    assert amp.key(50_000, 1024, 30, cfg(epsilon=0.5, delta=1e-6)) == "band-auto-N50000-L1024-n1465-eps0.5-delta1e-06"
-    assert amp.key(50_000, 1024, 30, cfg(hyperparameters={"bands": 48})) == "band-n1465-b48"
+    assert amp.key(request(50_000, 1024, 30, epsilon=1.0)) == "band-auto-N50000-L1024-n1465-eps1-delta1e-05"
+    assert amp.key(request(50_000, 1024, 30, epsilon=0.5, delta=1e-6)) == "band-auto-N50000-L1024-n1465-eps0.5-delta1e-06"
+    assert amp.key(request(50_000, 1024, 30, hyperparameters={"bands": 48})) == "band-n1465-b48"
     with pytest.raises(ValueError, match="b <= N / L"):
-        amp.key(50_000, 1024, 30, cfg(hyperparameters={"bands": 49}))
+        amp.key(request(50_000, 1024, 30, hyperparameters={"bands": 49}))
     # single participation does not depend on b': canonical separation n
     assert streamed_factorization.blt_key(100, 7, 1, None) == streamed_factorization.blt_key(100, 100, 5, None) == \
         "blt-n100-sep100-k1-mauto"
@@ -67,7 +68,7 @@ def test_bad_keys_are_refused(key, why):
 def test_file_round_trips_exactly_and_plan_reads_it_without_optimising(tmp_path, monkeypatch):
     def no(*a, **k):
         raise AssertionError("a run with a cached factorization must not optimise")
-    for module, name in ((blt, "optimize"), (banded, "optimize"), (streamed_mechanism, "choose_bands")):
+    for module, name in ((blt, "optimize"), (banded, "optimize"), (cyclic_poisson, "choose_bands")):
         monkeypatch.setattr(module, name, no)
     key = "blt-n30-sep10-k3-m2"
     strategy = blt.BLT.from_pair([0.9, 0.3], [0.7, 0.1], 30)
@@ -77,34 +78,34 @@ def test_file_round_trips_exactly_and_plan_reads_it_without_optimising(tmp_path,
     streamed_factorization.save(streamed_factorization.load(cached, key), path)
     assert path.read_text() == cached.read_text()  # exact decimal float64: the round trip is the identity
     mech = get_optimizer("dpmatrix-blt").mechanism
-    for run in (cfg(hyperparameters={"buffers": 2}, factorization=str(path)),
-                cfg(hyperparameters={"buffers": 2}, cache_dir=str(tmp_path / "c"))):
-        plan = mech.plan(600, 60, 3, run)
-        np.testing.assert_array_equal(plan.extras["factorization"].theta, strategy.theta)
+    for run in (request(600, 60, 3, hyperparameters={"buffers": 2}, factorization=path),
+                request(600, 60, 3, hyperparameters={"buffers": 2}, cache_dir=tmp_path / "c")):
+        plan = mech.plan(run)
+        np.testing.assert_array_equal(plan.factorization.theta, strategy.theta)
         # the sensitivity is recomputed from the loaded coefficients and the run's Pi(b' = 10, k = 3)
-        assert plan.extras["sensitivity"] == strategy.sensitivity(10, 3)
-        assert plan.extras["factorization_key"] == key
-    assert plan.extras["factorization_file"] == str(cached)
+        assert plan.sensitivity == strategy.sensitivity(10, 3)
+        assert plan.factorization_key == key
+    assert plan.factorization_file == cached
 
 
 def test_amplified_auto_reads_the_band_search_from_its_file(tmp_path, monkeypatch):
     key = "band-auto-N600-L60-n30-eps1-delta1e-05"
     mech = get_optimizer("dpmatrix-band-amp").mechanism
-    run = cfg(epsilon=1.0, cache_dir=str(tmp_path))
-    plan = mech.plan(600, 60, 3, run)
-    assert plan.extras["factorization_key"] == key and (tmp_path / "streaming" / f"{key}.json").exists()
-    proxies = {e["bands"]: e["proxy"] for e in plan.extras["band_search"]}
-    assert plan.extras["bands"] == min(proxies, key=proxies.get)
-    monkeypatch.setattr(streamed_mechanism, "choose_bands", lambda *a, **k: pytest.fail("the search ran again"))
-    again = mech.plan(600, 60, 3, run)
-    assert again.extras["bands"] == plan.extras["bands"] and again.sample_rate == plan.sample_rate
+    run = request(600, 60, 3, epsilon=1.0, cache_dir=tmp_path)
+    plan = mech.plan(run)
+    assert plan.factorization_key == key and (tmp_path / "streaming" / f"{key}.json").exists()
+    proxies = {e["bands"]: e["proxy"] for e in plan.band_search}
+    assert plan.bands == min(proxies, key=proxies.get)
+    monkeypatch.setattr(cyclic_poisson, "choose_bands", lambda *a, **k: pytest.fail("the search ran again"))
+    again = mech.plan(run)
+    assert again.bands == plan.bands and again.sample_rate == plan.sample_rate
     # another target epsilon is another search, hence another file
-    assert mech.key(600, 60, 3, cfg(epsilon=10.0)) != key
+    assert mech.key(request(600, 60, 3, epsilon=10.0)) != key
 
 
 def damaged(tmp_path, key, edit):
     path = tmp_path / f"{key}.json"
-    streamed_factorization.save(streamed_mechanism.compute(key), path)
+    streamed_factorization.save(streamed.compute(key), path)
     record = json.loads(path.read_text())
     edit(record)
     path.write_text(json.dumps(record))
@@ -132,17 +133,17 @@ def test_damaged_files_are_refused_naming_the_check_and_the_fix(tmp_path, key, e
 
 def test_a_file_for_another_setting_and_unreadable_files_are_refused(tmp_path):
     path = tmp_path / "f.json"
-    streamed_factorization.save(streamed_mechanism.compute("band-n40-b5"), path)
+    streamed_factorization.save(streamed.compute("band-n40-b5"), path)
     with pytest.raises(StreamingFactorizationError, match="is for 'band-n40-b5', but this run needs 'band-n40-b4'"):
         streamed_factorization.load(path, "band-n40-b4")
     mech = get_optimizer("dpmatrix-band").mechanism
     with pytest.raises(StreamingFactorizationError, match="this run needs 'band-n30-b10'"):
-        mech.plan(600, 60, 3, cfg(factorization=str(path)))
+        mech.plan(request(600, 60, 3, factorization=path))
     path.write_text(path.read_text()[:100])  # truncated
     with pytest.raises(StreamingFactorizationError, match="unreadable"):
         streamed_factorization.load(path)
     with pytest.raises(ValueError, match="does not exist"):
-        mech.plan(600, 60, 3, cfg(factorization=str(tmp_path / "missing.json")))
+        mech.plan(request(600, 60, 3, factorization=tmp_path / "missing.json"))
 
 
 def test_workflow_names_the_file_the_plan_reads(tmp_path):
@@ -154,10 +155,10 @@ def test_workflow_names_the_file_the_plan_reads(tmp_path):
         cell = Cell("P2", name, 60, 2, 2.0, 0.1, 0, 123, hp)
         files = cell.cache_files(train, tmp_path)
         assert set(files) == {"factorization"}
-        run = cfg(hyperparameters=dict(hp), epsilon=2.0, delta=1e-6, cache_dir=str(tmp_path))
-        plan = get_optimizer(name).mechanism.plan(600, 60, 2, run)
-        assert files["factorization"] == cache.streaming_path(tmp_path, plan.extras["factorization_key"])
-        assert plan.extras["factorization_file"] == str(files["factorization"])
+        run = request(600, 60, 2, hyperparameters=dict(hp), epsilon=2.0, delta=1e-6, cache_dir=tmp_path)
+        plan = get_optimizer(name).mechanism.plan(run)
+        assert files["factorization"] == cache.streaming_path(tmp_path, plan.factorization_key)
+        assert plan.factorization_file == files["factorization"]
     assert Cell("P2", "dpsgd", 60, 2, 2.0, 0.1, 0, 123).cache_files(train, tmp_path) == {}
     dense = Cell("P2", "dpmatrix-se", 60, 1, 2.0, 0.1, 0, 123).cache_files(train, tmp_path)
     assert dense["factorization"].parent.name == "se-k1-b10" and dense["noise"].suffix == ".npy"
@@ -270,4 +271,4 @@ def test_hp_flags_carry_auto_and_integers():
     assert args.hp == [("bands", "auto"), ("buffers", 3)]
     mech = get_optimizer("dpmatrix-band").mechanism
     with pytest.raises(ValueError, match="'bands' must be a positive integer or 'auto', got 'abc'"):
-        mech.key(600, 60, 1, cfg(hyperparameters={"bands": "abc"}))
+        mech.key(request(600, 60, 1, hyperparameters={"bands": "abc"}))

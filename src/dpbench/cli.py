@@ -230,11 +230,11 @@ def cmd_factorize(args) -> int:
         if path:
             refuse_special(path, f"argument {option}:")
     if streamed_factorization.is_key(args.key):  # a streamed mechanism's: one JSON file, no noise file
-        from dpbench.matrix import streamed_mechanism
+        from dpbench.mechanisms import streamed
 
         if args.tol is not None or args.report:
             raise ValueError(f"--tol and --report apply to dense factorizations, not to {args.key!r}")
-        streamed_factorization.save(streamed_mechanism.compute(args.key), args.out)
+        streamed_factorization.save(streamed.compute(args.key), args.out)
         print(Path(args.out).read_text(), end="")
         return 0
     fact = dense_factorization.factorize(args.key, tol=args.tol, log=log_stderr)

@@ -102,7 +102,7 @@ def dataset_manifest(wildcards):
     return f"{RESULTS}/data/{CELLS[wildcards.cell].dataset}.json"
 
 
-# Matrix mechanisms (dpbench.matrix): a training cell of a dense dpmatrix-* optimizer needs its
+# Matrix mechanisms (dpbench.mechanisms): a training cell of a dense dpmatrix-* optimizer needs its
 # factorization (keyed by kind, k, b, tau) and its noise file (keyed by the factorization,
 # the parameter count d and the run seed); a cell of a streamed one (dpmatrix-band,
 # dpmatrix-band-amp, dpmatrix-blt) only its factorization (keyed by what determines it:
@@ -132,7 +132,7 @@ def train_code(wildcards):
 
 
 MATRIX_CODE = modules_fingerprint(("dpbench.matrix.dense_factorization", "dpbench.matrix.dense_noise"))
-STREAMING_CODE = modules_fingerprint(("dpbench.matrix.streamed_mechanism",))
+STREAMING_CODE = modules_fingerprint(("dpbench.mechanisms.streamed",))
 
 
 # Training runs that share one GPU at a time: the profile's `resources: gpu_slots` (each run

@@ -85,7 +85,7 @@ def scores(trials: Trials) -> dict[str, np.ndarray]:
     elif family == "banded-lr":
         strategy = claim.strategy
         primary = _banded_lr_scores(trials.y, strategy, trials.extras["groups"], s, trials.noise_std,
-                                    claim.plan.sample_rate, claim.plan.extras["bands"])
+                                    claim.plan.sample_rate, claim.plan.bands)
     else:
         raise ValueError(f"unknown audit statistic {family!r}")
     return {primary_name(trials): primary, "S_diff": statistics.s_diff(y, strategy)}
@@ -104,7 +104,7 @@ def claim_record(spec: OptimizerSpec, trials_or_claim, hyper: dict, problem: Aud
                     "steps": problem.steps},
     }
     if claim.strategy is not None:
-        fact = plan.extras.get("factorization")
+        fact = getattr(plan, "factorization", None)
         record.update({"factorization": getattr(fact, "key", type(fact).__name__),
                        "strategy_sensitivity": claim.strategy_sensitivity})
     return record

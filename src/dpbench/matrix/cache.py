@@ -71,7 +71,7 @@ def ensure_file(path: Path, make: Callable[[Path], None], log: Callable[[str], N
                 message: str | None = None) -> Path:
     """``path``, made by ``make(path)`` if missing, under an exclusive lock (concurrent runs make
     each file once; ``make`` writes atomically); ``message`` is logged before making it. Dense
-    factorizations, noise files and the streamed mechanisms' factorizations (matrix/streamed_mechanism.py)
+    factorizations, noise files and the streamed mechanisms' factorizations (mechanisms/streamed.py)
     are made this way."""
     if path.exists():
         return path

@@ -1,7 +1,7 @@
 """A streaming mechanism's factorization on disk: its key, its file, and what loading verifies.
 
 The strategies of ``dpmatrix-band``, ``dpmatrix-band-amp`` and ``dpmatrix-blt``
-(matrix/streamed_mechanism.py) are a few hundred numbers, but computing them takes up to ~10 s (a BLT's
+(dpbench.mechanisms.streamed) are a few hundred numbers, but computing them takes up to ~10 s (a BLT's
 derivative-free search, amplified BandMF's band search), so the workflow computes each once, as
 a stage of its own, and every training cell that needs it reads the file
 (``dpbench train --factorization``), as the dense mechanisms' cells read theirs. A key names

@@ -1,6 +1,6 @@
 """The matrix-factorization mechanism behind the ``dpmatrix-*`` optimizers.
 
-Privacy argument. With fixed batches (participation.py) the gradients G (T x d, rows the
+Privacy argument. With fixed batches (sampling.FixedBatchSampler) the gradients G (T x d, rows the
 clipped sums, each example contributing a vector of norm <= s at the steps of its pattern)
 are privatised once, as a whole, by the Gaussian mechanism C G + sigma s Z with
 Z ~ N(0, I): its L2 sensitivity is s sens(C) (sensitivity.py), and sigma is calibrated
@@ -22,64 +22,41 @@ from __future__ import annotations
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
-import torch
-
-from dpbench.privacy import accounting, profiles
 from dpbench.matrix import cache, dense_factorization
+from dpbench.matrix.dense_factorization import Factorization
 from dpbench.matrix.dense_noise import NoiseFile, read_meta, row_variances
-from dpbench.matrix.participation import FixedBatchSampler
 from dpbench.matrix.sensitivity import prefix_sensitivity
-from dpbench.privacy.mechanisms import AuditSpec, Plan
+from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest
+from dpbench.mechanisms.noise import CorrelatedNoise
+from dpbench.mechanisms.sampling import FixedBatchSampler
+from dpbench.privacy import accounting, profiles
 
 
 def _log(message: str) -> None:
     print(f"[matrix] {message}", file=sys.stderr, flush=True)
 
 
-class CorrelatedNoise:
-    """NoiseSource: step t gets row t of C^-1 Z, split into the shapes of the parameters.
-    The file is opened at the first step, when d (the parameter count) is known: ``resolve(d)``
-    returns it open (and, from ``MatrixMechanism.noise``, verified)."""
+@dataclass(frozen=True, kw_only=True)
+class DenseMatrixPlan(Plan):
+    """A dense matrix mechanism's plan: the verified factorization (C, C^-1, sens(C)) and its
+    file, (k, b) = (E, N // L), and where the noise file comes from (a given one, or the
+    cache's, made at the first step when d is known)."""
 
-    def __init__(self, resolve: Callable[[int], NoiseFile], device: torch.device | str = "cpu"):
-        self.resolve = resolve
-        self.device = torch.device(device)
-        self.file: NoiseFile | None = None
-        self.path: Path | None = None
-        self.step = 0
-        self._row = None
-
-    def sample(self, like: list[torch.Tensor]) -> list[torch.Tensor]:
-        if self.file is None:
-            self.file = self.resolve(sum(t.numel() for t in like))
-            self.path = self.file.path
-            self._row = torch.empty(self.file.dim, dtype=torch.float32)
-        self.file.row(self.step, out=self._row.numpy())
-        self.step += 1
-        flat = self._row.to(like[0].device, non_blocking=False) if like[0].device.type != "cpu" else self._row
-        out, i = [], 0
-        for t in like:
-            # on the CPU, flat is the reused row buffer: copy; on a GPU it is a fresh transfer already
-            out.append(flat[i:i + t.numel()].view(t.shape).to(t.dtype, copy=flat is self._row))
-            i += t.numel()
-        return out
-
-    def record(self) -> dict:
-        """The noise file read (known once the first step gave d), for the run's privacy record."""
-        return {"noise_file": None if self.path is None else str(self.path)}
-
-    def state_dict(self) -> dict:
-        return {"step": self.step, "path": None if self.path is None else str(self.path)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"])
+    factorization: Factorization
+    factorization_file: Path
+    key: str  # (kind, k, b, tau), dense_factorization.make_key
+    epochs: int  # k
+    batches: int  # b = N // L
+    unused_examples: int  # N - b L: never in a batch
+    noise_file: Path | None  # given (dpbench train --noise-file), else the cache's
+    cache_dir: Path
 
 
 class MatrixMechanism:
-    """Mechanism (dpbench.privacy.mechanisms) for the single-epoch (``single_epoch=True``) and the
+    """Mechanism (dpbench.mechanisms.base) for the single-epoch (``single_epoch=True``) and the
     multi-epoch matrix mechanisms, optionally convergence-aware (Lambda_tau objective)."""
 
     audit = AuditSpec("matrix", neighbours="zero-out")
@@ -90,8 +67,10 @@ class MatrixMechanism:
         self.name = (f"matrix-factorization-{'single' if single_epoch else 'multi'}-epoch"
                      f"{'-convergence-aware' if convergence_aware else ''}")
 
-    def key(self, n_train: int, batch_size: int, epochs: int, tau: int | None = None) -> str:
+    def key(self, request: PlanRequest) -> str:
         """The factorization a run needs: (kind, k = E, b = N // L, tau)."""
+        n_train, batch_size, epochs = request.n_train, request.batch_size, request.epochs
+        tau = request.hyperparameters.get("tau")
         if batch_size > n_train:
             raise ValueError(f"batch_size {batch_size} exceeds the number of training examples {n_train}")
         if self.single_epoch and epochs > 1:
@@ -100,43 +79,41 @@ class MatrixMechanism:
         return dense_factorization.make_key(self.kind, epochs, n_train // batch_size,
                                       tau if self.convergence_aware else None)
 
-    def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> Plan:
-        hyper = dict(getattr(run_config, "hyperparameters", None) or {})
-        key = self.key(n_train, batch_size, epochs, hyper.get("tau"))
+    def plan(self, request: PlanRequest) -> DenseMatrixPlan:
+        n_train, batch_size, epochs = request.n_train, request.batch_size, request.epochs
+        key = self.key(request)
         batches = n_train // batch_size
-        cache_dir = getattr(run_config, "cache_dir", None) or cache.default_cache_dir()
-        given = getattr(run_config, "factorization", None)
-        path = Path(given) if given else cache.ensure_factorization(cache_dir, key, _log)
+        path = request.factorization or cache.ensure_factorization(request.cache_dir, key, _log)
         fact = dense_factorization.load(path)
         if (fact.epochs, fact.batches) != (epochs, batches) or fact.kind not in (self.kind, "identity") or \
                 (fact.kind != "identity" and fact.key != key):
             raise ValueError(f"factorization {path} is {fact.key!r}, but this run needs {key!r} "
                              f"(k = {epochs} epochs, b = N // L = {n_train} // {batch_size} = {batches} batches)")
-        extras = {"factorization": fact, "factorization_file": str(path), "key": key, "epochs": epochs,
-                  "batches": batches, "noise_file": getattr(run_config, "noise_file", None),
-                  "cache_dir": str(cache_dir), "unused_examples": n_train - batches * batch_size}
-        return Plan(batch_size=batch_size, steps=epochs * batches, sample_rate=None, extras=extras)
+        return DenseMatrixPlan(batch_size=batch_size, steps=epochs * batches, sample_rate=None, factorization=fact,
+                               factorization_file=path, key=key, epochs=epochs, batches=batches,
+                               unused_examples=n_train - batches * batch_size, noise_file=request.noise_file,
+                               cache_dir=request.cache_dir)
 
-    def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float:
+    def calibrate(self, plan: DenseMatrixPlan, target_epsilon: float, delta: float, accountant: str) -> float:
         """Exact: the smallest sigma making one Gaussian release of sensitivity sens(C)
         (epsilon, delta)-DP (Balle & Wang; the accountant argument does not apply)."""
         accounting.check_target(target_epsilon, delta)
         return accounting.gaussian_noise_multiplier(target_epsilon, delta,
-                                                    sensitivity=plan.extras["factorization"].sensitivity)
+                                                    sensitivity=plan.factorization.sensitivity)
 
-    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+    def privacy_profile(self, plan: DenseMatrixPlan, noise_multiplier: float, delta: float, accountant: str):
         """The claim at every epsilon: one Gaussian release with mu = sens(C) / sigma (exact)."""
-        return profiles.gaussian_profile(plan.extras["factorization"].sensitivity / noise_multiplier)
+        return profiles.gaussian_profile(plan.factorization.sensitivity / noise_multiplier)
 
-    def strategy_matrix(self, plan: Plan):
+    def strategy_matrix(self, plan: DenseMatrixPlan):
         """C, the dense T x T strategy the release C G + sigma s Z uses."""
-        return plan.extras["factorization"].strategy
+        return plan.factorization.strategy
 
-    def strategy_sensitivity(self, plan: Plan) -> float:
-        return plan.extras["factorization"].sensitivity
+    def strategy_sensitivity(self, plan: DenseMatrixPlan) -> float:
+        return plan.factorization.sensitivity
 
-    def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
-        fact = plan.extras["factorization"]
+    def report(self, plan: DenseMatrixPlan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
+        fact = plan.factorization
         k, b = fact.epochs, fact.batches
         planned_sens = fact.sensitivity
         done_sens = planned_sens if steps >= plan.steps else (
@@ -155,31 +132,30 @@ class MatrixMechanism:
             "accountant": "analytic-gaussian (one release, Balle & Wang 2018)",
             "strategy_sensitivity": planned_sens, "strategy_sensitivity_steps_taken": done_sens,
             "sampling": (f"fixed batches: one shuffle per run, b = {b} batches of exactly L = {plan.batch_size} "
-                         f"({plan.extras['unused_examples']} examples unused), same order every epoch; "
+                         f"({plan.unused_examples} examples unused), same order every epoch; "
                          "no amplification"),
             "adjacency": "zero-out (one example's gradients replaced by 0 in its batch slot)",
             "matrix": {
                 "key": fact.key, "kind": fact.kind, "epochs": k, "batches": b, "steps": fact.steps,
                 "tau": r.get("tau"), "objective": r.get("objective"), "prefix_sum_error": r.get("prefix_sum_error"),
                 "relative_duality_gap": r.get("relative_duality_gap"), "method": r.get("method"),
-                "digest": fact.digest, "factorization_file": plan.extras["factorization_file"],
+                "digest": fact.digest, "factorization_file": str(plan.factorization_file),
                 "common_random_numbers": "noise depends only on (factorization, d, run seed): runs that differ "
                                          "only in learning rate or epsilon share it",
             },
         }
 
-    def sampler(self, plan: Plan, n_train: int, seed: int, device, lanes: int = 1) -> FixedBatchSampler:
+    def sampler(self, plan: DenseMatrixPlan, n_train: int, seed: int, device, lanes: int = 1) -> FixedBatchSampler:
         return FixedBatchSampler(n_train, plan.batch_size, seed, device, lanes)
 
-    def noise(self, plan: Plan, seed: int, device) -> CorrelatedNoise:
-        fact = plan.extras["factorization"]
+    def noise(self, plan: DenseMatrixPlan, seed: int, device) -> CorrelatedNoise:
+        fact = plan.factorization
 
         def resolve(dim: int) -> NoiseFile:
             """The run's noise file, open, after checking it is the one for (C, d, seed) and that
             every row matches its checksum and its chi-square range (noise_file.py): a damaged
             file stops the run before the first noisy update."""
-            given = plan.extras.get("noise_file")
-            path = Path(given) if given else cache.ensure_noise(plan.extras["cache_dir"], fact, dim, seed, _log)
+            path = plan.noise_file or cache.ensure_noise(plan.cache_dir, fact, dim, seed, _log)
             try:
                 meta = read_meta(path)
             except FileNotFoundError:
