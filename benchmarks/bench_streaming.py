@@ -5,7 +5,7 @@ dpmatrix-band-amp, dpmatrix-blt) at the thesis's Setup 2 and Setup 3 sizes.
    (``streamed.compute``: the optimisation, and for dpmatrix-band-amp with bands = auto the
    band search at the target epsilon) for Setup 2 (P2, N = 60,000, L in {32, 64}, E = 1) and
    Setup 3 (P1 N = 50,000 and P3 N = 60,000, L in {1024, 2048}, E = 30), and what every
-   training cell then pays: loading and verifying the file (``streamed_factorization.load``). Goal:
+   training cell then pays: loading and verifying the file (``streamed_files.load``). Goal:
    <= 10 s each on 2 cores.
 2. Per-step noise cost: ``sample`` of the streamed noise source for the problem's parameter
    count d, against the i.i.d. noise of DP-SGD and against a whole dpbench DP-SGD step (random
@@ -64,7 +64,7 @@ def factorization_job(args) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from dpbench.matrix import streamed_factorization
+    from dpbench.matrix.store import streamed_files
     from dpbench.mechanisms import streamed
     from dpbench.mechanisms.base import PlanRequest
     from dpbench.optimizers import get_optimizer
@@ -77,10 +77,10 @@ def factorization_job(args) -> dict:
     wall, cpu = time.perf_counter() - t, time.process_time() - c
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{key}.json"
-        streamed_factorization.save(computed, path)
+        streamed_files.save(computed, path)
         size = path.stat().st_size
         t = time.perf_counter()
-        streamed_factorization.load(path, key)
+        streamed_files.load(path, key)
         load_s = time.perf_counter() - t
         plan = mech.plan(dataclasses.replace(request, factorization=path))
     fact = plan.factorization

@@ -95,7 +95,7 @@ def test_bench_step_lists_an_unsupported_method_without_ratios(monkeypatch):
 def test_bench_step_p4_batches_are_the_fortunes_training_records(monkeypatch):
     """bench_step.py --problem P4 draws its Poisson batches from the real corpus's token rows."""
     from dpbench.data import fortunes
-    from dpbench.matrix import cache
+    from dpbench.matrix.store import cache
     from dpbench.problems import tokenizer
 
     if not fortunes.SYSTEM_DIRS[0].is_dir():

@@ -20,8 +20,9 @@ from torch import nn
 from conftest import run_cell
 from dpbench.privacy import per_sample
 from dpbench.privacy.clipping import Clipping
-from dpbench.matrix import cache, dense_factorization, dense_noise
-from dpbench.matrix.dense_noise import NoiseFile, NoiseFileError
+from dpbench.matrix import dense_factorization
+from dpbench.matrix.store import cache, dense_files, noise_files
+from dpbench.matrix.store.noise_files import NoiseFile, NoiseFileError
 from dpbench.privacy.per_sample import SampleMixingError, Tape
 from dpbench.problems import PROBLEMS
 
@@ -35,7 +36,7 @@ def fact():
 
 def written(tmp_path, fact, dim=20_000, seed=5, **kw):
     path = tmp_path / "noise.npy"
-    dense_noise.write_noise(path, fact.noising, dim, seed, meta={"factorization_digest": fact.digest}, **kw)
+    noise_files.write_noise(path, fact.noising, dim, seed, meta={"factorization_digest": fact.digest}, **kw)
     return path
 
 
@@ -50,14 +51,14 @@ def zero_rows(path, rows):
 
 def test_row_checksums_are_those_of_the_rows_whatever_the_chunking(tmp_path, fact):
     a = written(tmp_path, fact, dim=5000, chunk_blocks=1)  # five column chunks per row
-    meta = dense_noise.read_meta(a)
+    meta = noise_files.read_meta(a)
     rows = np.load(a)
     assert meta["format_version"] == 2
     assert meta["row_crc32"] == "".join(f"{zlib.crc32(r.tobytes()):08x}" for r in rows)
     b = tmp_path / "b.npy"
-    dense_noise.write_noise(b, fact.noising, 5000, 5, chunk_blocks=4)  # one chunk
-    assert dense_noise.read_meta(b)["row_crc32"] == meta["row_crc32"]
-    NoiseFile(a, dense_noise.row_variances(fact.noising)).verify(meta)  # a sound file passes
+    noise_files.write_noise(b, fact.noising, 5000, 5, chunk_blocks=4)  # one chunk
+    assert noise_files.read_meta(b)["row_crc32"] == meta["row_crc32"]
+    NoiseFile(a, noise_files.row_variances(fact.noising)).verify(meta)  # a sound file passes
 
 
 @pytest.mark.parametrize("rows", [range(12), [6, 7, 8, 9, 10, 11]], ids=["zero-filled", "six-rows-zeroed"])
@@ -65,14 +66,14 @@ def test_damaged_payload_is_refused_naming_the_file_and_the_fix(tmp_path, fact, 
     path = written(tmp_path, fact)
     zero_rows(path, rows)
     with pytest.raises(NoiseFileError, match=rf"{path}: row {rows[0]} does not match the checksum.*delete {path}"):
-        NoiseFile(path).verify(dense_noise.read_meta(path))
+        NoiseFile(path).verify(noise_files.read_meta(path))
 
 
 def test_rows_are_checked_against_the_factorization_even_with_a_matching_sidecar(tmp_path, fact):
     """A sidecar rewritten for damaged content (or a writer bug) still cannot pass: each row's
     norm must be in the chi-square range of a row of C^-1 Z."""
     path = written(tmp_path, fact)
-    meta = dense_noise.read_meta(path)
+    meta = noise_files.read_meta(path)
     zero_rows(path, [3])
     with open(path, "r+b") as f:  # halve row 8 instead of zeroing it
         reader = NoiseFile(path)
@@ -80,7 +81,7 @@ def test_rows_are_checked_against_the_factorization_even_with_a_matching_sidecar
         f.seek(reader.offset + 8 * reader.dim * 4)
         f.write(row.tobytes())
     meta["row_crc32"] = "".join(f"{zlib.crc32(r.tobytes()):08x}" for r in np.load(path))
-    checked = NoiseFile(path, dense_noise.row_variances(fact.noising))
+    checked = NoiseFile(path, noise_files.row_variances(fact.noising))
     with pytest.raises(NoiseFileError, match=r"row 3 has squared norm 0, outside .*delete"):
         checked.verify(meta)
     with pytest.raises(NoiseFileError, match=r"row 8 has squared norm"):
@@ -90,19 +91,19 @@ def test_rows_are_checked_against_the_factorization_even_with_a_matching_sidecar
 
 def test_chi_square_band_has_negligible_false_alarms_and_catches_damage():
     d = cache.PARAMETER_COUNTS["P2"]
-    lo, hi = dense_noise.chi_square_band(d)
+    lo, hi = noise_files.chi_square_band(d)
     assert (lo / d, hi / d) == pytest.approx((0.970, 1.030), abs=1e-3)
     # the Laurent-Massart bounds hold: each tail is below e^-50 (scipy's exact chi-square tails)
     for dim in (1000, 5000, d, cache.PARAMETER_COUNTS["P3"]):
-        lo, hi = dense_noise.chi_square_band(dim)
-        assert stats.chi2.logsf(hi, dim) <= -dense_noise.ROW_CHECK_X
-        assert lo == 0 or stats.chi2.logcdf(lo, dim) <= -dense_noise.ROW_CHECK_X
-    assert 2 * 100_000 * math.exp(-dense_noise.ROW_CHECK_X) < 1e-16  # a whole run of 1e5 rows
+        lo, hi = noise_files.chi_square_band(dim)
+        assert stats.chi2.logsf(hi, dim) <= -noise_files.ROW_CHECK_X
+        assert lo == 0 or stats.chi2.logcdf(lo, dim) <= -noise_files.ROW_CHECK_X
+    assert 2 * 100_000 * math.exp(-noise_files.ROW_CHECK_X) < 1e-16  # a whole run of 1e5 rows
 
 
 def test_old_sidecars_without_checksums_are_refused(tmp_path, fact):
     path = written(tmp_path, fact, dim=3000)
-    meta = dense_noise.read_meta(path)
+    meta = noise_files.read_meta(path)
     del meta["row_crc32"]
     with pytest.raises(NoiseFileError, match="no row checksums.*delete"):
         NoiseFile(path).verify(meta)
@@ -150,7 +151,7 @@ def test_a_zero_filled_noise_file_stops_the_run(tiny_fmnist, tmp_path):
 
 def saved(tmp_path, fact):
     path = tmp_path / "f.npz"
-    dense_factorization.save(fact, path)
+    dense_files.save(fact, path)
     return path
 
 
@@ -162,15 +163,15 @@ def rewrite(path, **arrays):
 
 
 def test_loaded_sensitivity_is_recomputed_from_c(tmp_path, fact):
-    back = dense_factorization.load(saved(tmp_path, fact))
+    back = dense_files.load(saved(tmp_path, fact))
     assert back.sensitivity == pytest.approx(fact.sensitivity, rel=1e-12)
     with np.load(tmp_path / "f.npz") as z:
         report = json.loads(str(z["report"]))
     report["sensitivity"] = 0.5  # a report claiming half the true sensitivity would halve sigma
     rewrite(tmp_path / "f.npz", report=np.array(json.dumps(report)))
-    with pytest.raises(dense_factorization.FactorizationError,
+    with pytest.raises(dense_files.FactorizationError,
                        match=r"f\.npz is refused: its recorded sensitivity 0\.5 is not the sensitivity of C.*delete"):
-        dense_factorization.load(tmp_path / "f.npz")
+        dense_files.load(tmp_path / "f.npz")
 
 
 @pytest.mark.parametrize("damage,match", [
@@ -182,8 +183,8 @@ def test_loaded_sensitivity_is_recomputed_from_c(tmp_path, fact):
 def test_inconsistent_matrices_are_refused(tmp_path, fact, damage, match):
     path = saved(tmp_path, fact)
     rewrite(path, **damage(fact))
-    with pytest.raises(dense_factorization.FactorizationError, match=match):
-        dense_factorization.load(path)
+    with pytest.raises(dense_files.FactorizationError, match=match):
+        dense_files.load(path)
 
 
 @pytest.mark.parametrize("how", ["truncated", "zeroed"])
@@ -191,8 +192,8 @@ def test_unreadable_factorization_names_the_file(tmp_path, fact, how):
     path = saved(tmp_path, fact)
     raw = path.read_bytes()
     path.write_bytes(raw[: len(raw) // 2] if how == "truncated" else bytes(len(raw)))
-    with pytest.raises(dense_factorization.FactorizationError, match=rf"factorization file {path} is unreadable.*delete"):
-        dense_factorization.load(path)
+    with pytest.raises(dense_files.FactorizationError, match=rf"factorization file {path} is unreadable.*delete"):
+        dense_files.load(path)
 
 
 # -- layers that mix samples are refused ---------------------------------------------------------

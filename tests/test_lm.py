@@ -13,7 +13,7 @@ import torch
 
 from conftest import REPO, run_cell
 from dpbench.data import fortunes
-from dpbench.matrix import cache
+from dpbench.matrix.store import cache
 from dpbench.pipeline.grid import expand, load_config
 from dpbench.problems import get_problem, language, tokenizer
 from dpbench.reporting.results import read_meta

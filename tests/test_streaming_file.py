@@ -1,4 +1,4 @@
-"""The streamed mechanisms' factorizations as a cached stage (dpbench.matrix.streamed_factorization):
+"""The streamed mechanisms' factorizations as a cached stage (dpbench.matrix.store: keys, streamed_files):
 keys name what determines a strategy, files round-trip exactly, damaged, stale and mismatched
 files are refused, a run with a cached file does not optimise, and the workflow names the file
 the run's plan reads."""
@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from dpbench.pipeline.grid import Cell
-from dpbench.matrix import banded, blt, cache, streamed_factorization
+from dpbench.matrix import banded, blt
+from dpbench.matrix.store import cache, keys, streamed_files
 from dpbench.mechanisms import cyclic_poisson, streamed
 from dpbench.mechanisms.base import PlanRequest
-from dpbench.matrix.streamed_factorization import StreamingFactorizationError
+from dpbench.matrix.store.streamed_files import StreamingFactorizationError
 from dpbench.optimizers import get_optimizer
 
 
@@ -42,17 +43,17 @@ def test_keys_name_what_determines_the_strategy():
     with pytest.raises(ValueError, match="b <= N / L"):
         amp.key(request(50_000, 1024, 30, hyperparameters={"bands": 49}))
     # single participation does not depend on b': canonical separation n
-    assert streamed_factorization.blt_key(100, 7, 1, None) == streamed_factorization.blt_key(100, 100, 5, None) == \
+    assert keys.blt_key(100, 7, 1, None) == keys.blt_key(100, 100, 5, None) == \
         "blt-n100-sep100-k1-mauto"
-    assert streamed_factorization.blt_key(100, 30, 9, 3) == "blt-n100-sep30-k4-m3"  # k' = min(k, ceil(n / b'))
+    assert keys.blt_key(100, 30, 9, 3) == "blt-n100-sep30-k4-m3"  # k' = min(k, ceil(n / b'))
 
 
 @pytest.mark.parametrize("key", ["band-n1875-b64", "blt-n100-sep30-k4-m3", "blt-n100-sep100-k1-mauto",
                                  "band-auto-N50000-L1024-n1465-eps1-delta1e-05",
                                  "band-auto-N600-L60-n30-eps0.25-delta1e-05"])
 def test_keys_parse_back(key):
-    assert streamed_factorization.is_key(key)
-    kind, params = streamed_factorization.parse_key(key)
+    assert keys.is_streamed_key(key)
+    kind, params = keys.parse_streamed_key(key)
     assert kind == key.split("-n")[0].split("-N")[0]
     assert params["n"] == int(key.split("-n")[1].split("-")[0])
 
@@ -62,7 +63,7 @@ def test_keys_parse_back(key):
                                      ("blt-n100-sep30-k4-m9", "buffers must be"), ("me-k30-b48", "not a streaming")])
 def test_bad_keys_are_refused(key, why):
     with pytest.raises(ValueError, match=why):
-        streamed_factorization.parse_key(key)
+        keys.parse_streamed_key(key)
 
 
 def test_file_round_trips_exactly_and_plan_reads_it_without_optimising(tmp_path, monkeypatch):
@@ -73,9 +74,9 @@ def test_file_round_trips_exactly_and_plan_reads_it_without_optimising(tmp_path,
     key = "blt-n30-sep10-k3-m2"
     strategy = blt.BLT.from_pair([0.9, 0.3], [0.7, 0.1], 30)
     cached = cache.streaming_path(tmp_path / "c", key)  # as the workflow's factorize stage leaves it
-    streamed_factorization.save(streamed_factorization.StreamingFactorization(key, strategy), cached)
+    streamed_files.save(streamed_files.StreamingFactorization(key, strategy), cached)
     path = tmp_path / "f.json"
-    streamed_factorization.save(streamed_factorization.load(cached, key), path)
+    streamed_files.save(streamed_files.load(cached, key), path)
     assert path.read_text() == cached.read_text()  # exact decimal float64: the round trip is the identity
     mech = get_optimizer("dpmatrix-blt").mechanism
     for run in (request(600, 60, 3, hyperparameters={"buffers": 2}, factorization=path),
@@ -105,7 +106,7 @@ def test_amplified_auto_reads_the_band_search_from_its_file(tmp_path, monkeypatc
 
 def damaged(tmp_path, key, edit):
     path = tmp_path / f"{key}.json"
-    streamed_factorization.save(streamed.compute(key), path)
+    streamed_files.save(streamed.compute(key), path)
     record = json.loads(path.read_text())
     edit(record)
     path.write_text(json.dumps(record))
@@ -127,21 +128,21 @@ def damaged(tmp_path, key, edit):
 def test_damaged_files_are_refused_naming_the_check_and_the_fix(tmp_path, key, edit, why):
     path = damaged(tmp_path, key, edit)
     with pytest.raises(StreamingFactorizationError, match=why) as exc:
-        streamed_factorization.load(path, key)
+        streamed_files.load(path, key)
     assert str(path) in str(exc.value) and "delete" in str(exc.value)
 
 
 def test_a_file_for_another_setting_and_unreadable_files_are_refused(tmp_path):
     path = tmp_path / "f.json"
-    streamed_factorization.save(streamed.compute("band-n40-b5"), path)
+    streamed_files.save(streamed.compute("band-n40-b5"), path)
     with pytest.raises(StreamingFactorizationError, match="is for 'band-n40-b5', but this run needs 'band-n40-b4'"):
-        streamed_factorization.load(path, "band-n40-b4")
+        streamed_files.load(path, "band-n40-b4")
     mech = get_optimizer("dpmatrix-band").mechanism
     with pytest.raises(StreamingFactorizationError, match="this run needs 'band-n30-b10'"):
         mech.plan(request(600, 60, 3, factorization=path))
     path.write_text(path.read_text()[:100])  # truncated
     with pytest.raises(StreamingFactorizationError, match="unreadable"):
-        streamed_factorization.load(path)
+        streamed_files.load(path)
     with pytest.raises(ValueError, match="does not exist"):
         mech.plan(request(600, 60, 3, factorization=tmp_path / "missing.json"))
 
@@ -166,7 +167,7 @@ def test_workflow_names_the_file_the_plan_reads(tmp_path):
 
 def test_noise_estimate_counts_dense_files_only(tmp_path, capsys):
     from dpbench.cli import main
-    from dpbench.matrix.dense_noise import file_bytes
+    from dpbench.matrix.store.noise_files import file_bytes
 
     config = tmp_path / "c.yaml"
     config.write_text(f"""results_dir: {tmp_path / 'results'}
@@ -197,7 +198,7 @@ def test_factorize_command_writes_a_streaming_key(tmp_path):
 
     out = tmp_path / "f.json"
     assert main(["factorize", "--key", "band-n50-b4", "--out", str(out)]) == 0
-    fact = streamed_factorization.load(out, "band-n50-b4")
+    fact = streamed_files.load(out, "band-n50-b4")
     assert fact.strategy.bands == 4 and math.isclose(np.linalg.norm(fact.strategy.coef), 1.0, rel_tol=1e-12)
     assert main(["factorize", "--key", "band-n50-b4", "--out", str(out), "--tol", "1e-3"]) == 2
 

@@ -106,7 +106,7 @@ def dataset_manifest(wildcards):
 # factorization (keyed by kind, k, b, tau) and its noise file (keyed by the factorization,
 # the parameter count d and the run seed); a cell of a streamed one (dpmatrix-band,
 # dpmatrix-band-amp, dpmatrix-blt) only its factorization (keyed by what determines it:
-# dpbench.matrix.streamed_factorization). Rules factorize, factorize_streaming and noise (matrix.smk)
+# dpbench.matrix.store.keys). Rules factorize, factorize_streaming and noise (matrix.smk)
 # make them once and every cell that shares them reads them (common random numbers).
 MATRIX_CACHE = f"{RESULTS}/cache/matrix"
 STREAMING_CACHE = f"{RESULTS}/cache/streaming"
@@ -131,7 +131,7 @@ def train_code(wildcards):
     return optimizer_fingerprint(CELLS[wildcards.cell].optimizer)
 
 
-MATRIX_CODE = modules_fingerprint(("dpbench.matrix.dense_factorization", "dpbench.matrix.dense_noise"))
+MATRIX_CODE = modules_fingerprint(("dpbench.matrix.store.dense_files", "dpbench.matrix.store.noise_files"))
 STREAMING_CODE = modules_fingerprint(("dpbench.mechanisms.streamed",))
 
 
@@ -161,9 +161,9 @@ def train_group(wildcards):
 
 def matrix_resource(name):
     def resource(wildcards, attempt):
-        from dpbench.matrix.dense_factorization import parse_key
+        from dpbench.matrix.store.keys import parse_dense_key
 
-        _, k, b, _ = parse_key(wildcards.factorization)
+        _, k, b, _ = parse_dense_key(wildcards.factorization)
         return cluster.factorization_resources(k * b, attempt)[name]
 
     return resource

@@ -28,7 +28,7 @@ import pandas as pd
 from dpbench.audit import bounds, statistics
 from dpbench.audit.trials import (AuditProblem, Trials, audit_spec, make_claim, participation_check,
                                   postprocessing_check, problem_size, run_chunk, run_trials)
-from dpbench.matrix.cache import default_cache_dir
+from dpbench.matrix.store.cache import default_cache_dir
 from dpbench.optimizers.registry import OptimizerSpec
 from dpbench.privacy import accounting
 

@@ -46,7 +46,7 @@ from torch import nn
 
 from dpbench.privacy import accounting
 from dpbench.privacy.clipping import Clipping
-from dpbench.matrix.cache import default_cache_dir
+from dpbench.matrix.store.cache import default_cache_dir
 from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest
 from dpbench.training.harness import assemble, calibrate_noise
 from dpbench.optimizers.registry import OptimizerSpec

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpbench.matrix import streamed_factorization
+from dpbench.matrix.store import keys
 from dpbench.mechanisms import cyclic_poisson
 from dpbench.mechanisms.base import AuditSpec, PlanRequest
 from dpbench.mechanisms.noise import BandedNoise
@@ -53,12 +53,11 @@ class AmplifiedBandedMechanism(StreamingMechanism):
             if request.target_epsilon is None:
                 raise ValueError("dpmatrix-band-amp with bands = 'auto' chooses b for the target epsilon: give "
                                  "--epsilon, or set the hyperparameter bands explicitly")
-            return streamed_factorization.band_search_key(n_train, batch_size, steps, request.target_epsilon,
-                                                          request.delta)
+            return keys.band_search_key(n_train, batch_size, steps, request.target_epsilon, request.delta)
         if bands > steps:
             raise ValueError(f"bands = {bands} exceeds the number of steps T = {steps}")
         cyclic_poisson.sample_rate(bands, batch_size, n_train)  # refuses b > N / L
-        return streamed_factorization.band_key(steps, bands)
+        return keys.band_key(steps, bands)
 
     def plan(self, request: PlanRequest) -> AmplifiedBandedPlan:
         key = self.key(request)

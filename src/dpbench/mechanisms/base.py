@@ -21,7 +21,7 @@ from typing import Any, Mapping, Protocol
 
 import torch
 
-from dpbench.matrix.cache import default_cache_dir
+from dpbench.matrix.store.cache import default_cache_dir
 from dpbench.privacy import accounting
 
 
@@ -63,7 +63,7 @@ class PlanRequest:
     hyperparameters: Mapping[str, Any] = field(default_factory=dict)
     target_epsilon: float | None = None
     delta: float = accounting.DELTA
-    cache_dir: Path | None = None  # None: matrix.cache.default_cache_dir()
+    cache_dir: Path | None = None  # None: matrix.store.cache.default_cache_dir()
     factorization: Path | None = None
     noise_file: Path | None = None
 

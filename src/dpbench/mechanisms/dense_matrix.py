@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpbench.matrix import cache, dense_factorization
 from dpbench.matrix.dense_factorization import Factorization
-from dpbench.matrix.dense_noise import NoiseFile, read_meta, row_variances
+from dpbench.matrix.store import cache, dense_files, keys, noise_files
+from dpbench.matrix.store.noise_files import NoiseFile
 from dpbench.matrix.sensitivity import prefix_sensitivity
 from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest
 from dpbench.mechanisms.noise import CorrelatedNoise
@@ -47,7 +46,7 @@ class DenseMatrixPlan(Plan):
 
     factorization: Factorization
     factorization_file: Path
-    key: str  # (kind, k, b, tau), dense_factorization.make_key
+    key: str  # (kind, k, b, tau): keys.dense_key
     epochs: int  # k
     batches: int  # b = N // L
     unused_examples: int  # N - b L: never in a batch
@@ -76,15 +75,14 @@ class MatrixMechanism:
         if self.single_epoch and epochs > 1:
             raise ValueError(f"the single-epoch matrix mechanism ({self.kind}) lets each example participate once: "
                              f"it cannot train for E = {epochs} epochs (use dpmatrix-me{self.kind[2:]} for E > 1)")
-        return dense_factorization.make_key(self.kind, epochs, n_train // batch_size,
-                                      tau if self.convergence_aware else None)
+        return keys.dense_key(self.kind, epochs, n_train // batch_size, tau if self.convergence_aware else None)
 
     def plan(self, request: PlanRequest) -> DenseMatrixPlan:
         n_train, batch_size, epochs = request.n_train, request.batch_size, request.epochs
         key = self.key(request)
         batches = n_train // batch_size
         path = request.factorization or cache.ensure_factorization(request.cache_dir, key, _log)
-        fact = dense_factorization.load(path)
+        fact = dense_files.load(path)
         if (fact.epochs, fact.batches) != (epochs, batches) or fact.kind not in (self.kind, "identity") or \
                 (fact.kind != "identity" and fact.key != key):
             raise ValueError(f"factorization {path} is {fact.key!r}, but this run needs {key!r} "
@@ -152,24 +150,9 @@ class MatrixMechanism:
         fact = plan.factorization
 
         def resolve(dim: int) -> NoiseFile:
-            """The run's noise file, open, after checking it is the one for (C, d, seed) and that
-            every row matches its checksum and its chi-square range (noise_file.py): a damaged
-            file stops the run before the first noisy update."""
+            """The run's noise file (given, else the cache's, written if missing), open and verified
+            to be the one for (C, d, seed) before the first noisy update."""
             path = plan.noise_file or cache.ensure_noise(plan.cache_dir, fact, dim, seed, _log)
-            try:
-                meta = read_meta(path)
-            except FileNotFoundError:
-                raise ValueError(f"noise file {path} has no metadata sidecar {path.with_suffix('.json')}") from None
-            expected = {"steps": fact.steps, "dim": dim, "seed": seed, "factorization_digest": fact.digest}
-            for name, value in expected.items():
-                if meta.get(name) != value:
-                    raise ValueError(f"noise file {path} has {name} = {meta.get(name)!r}, this run needs {value!r} "
-                                     f"(factorization {fact.key}, d = {dim}, noise seed {seed})")
-            t0 = time.perf_counter()
-            file = NoiseFile(path, row_variances(fact.noising))
-            file.verify(meta)
-            _log(f"verified {path} ({file.steps} rows x {file.dim}: checksums and norms) in "
-                 f"{time.perf_counter() - t0:.1f} s")
-            return file  # the run record reads its path from the noise source (CorrelatedNoise.path)
+            return noise_files.open_verified(path, fact, dim, seed, _log)
 
         return CorrelatedNoise(resolve, device)

@@ -8,7 +8,7 @@ anything else the run draws (model init, sampling).
 * ``GaussianNoise``: i.i.d. N(0, 1) (DP-SGD and every Poisson-subsampled Gaussian mechanism);
   ``ProjectionNoise`` is the same noise carrying the random projection's plan constants.
 * ``CorrelatedNoise`` (the dense matrix mechanisms): row t of C^-1 Z read from the run's noise
-  file (dpbench.matrix.dense_noise), verified before the first noisy update.
+  file (dpbench.matrix.store.noise_files), verified before the first noisy update.
 * ``BandedNoise`` and ``BLTNoise`` (the streamed matrix mechanisms): row t of C^-1 Z generated
   on the fly, without a T x d noise file.
 
@@ -41,7 +41,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from dpbench.matrix.dense_noise import NoiseFile
+from dpbench.matrix.store.noise_files import NoiseFile
 
 
 class GaussianNoise:

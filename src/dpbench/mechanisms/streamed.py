@@ -5,7 +5,7 @@ The three ``Mechanism`` objects (dpbench.mechanisms.base) behind ``dpmatrix-band
 step by step from O(b d) or O(m d) state (noise.BandedNoise, noise.BLTNoise); their
 factorizations are a few hundred numbers computed by ``factorize``, a pure function of
 (kind, n, b', k, bands or buffers). Each mechanism names the factorization a run needs by a
-key (``key``; dpbench.matrix.streamed_factorization lists
+key (``key``; dpbench.matrix.store.keys lists
 what each kind of key holds), ``compute`` makes the factorization of a key (the workflow's
 factorize stage, ``dpbench factorize --key``), and ``plan`` reads it from its file
 (``--factorization``, or the cache directory, where a missing file is computed once under a
@@ -45,8 +45,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from dpbench.matrix import banded, blt, cache, streamed_factorization
-from dpbench.matrix.streamed_factorization import StreamingFactorization
+from dpbench.matrix import banded, blt
+from dpbench.matrix.store import cache, keys, streamed_files
+from dpbench.matrix.store.streamed_files import StreamingFactorization
 from dpbench.mechanisms import cyclic_poisson
 from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest
 from dpbench.mechanisms.noise import BandedNoise, BLTNoise
@@ -74,8 +75,8 @@ def factorize(kind: str, steps: int, min_separation: int, participations: int, s
 
 
 def compute(key: str) -> StreamingFactorization:
-    """The factorization a streaming key names (dpbench.matrix.streamed_factorization), computed."""
-    kind, p = streamed_factorization.parse_key(key)
+    """The factorization a streaming key names (dpbench.matrix.store.keys), computed."""
+    kind, p = keys.parse_streamed_key(key)
     if kind == "band":  # C depends on (n, b) only: any b' >= b admits it
         return StreamingFactorization(key, factorize("band", p["n"], p["bands"], 1, p["bands"]))
     if kind == "blt":
@@ -109,10 +110,10 @@ class StreamingMechanism:
             path = request.factorization
         else:
             path = cache.streaming_path(request.cache_dir, key)
-            cache.ensure_file(path, lambda p: streamed_factorization.save(compute(key), p), _log,
+            cache.ensure_file(path, lambda p: streamed_files.save(compute(key), p), _log,
                               f"making factorization {key} into {path}")
         try:
-            return streamed_factorization.load(path, key), path
+            return streamed_files.load(path, key), path
         except FileNotFoundError:
             raise ValueError(f"factorization file {path} does not exist (make it with `dpbench factorize --key {key} "
                              f"--out {path}`, or leave --factorization out to compute it into the cache)") from None
@@ -145,7 +146,7 @@ class _FixedOrderMechanism(StreamingMechanism):
     audit = AuditSpec("matrix", neighbours="zero-out")
 
     def key(self, request: PlanRequest) -> str:
-        """The factorization a run needs (streamed_factorization.py): from (N, L, E) and its
+        """The factorization a run needs (dpbench.matrix.store.keys): from (N, L, E) and its
         ``bands`` or ``buffers``."""
         n_train, batch_size, epochs = request.n_train, request.batch_size, request.epochs
         if not 1 <= batch_size <= n_train:
@@ -223,7 +224,7 @@ class BandedMechanism(_FixedOrderMechanism):
 
     @staticmethod
     def _key(steps: int, batches: int, epochs: int, bands: int) -> str:
-        return streamed_factorization.band_key(steps, bands)
+        return keys.band_key(steps, bands)
 
     @staticmethod
     def _size(hyper: Mapping[str, Any], batches: int, steps: int) -> int:
@@ -258,7 +259,7 @@ class BLTMechanism(_FixedOrderMechanism):
 
     @staticmethod
     def _key(steps: int, batches: int, epochs: int, buffers: int | None) -> str:
-        return streamed_factorization.blt_key(steps, batches, epochs, buffers)
+        return keys.blt_key(steps, batches, epochs, buffers)
 
     @staticmethod
     def _size(hyper: Mapping[str, Any], batches: int, steps: int) -> int | None:

@@ -78,7 +78,7 @@ class Cell:
         """N, the examples the run trains on: the official training set (or its ``train_subset``)
         less the ``validation_size`` held out before batches are cut, plus the canary copies a
         language-model run plants (they are training records: q = L / N counts them)."""
-        from dpbench.matrix.cache import TRAIN_SIZES
+        from dpbench.matrix.store.cache import TRAIN_SIZES
         from dpbench.problems import get_problem
 
         n = TRAIN_SIZES[self.dataset]
@@ -94,7 +94,7 @@ class Cell:
         """The cached files this cell's run reads, under ``cache_dir`` (nothing is computed here):
         a dense matrix mechanism's factorization and noise file, a streamed mechanism's
         factorization (it writes no noise file), nothing for the other optimizers."""
-        from dpbench.matrix import cache
+        from dpbench.matrix.store import cache
         from dpbench.mechanisms.base import PlanRequest
         from dpbench.mechanisms.dense_matrix import MatrixMechanism
         from dpbench.mechanisms.streamed import StreamingMechanism
@@ -375,7 +375,7 @@ def _schema_error(e) -> ConfigError:
 
 def check_train_subset(config: dict[str, Any], cells: list[Cell]) -> None:
     """``train.train_subset`` cannot exceed a dataset's training set (it would be clamped)."""
-    from dpbench.matrix.cache import TRAIN_SIZES
+    from dpbench.matrix.store.cache import TRAIN_SIZES
 
     subset = (config.get("train") or {}).get("train_subset")
     for dataset in sorted({c.dataset for c in cells}):
