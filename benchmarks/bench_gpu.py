@@ -55,13 +55,13 @@ import torch
 
 from dpbench.training import cuda
 from dpbench.privacy.clipping import Clipping, NoClipping
-from dpbench.matrix.dense_mechanism import CorrelatedNoise
-from dpbench.privacy.noise import GaussianNoise
+from dpbench.mechanisms.noise import CorrelatedNoise
+from dpbench.mechanisms.noise import GaussianNoise
 from dpbench.optimizers import get_optimizer
 from dpbench.optimizers.base import Context
 from dpbench.privacy.per_sample_layers import Conv2dGrads, FactorGrads
 from dpbench.problems import get_problem
-from dpbench.privacy.sampling import PoissonSampler
+from dpbench.mechanisms.sampling import PoissonSampler
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -50,6 +50,7 @@ def load_average() -> str:
 
 def run_factorizations(out_dir: Path, keys: list[str], tol: float | None) -> dict[str, dict]:
     from dpbench.matrix import dense_factorization
+    from dpbench.matrix.store import dense_files
 
     reports = {}
     for setup, problem, L, key in FACTORIZATIONS:
@@ -60,7 +61,7 @@ def run_factorizations(out_dir: Path, keys: list[str], tol: float | None) -> dic
         t0 = time.perf_counter()
         fact = dense_factorization.factorize(key, tol=tol)
         wall = time.perf_counter() - t0
-        dense_factorization.save(fact, path)
+        dense_files.save(fact, path)
         reports[key] = {**fact.report, "wall_s": wall, "setup": setup, "problem": problem, "L": L,
                         "load_after": load_average()}
         print(f"  {wall:.1f} s, relative gap {fact.report.get('relative_duality_gap')}", file=sys.stderr, flush=True)
@@ -79,7 +80,7 @@ def factorization_table(reports: dict[str, dict]) -> str:
 
 
 def run_noise(out_dir: Path, max_gb: float, threads: int) -> list[dict]:
-    from dpbench.matrix.cache import PARAMETER_COUNTS
+    from dpbench.matrix.store.cache import PARAMETER_COUNTS
 
     results = []
     for problem, key in NOISE:

@@ -58,6 +58,7 @@ def build(name: str, batch_size: int, threads: int, data_dir: str | None, projec
     import torch
 
     from dpbench.data import image_datasets
+    from dpbench.mechanisms.base import PlanRequest
     from dpbench.privacy.clipping import Clipping, NoClipping
     from dpbench.optimizers import get_optimizer
     from dpbench.optimizers.base import Context
@@ -71,7 +72,7 @@ def build(name: str, batch_size: int, threads: int, data_dir: str | None, projec
     n = len(y)
     torch.manual_seed(0)
     model = problem.build()
-    plan = spec.mechanism.plan(n, batch_size, 1, argparse.Namespace(hyperparameters=hp, delta=1e-5))
+    plan = spec.mechanism.plan(PlanRequest(n, batch_size, 1, hyperparameters=hp, delta=1e-5))
     ctx = Context(model=model, loss_fn=lambda m, xb, yb: problem.per_sample_loss(m, xb, yb), lr=0.01,
                   expected_batch_size=batch_size, noise_multiplier=1.0 if spec.private else 0.0,
                   clipping=Clipping(1.0) if spec.private else NoClipping(),
@@ -82,7 +83,7 @@ def build(name: str, batch_size: int, threads: int, data_dir: str | None, projec
 
 def worker(name: str, batch_size: int, steps: int, warmup: int, threads: int, data_dir: str | None,
            projection: str) -> dict:
-    from dpbench.privacy.sampling import PoissonSampler
+    from dpbench.mechanisms.sampling import PoissonSampler
 
     step, x, y = build(name, batch_size, threads, data_dir, projection)
     n = len(y)
@@ -105,7 +106,7 @@ def worker(name: str, batch_size: int, steps: int, warmup: int, threads: int, da
 def interleaved(names: list[str], batch_size: int, steps: int, warmup: int, threads: int,
                 data_dir: str | None, projection: str) -> list[dict]:
     """Every optimizer in this process, their steps alternating on each batch."""
-    from dpbench.privacy.sampling import PoissonSampler
+    from dpbench.mechanisms.sampling import PoissonSampler
 
     built = {name: build(name, batch_size, threads, data_dir, projection) for name in names}
     x, y = built[names[0]][1], built[names[0]][2]

@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from dpbench.problems import get_problem
-from dpbench.privacy.sampling import PoissonSampler
+from dpbench.mechanisms.sampling import PoissonSampler
 
 
 def _sibling(name: str):

@@ -2,10 +2,10 @@
 dpmatrix-band-amp, dpmatrix-blt) at the thesis's Setup 2 and Setup 3 sizes.
 
 1. Factorization: the workflow's factorize stage for each mechanism's key
-   (``streamed_mechanism.compute``: the optimisation, and for dpmatrix-band-amp with bands = auto the
+   (``streamed.compute``: the optimisation, and for dpmatrix-band-amp with bands = auto the
    band search at the target epsilon) for Setup 2 (P2, N = 60,000, L in {32, 64}, E = 1) and
    Setup 3 (P1 N = 50,000 and P3 N = 60,000, L in {1024, 2048}, E = 30), and what every
-   training cell then pays: loading and verifying the file (``streamed_factorization.load``). Goal:
+   training cell then pays: loading and verifying the file (``streamed_files.load``). Goal:
    <= 10 s each on 2 cores.
 2. Per-step noise cost: ``sample`` of the streamed noise source for the problem's parameter
    count d, against the i.i.d. noise of DP-SGD and against a whole dpbench DP-SGD step (random
@@ -33,6 +33,7 @@ steps several times slower); ``--threads`` sets torch's threads for the noise an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -42,7 +43,6 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 SETUP2 = [("P2", 60_000, L, 1) for L in (32, 64)]
 SETUP3 = [(p, n, L, 30) for p, n in (("P1", 50_000), ("P3", 60_000)) for L in (1024, 2048)]
@@ -64,26 +64,28 @@ def factorization_job(args) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from dpbench.matrix import streamed_mechanism, streamed_factorization
+    from dpbench.matrix.store import streamed_files
+    from dpbench.mechanisms import streamed
+    from dpbench.mechanisms.base import PlanRequest
     from dpbench.optimizers import get_optimizer
 
     mech = get_optimizer(optimizer).mechanism
-    cfg = SimpleNamespace(hyperparameters={}, epsilon=epsilon, delta=1e-5)
-    key = mech.key(n_train, L, epochs, cfg)
+    request = PlanRequest(n_train, L, epochs, target_epsilon=epsilon, delta=1e-5)
+    key = mech.key(request)
     t, c = time.perf_counter(), time.process_time()
-    computed = streamed_mechanism.compute(key)
+    computed = streamed.compute(key)
     wall, cpu = time.perf_counter() - t, time.process_time() - c
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{key}.json"
-        streamed_factorization.save(computed, path)
+        streamed_files.save(computed, path)
         size = path.stat().st_size
         t = time.perf_counter()
-        streamed_factorization.load(path, key)
+        streamed_files.load(path, key)
         load_s = time.perf_counter() - t
-        plan = mech.plan(n_train, L, epochs, SimpleNamespace(**vars(cfg), factorization=str(path)))
-    fact = plan.extras["factorization"]
+        plan = mech.plan(dataclasses.replace(request, factorization=path))
+    fact = plan.factorization
     size_param = getattr(fact, "bands", None) or getattr(fact, "buffers", None)
-    sens = plan.extras.get("sensitivity", plan.extras.get("max_column_norm"))
+    sens = plan.sensitivity if hasattr(plan, "sensitivity") else plan.max_column_norm
     return {"optimizer": optimizer, "problem": problem, "L": L, "epochs": epochs, "epsilon": epsilon, "key": key,
             "T": plan.steps, "size": size_param, "error_mean": fact.error_mean(), "sens": sens,
             "rate": plan.sample_rate, "wall_s": wall, "cpu_s": cpu, "load_ms": 1e3 * load_s, "file_bytes": size,
@@ -108,8 +110,7 @@ def step_job(args) -> dict:
 
     torch.set_num_threads(threads)
     from dpbench.matrix import banded, blt
-    from dpbench.matrix.streamed_noise import BandedNoise, BLTNoise
-    from dpbench.privacy.noise import GaussianNoise
+    from dpbench.mechanisms.noise import BandedNoise, BLTNoise, GaussianNoise
 
     _, like = _like(problem)
     d = sum(p.numel() for p in like)
@@ -143,7 +144,7 @@ def dpsgd_job(args) -> dict:
 
     torch.set_num_threads(threads)
     from dpbench.privacy.clipping import Clipping
-    from dpbench.privacy.noise import GaussianNoise
+    from dpbench.mechanisms.noise import GaussianNoise
     from dpbench.optimizers.base import SGD, Context, DPStep
     from dpbench.problems import get_problem
 
@@ -174,8 +175,9 @@ def errors_job(args) -> list[dict]:
     import torch
 
     torch.set_num_threads(threads)
-    from dpbench.privacy import accounting
+    from dpbench.mechanisms.base import PlanRequest
     from dpbench.optimizers import get_optimizer
+    from dpbench.privacy import accounting
 
     rows = []
     batches = n_train // L
@@ -190,7 +192,7 @@ def errors_job(args) -> list[dict]:
         sigma = accounting.gaussian_noise_multiplier(eps, 1e-5, sensitivity=math.sqrt(epochs))
         row("DP-SGD, fixed batches, no amplification", fixed_steps, "—", sigma, (fixed_steps + 1) / 2)
         for optimizer in dense:
-            key = get_optimizer(optimizer).mechanism.key(n_train, L, epochs)
+            key = get_optimizer(optimizer).mechanism.key(PlanRequest(n_train, L, epochs))
             report = Path(dense_dir or "/nonexistent") / key / "factorization.json"
             if report.exists():
                 r = json.loads(report.read_text())
@@ -198,9 +200,8 @@ def errors_job(args) -> list[dict]:
                 row(f"`{optimizer}` (`{key}`)", r["steps"], "dense", sigma, r["prefix_sum_error"] / r["steps"])
         for optimizer in ("dpmatrix-band", "dpmatrix-band-amp", "dpmatrix-blt"):
             mech = get_optimizer(optimizer).mechanism
-            plan = mech.plan(n_train, L, epochs, SimpleNamespace(hyperparameters={}, epsilon=eps, delta=1e-5,
-                                                                 cache_dir=cache_dir))
-            fact = plan.extras["factorization"]
+            plan = mech.plan(PlanRequest(n_train, L, epochs, target_epsilon=eps, delta=1e-5, cache_dir=cache_dir))
+            fact = plan.factorization
             row(f"`{optimizer}`", plan.steps, getattr(fact, "bands", None) or getattr(fact, "buffers", None),
                 mech.calibrate(plan, eps, 1e-5, "prv"), fact.error_mean())
     return rows

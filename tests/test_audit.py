@@ -17,7 +17,7 @@ from dpbench.audit.trials import (AuditProblem, audit_spec, participation_check,
                                   run_trials, sign_worst_norm)
 from dpbench.reporting import audits as audit_table
 from dpbench.optimizers import OPTIMIZERS, get_optimizer
-from dpbench.privacy.mechanisms import AuditSpec
+from dpbench.mechanisms.base import AuditSpec
 
 SMALL = AuditProblem(dimension=5, examples=20, batch_size=5, steps=40)  # q = 0.25, E = 10
 

@@ -443,9 +443,9 @@ def test_prv_profile_with_delta_fail():
 
 
 def _mechanism(kind: str):
-    from dpbench.matrix.dense_mechanism import MatrixMechanism
-    from dpbench.privacy.mechanisms import PoissonSubsampledGaussian, inverse_sqrt_schedule
-    from dpbench.optimizers.projection import RandomProjectionGaussian
+    from dpbench.mechanisms.dense_matrix import MatrixMechanism
+    from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian, inverse_sqrt_schedule
+    from dpbench.mechanisms.projection import RandomProjectionGaussian
 
     return {"dpsgd": PoissonSubsampledGaussian(),
             "d2p2": RandomProjectionGaussian(inverse_sqrt_schedule, "inverse-sqrt", 0.05, accountant="rdp"),
@@ -456,11 +456,11 @@ def _mechanism(kind: str):
                                                      ("d2p2", "prv", 3.0), ("matrix", "prv", 2.0)])
 def test_mechanism_privacy_profile_matches_the_mechanisms_report(tmp_path, kind, accountant, sigma):
     # the profile at the epsilon the run records is the run's delta, for each accountant
-    from types import SimpleNamespace
+    from dpbench.mechanisms.base import PlanRequest
 
     mechanism = _mechanism(kind)
     hyper = {"projection": "gaussian"} if kind == "d2p2" else {}  # the projection whose bound has delta_fail
-    plan = mechanism.plan(200, 10, 1, SimpleNamespace(delta=DELTA, hyperparameters=hyper, cache_dir=str(tmp_path)))
+    plan = mechanism.plan(PlanRequest(200, 10, 1, hyperparameters=hyper, delta=DELTA, cache_dir=tmp_path))
     recorded = mechanism.report(plan, sigma, plan.steps, DELTA, accountant)["epsilon"]
     prof = mechanism.privacy_profile(plan, sigma, DELTA, accountant)
     assert prof([recorded])[0] == pytest.approx(DELTA, rel=1e-6)

@@ -9,7 +9,8 @@ import torch
 from conftest import run_cell
 from dpbench.privacy import accounting
 from dpbench.training.harness import assemble, build_model, calibrate_noise
-from dpbench.privacy.mechanisms import PoissonSubsampledGaussian
+from dpbench.mechanisms.base import PlanRequest
+from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
 from dpbench.optimizers import get_optimizer
 from dpbench.problems import get_problem
 from dpbench.seeds import stream_seeds
@@ -22,7 +23,7 @@ def _calibrate(name, plan, **kw):
 
 
 def test_calibrate_noise_names_where_sigma_came_from():
-    plan = PoissonSubsampledGaussian().plan(600, 60, 2)  # q = 0.1, T = 20
+    plan = PoissonSubsampledGaussian().plan(PlanRequest(600, 60, 2))  # q = 0.1, T = 20
     sigma, source = _calibrate("dpsgd", plan)
     assert source == "calibrated"
     # the smallest sigma (to the calibration's 0.1%) meeting epsilon 2 under the accountant asked for
@@ -36,7 +37,7 @@ def test_calibrate_noise_names_where_sigma_came_from():
 
 def test_assemble_builds_the_calibrated_clipped_step_and_its_sampler():
     spec = get_optimizer("dpadam")
-    plan = spec.mechanism.plan(600, 60, 2)
+    plan = spec.mechanism.plan(PlanRequest(600, 60, 2))
     model = torch.nn.Linear(4, 3)
     parts = assemble(spec, plan, model, lambda m, x, y: (m(x).sum(1), None), lr=0.01, noise_multiplier=0.7,
                      clip_norm=2.0, normalize_clipping=False, hyperparameters={"beta1": 0.8}, noise_seed=5,
@@ -67,7 +68,7 @@ def test_harness_reproduces_a_training_cell_step_for_step(tiny_fmnist):
     res = run_cell(cfg)
     spec, problem, seeds = get_optimizer("dpsgd"), get_problem("P2"), stream_seeds(cfg.seed)
     splits = load_splits(cfg, problem, seeds, torch.device("cpu"))
-    plan = spec.mechanism.plan(600, cfg.batch_size, cfg.epochs)
+    plan = spec.mechanism.plan(PlanRequest(600, cfg.batch_size, cfg.epochs))
     sigma, source = calibrate_noise(spec, plan, target_epsilon=None, noise_multiplier=1.1, delta=cfg.delta,
                                     accountant=cfg.accountant)
     assert (sigma, source) == (res.meta["privacy"]["noise_multiplier"], res.meta["privacy"]["noise_multiplier_source"])

@@ -94,7 +94,7 @@ def test_every_mechanism_refuses_a_non_finite_target_or_a_delta_outside_0_1(name
 def test_the_shared_calibration_refuses_a_non_finite_noise_multiplier(sigma):
     """harness.calibrate_noise is what every caller (a grid cell, the audit) gets sigma from."""
     from dpbench.training.harness import calibrate_noise
-    from dpbench.privacy.mechanisms import Plan
+    from dpbench.mechanisms.base import Plan
 
     with pytest.raises(ValueError, match="noise multiplier must be finite and >= 0"):
         calibrate_noise(OPTIMIZERS["dpsgd"], Plan(10, 5, 0.1), target_epsilon=None, noise_multiplier=sigma,
@@ -361,9 +361,10 @@ def test_a_damaged_run_file_is_refused_naming_it_and_the_fix(tmp_path):
 
 def test_full_disk_while_writing_noise_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
     from dpbench.matrix import dense_factorization
+    from dpbench.matrix.store import dense_files
 
     fact = dense_factorization.factorize("me-k2-b3")
-    dense_factorization.save(fact, tmp_path / "f.npz")
+    dense_files.save(fact, tmp_path / "f.npz")
 
     def pwrite(fd, data, offset):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -390,7 +391,9 @@ def test_every_file_written_honours_the_umask(tmp_path, umask):
     import torch  # noqa: F401
 
     from dpbench.reporting import results
-    from dpbench.matrix import dense_factorization, dense_noise, streamed_mechanism, streamed_factorization
+    from dpbench.matrix import dense_factorization
+    from dpbench.matrix.store import dense_files, noise_files, streamed_files
+    from dpbench.mechanisms import streamed
     from dpbench.training.train import Checkpoint
 
     metrics = pd.DataFrame({"split": ["train"], "step": [1], "epoch": [1], "loss": [1.0], "accuracy": [0.5],
@@ -398,11 +401,11 @@ def test_every_file_written_honours_the_umask(tmp_path, umask):
     written = [results.write_run(tmp_path / "run.parquet", metrics, {"privacy": {}}),
                results.write_table(metrics, tmp_path / "table.parquet")]
     fact = dense_factorization.factorize("me-k2-b3")
-    dense_factorization.save(fact, tmp_path / "f.npz")
+    dense_files.save(fact, tmp_path / "f.npz")
     written += [tmp_path / "f.npz", tmp_path / "f.json"]
-    dense_noise.write_noise(tmp_path / "noise.npy", fact.noising, 10, 1)
-    written += [tmp_path / "noise.npy", dense_noise.meta_path(tmp_path / "noise.npy")]
-    streamed_factorization.save(streamed_mechanism.compute("band-n12-b3"), tmp_path / "band.json")  # a streamed factorization
+    noise_files.write_noise(tmp_path / "noise.npy", fact.noising, 10, 1)
+    written += [tmp_path / "noise.npy", noise_files.meta_path(tmp_path / "noise.npy")]
+    streamed_files.save(streamed.compute("band-n12-b3"), tmp_path / "band.json")  # a streamed factorization
     written.append(tmp_path / "band.json")
     cfg = RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=2, seed=3, epsilon=2.0)
     Checkpoint(tmp_path / "run.ckpt", cfg).save({"step": 1})
@@ -507,7 +510,7 @@ def test_train_refuses_a_default_checkpoint_path_that_is_not_a_regular_file(tmp_
 
 def test_the_atomic_writer_never_renames_over_a_special_file(tmp_path, special_file):
     from dpbench.files import atomic_write
-    from dpbench.matrix import dense_noise
+    from dpbench.matrix.store import noise_files
     from dpbench.reporting.results import write_table
 
     path, kind, still = special_file
@@ -516,7 +519,7 @@ def test_the_atomic_writer_never_renames_over_a_special_file(tmp_path, special_f
     with pytest.raises(ValueError, match="not a regular file"):
         write_table(pd.DataFrame({"a": [1]}), path)
     with pytest.raises(ValueError, match="not a regular file"):
-        dense_noise.write_noise(path, np.eye(3), 2, 0)
+        noise_files.write_noise(path, np.eye(3), 2, 0)
     assert still(os.stat(path).st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) in (["special"], ["fifo"], ["fifo", "special"])  # no temporary file
 

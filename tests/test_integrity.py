@@ -21,8 +21,9 @@ from conftest import run_cell
 from dpbench.problems import facts as problems_facts
 from dpbench.privacy import per_sample
 from dpbench.privacy.clipping import Clipping
-from dpbench.matrix import dense_factorization, dense_noise
-from dpbench.matrix.dense_noise import NoiseFile, NoiseFileError
+from dpbench.matrix import dense_factorization
+from dpbench.matrix.store import dense_files, noise_files
+from dpbench.matrix.store.noise_files import NoiseFile, NoiseFileError
 from dpbench.privacy.per_sample import SampleMixingError, Tape
 from dpbench.problems import PROBLEMS, catalog
 
@@ -36,7 +37,7 @@ def fact():
 
 def written(tmp_path, fact, dim=20_000, seed=5, **kw):
     path = tmp_path / "noise.npy"
-    dense_noise.write_noise(path, fact.noising, dim, seed, meta={"factorization_digest": fact.digest}, **kw)
+    noise_files.write_noise(path, fact.noising, dim, seed, meta={"factorization_digest": fact.digest}, **kw)
     return path
 
 
@@ -51,14 +52,14 @@ def zero_rows(path, rows):
 
 def test_row_checksums_are_those_of_the_rows_whatever_the_chunking(tmp_path, fact):
     a = written(tmp_path, fact, dim=5000, chunk_blocks=1)  # five column chunks per row
-    meta = dense_noise.read_meta(a)
+    meta = noise_files.read_meta(a)
     rows = np.load(a)
     assert meta["format_version"] == 2
     assert meta["row_crc32"] == "".join(f"{zlib.crc32(r.tobytes()):08x}" for r in rows)
     b = tmp_path / "b.npy"
-    dense_noise.write_noise(b, fact.noising, 5000, 5, chunk_blocks=4)  # one chunk
-    assert dense_noise.read_meta(b)["row_crc32"] == meta["row_crc32"]
-    NoiseFile(a, dense_noise.row_variances(fact.noising)).verify(meta)  # a sound file passes
+    noise_files.write_noise(b, fact.noising, 5000, 5, chunk_blocks=4)  # one chunk
+    assert noise_files.read_meta(b)["row_crc32"] == meta["row_crc32"]
+    NoiseFile(a, noise_files.row_variances(fact.noising)).verify(meta)  # a sound file passes
 
 
 @pytest.mark.parametrize("rows", [range(12), [6, 7, 8, 9, 10, 11]], ids=["zero-filled", "six-rows-zeroed"])
@@ -66,14 +67,14 @@ def test_damaged_payload_is_refused_naming_the_file_and_the_fix(tmp_path, fact, 
     path = written(tmp_path, fact)
     zero_rows(path, rows)
     with pytest.raises(NoiseFileError, match=rf"{path}: row {rows[0]} does not match the checksum.*delete {path}"):
-        NoiseFile(path).verify(dense_noise.read_meta(path))
+        NoiseFile(path).verify(noise_files.read_meta(path))
 
 
 def test_rows_are_checked_against_the_factorization_even_with_a_matching_sidecar(tmp_path, fact):
     """A sidecar rewritten for damaged content (or a writer bug) still cannot pass: each row's
     norm must be in the chi-square range of a row of C^-1 Z."""
     path = written(tmp_path, fact)
-    meta = dense_noise.read_meta(path)
+    meta = noise_files.read_meta(path)
     zero_rows(path, [3])
     with open(path, "r+b") as f:  # halve row 8 instead of zeroing it
         reader = NoiseFile(path)
@@ -81,7 +82,7 @@ def test_rows_are_checked_against_the_factorization_even_with_a_matching_sidecar
         f.seek(reader.offset + 8 * reader.dim * 4)
         f.write(row.tobytes())
     meta["row_crc32"] = "".join(f"{zlib.crc32(r.tobytes()):08x}" for r in np.load(path))
-    checked = NoiseFile(path, dense_noise.row_variances(fact.noising))
+    checked = NoiseFile(path, noise_files.row_variances(fact.noising))
     with pytest.raises(NoiseFileError, match=r"row 3 has squared norm 0, outside .*delete"):
         checked.verify(meta)
     with pytest.raises(NoiseFileError, match=r"row 8 has squared norm"):
@@ -91,19 +92,19 @@ def test_rows_are_checked_against_the_factorization_even_with_a_matching_sidecar
 
 def test_chi_square_band_has_negligible_false_alarms_and_catches_damage():
     d = problems_facts("P2").parameters
-    lo, hi = dense_noise.chi_square_band(d)
+    lo, hi = noise_files.chi_square_band(d)
     assert (lo / d, hi / d) == pytest.approx((0.970, 1.030), abs=1e-3)
     # the Laurent-Massart bounds hold: each tail is below e^-50 (scipy's exact chi-square tails)
     for dim in (1000, 5000, d, problems_facts("P3").parameters):
-        lo, hi = dense_noise.chi_square_band(dim)
-        assert stats.chi2.logsf(hi, dim) <= -dense_noise.ROW_CHECK_X
-        assert lo == 0 or stats.chi2.logcdf(lo, dim) <= -dense_noise.ROW_CHECK_X
-    assert 2 * 100_000 * math.exp(-dense_noise.ROW_CHECK_X) < 1e-16  # a whole run of 1e5 rows
+        lo, hi = noise_files.chi_square_band(dim)
+        assert stats.chi2.logsf(hi, dim) <= -noise_files.ROW_CHECK_X
+        assert lo == 0 or stats.chi2.logcdf(lo, dim) <= -noise_files.ROW_CHECK_X
+    assert 2 * 100_000 * math.exp(-noise_files.ROW_CHECK_X) < 1e-16  # a whole run of 1e5 rows
 
 
 def test_old_sidecars_without_checksums_are_refused(tmp_path, fact):
     path = written(tmp_path, fact, dim=3000)
-    meta = dense_noise.read_meta(path)
+    meta = noise_files.read_meta(path)
     del meta["row_crc32"]
     with pytest.raises(NoiseFileError, match="no row checksums.*delete"):
         NoiseFile(path).verify(meta)
@@ -151,7 +152,7 @@ def test_a_zero_filled_noise_file_stops_the_run(tiny_fmnist, tmp_path):
 
 def saved(tmp_path, fact):
     path = tmp_path / "f.npz"
-    dense_factorization.save(fact, path)
+    dense_files.save(fact, path)
     return path
 
 
@@ -163,15 +164,15 @@ def rewrite(path, **arrays):
 
 
 def test_loaded_sensitivity_is_recomputed_from_c(tmp_path, fact):
-    back = dense_factorization.load(saved(tmp_path, fact))
+    back = dense_files.load(saved(tmp_path, fact))
     assert back.sensitivity == pytest.approx(fact.sensitivity, rel=1e-12)
     with np.load(tmp_path / "f.npz") as z:
         report = json.loads(str(z["report"]))
     report["sensitivity"] = 0.5  # a report claiming half the true sensitivity would halve sigma
     rewrite(tmp_path / "f.npz", report=np.array(json.dumps(report)))
-    with pytest.raises(dense_factorization.FactorizationError,
+    with pytest.raises(dense_files.FactorizationError,
                        match=r"f\.npz is refused: its recorded sensitivity 0\.5 is not the sensitivity of C.*delete"):
-        dense_factorization.load(tmp_path / "f.npz")
+        dense_files.load(tmp_path / "f.npz")
 
 
 @pytest.mark.parametrize("damage,match", [
@@ -183,8 +184,8 @@ def test_loaded_sensitivity_is_recomputed_from_c(tmp_path, fact):
 def test_inconsistent_matrices_are_refused(tmp_path, fact, damage, match):
     path = saved(tmp_path, fact)
     rewrite(path, **damage(fact))
-    with pytest.raises(dense_factorization.FactorizationError, match=match):
-        dense_factorization.load(path)
+    with pytest.raises(dense_files.FactorizationError, match=match):
+        dense_files.load(path)
 
 
 @pytest.mark.parametrize("how", ["truncated", "zeroed"])
@@ -192,8 +193,8 @@ def test_unreadable_factorization_names_the_file(tmp_path, fact, how):
     path = saved(tmp_path, fact)
     raw = path.read_bytes()
     path.write_bytes(raw[: len(raw) // 2] if how == "truncated" else bytes(len(raw)))
-    with pytest.raises(dense_factorization.FactorizationError, match=rf"factorization file {path} is unreadable.*delete"):
-        dense_factorization.load(path)
+    with pytest.raises(dense_files.FactorizationError, match=rf"factorization file {path} is unreadable.*delete"):
+        dense_files.load(path)
 
 
 # -- layers that mix samples are refused ---------------------------------------------------------
@@ -277,7 +278,7 @@ def dice_movements(name, c2=1.0, L=64, steps=12):
     """||release(D) - release(D')|| per step, D' = D without one outlying example that takes
     part in step 1 only; both evaluated along D's parameter trajectory (the same released
     history), noise off. Returns the movements and the noise std per unit sigma."""
-    from dpbench.privacy.noise import GaussianNoise
+    from dpbench.mechanisms.noise import GaussianNoise
     from dpbench.optimizers import get_optimizer
     from dpbench.optimizers.base import Context
 
@@ -325,11 +326,12 @@ def test_dpdice_release_moves_far_beyond_its_calibration_and_dpdice_strict_cover
 
 
 def test_dpdice_strict_accounts_t_gaussian_releases_without_amplification():
-    from dpbench.privacy import accounting
+    from dpbench.mechanisms.base import PlanRequest
     from dpbench.optimizers import get_optimizer
+    from dpbench.privacy import accounting
 
     mech = get_optimizer("dpdice-strict").mechanism
-    plan = mech.plan(60_000, 256, 1)  # P2, one epoch: T = 234 Poisson steps at q = 256 / 60000
+    plan = mech.plan(PlanRequest(60_000, 256, 1))  # P2, one epoch: T = 234 Poisson steps at q = 256 / 60000
     assert plan.steps == 234
     sigma = mech.calibrate(plan, 10.0, 1e-5, "prv")
     one = accounting.gaussian_noise_multiplier(10.0, 1e-5)  # 0.49989, one release of sensitivity 1
@@ -367,7 +369,7 @@ def test_dpdice_runs_say_their_calibration_is_no_guarantee_in_output_table_and_f
 
 
 def test_every_void_calibration_is_worded_so_that_it_is_found():
-    from dpbench.optimizers.projection import PAPER_SENSITIVITY_CAVEAT
+    from dpbench.mechanisms.projection import PAPER_SENSITIVITY_CAVEAT
     from dpbench.optimizers.dice import CAVEAT
     from dpbench.reporting.results import NO_GUARANTEE
 

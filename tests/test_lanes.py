@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from dpbench.privacy.clipping import Clipping
-from dpbench.matrix.participation import FixedBatchSampler
-from dpbench.privacy.noise import GaussianNoise
+from dpbench.mechanisms.noise import GaussianNoise
+from dpbench.mechanisms.sampling import FixedBatchSampler
 from dpbench.optimizers.base import SGD, Context
 from dpbench.optimizers.dice import DiceStep
 

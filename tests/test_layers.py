@@ -76,7 +76,7 @@ def test_the_layer_table_is_read_and_the_audit_is_on_top():
 
 def test_no_import_runs_from_a_lower_floor_up():
     graph, table = import_graph(), floors()
-    assert len(graph) > 30 and "dpbench.seeds" in graph["dpbench.matrix.cache"]
+    assert len(graph) > 30 and "dpbench.seeds" in graph["dpbench.matrix.store.cache"]
     assert {floor_of(m, table) for m in graph} == set(table.values())  # every floor holds a module
     assert upward_imports(graph, table) == []
     # nothing below the audit imports it: only the command does
@@ -86,9 +86,9 @@ def test_no_import_runs_from_a_lower_floor_up():
 
 def test_the_floor_check_catches_a_planted_violation():
     graph, table = import_graph(), floors()
-    planted = {**graph, "dpbench.privacy.mechanisms": graph["dpbench.privacy.mechanisms"] | {"dpbench.audit.bounds"}}
+    planted = {**graph, "dpbench.mechanisms.base": graph["dpbench.mechanisms.base"] | {"dpbench.audit.bounds"}}
     found = set(upward_imports(planted, table)) - set(upward_imports(graph, table))
-    assert found == {("dpbench.privacy.mechanisms", "dpbench.audit.bounds")}
+    assert found == {("dpbench.mechanisms.base", "dpbench.audit.bounds")}
     # a module's own row overrides its folder's: the profiles put on the ground reach up to privacy
     found = set(upward_imports(graph, {**table, "privacy.profiles": 1})) - set(upward_imports(graph, table))
     assert found == {("dpbench.privacy.profiles", "dpbench.privacy"),
@@ -108,7 +108,7 @@ def test_the_package_has_no_import_cycle():
 
 def test_storage_and_the_training_loop_do_not_reach_up():
     graph = import_graph()
-    below_train = fingerprint.module_closure(("dpbench.matrix.cache", "dpbench.matrix.dense_mechanism",
+    below_train = fingerprint.module_closure(("dpbench.matrix.store.cache", "dpbench.mechanisms.dense_matrix",
                                               "dpbench.training.harness", "dpbench.seeds"))
     assert "dpbench.training.train" not in below_train and "dpbench.cli" not in below_train
     # the training loop is handed its optimizer and code key: it imports neither the registry

@@ -17,10 +17,11 @@ import yaml
 from conftest import REPO, run_cell, run_cli, snakemake_exe, tree_env
 from dpbench.problems import facts as problems_facts
 from dpbench.privacy import accounting
-from dpbench.matrix import cache, dense_factorization, dense_noise, sensitivity
+from dpbench.matrix import dense_factorization, sensitivity
+from dpbench.matrix.store import cache, dense_files, keys, noise_files
 from dpbench.matrix.dual import dual_ascent
 from dpbench.matrix.fixed_point import fixed_point
-from dpbench.matrix.participation import FixedBatchSampler
+from dpbench.mechanisms.sampling import FixedBatchSampler
 from dpbench.matrix.workload import gram_inverse, gram_inverse_tridiagonal, objective_workload, prefix_sum, \
     restart_weights
 
@@ -85,7 +86,7 @@ def newton_primal(workload, epochs, batches, iters=60):
 
 @pytest.mark.parametrize("key", SMALL_KEYS)
 def test_solvers_reach_the_optimum_of_an_independent_method(key):
-    kind, k, b, tau = dense_factorization.parse_key(key)
+    kind, k, b, tau = keys.parse_dense_key(key)
     fact = dense_factorization.factorize(key, tol=1e-8)
     reference = newton_primal(objective_workload(k * b, tau), k, b)
     assert fact.report["objective"] == pytest.approx(reference, rel=1e-4)
@@ -96,7 +97,7 @@ def test_solvers_reach_the_optimum_of_an_independent_method(key):
 @pytest.mark.parametrize("key", SMALL_KEYS + ["se-k1-b40", "me-k5-b8", "me-lambda-k5-b8-tau40", "identity-k3-b5"])
 def test_factorization_invariants(key):
     fact = dense_factorization.factorize(key)
-    kind, k, b, tau = dense_factorization.parse_key(key)
+    kind, k, b, tau = keys.parse_dense_key(key)
     a, c = prefix_sum(k * b), fact.strategy
     # B C = A for the TRUE workload (also for the lambda variants), C lower triangular (causal)
     np.testing.assert_allclose(fact.decoder @ c, a, atol=1e-9)
@@ -160,15 +161,15 @@ def test_workload_structure_and_fast_path_equals_dense():
 
 def test_factorization_file_round_trip_and_keys(tmp_path):
     fact = dense_factorization.factorize("me-k2-b3")
-    dense_factorization.save(fact, tmp_path / "f.npz")
-    back = dense_factorization.load(tmp_path / "f.npz")
+    dense_files.save(fact, tmp_path / "f.npz")
+    back = dense_files.load(tmp_path / "f.npz")
     assert np.array_equal(back.strategy, fact.strategy) and back.report == fact.report
     assert (tmp_path / "f.json").exists() and not list(tmp_path.glob(".*tmp"))
-    assert dense_factorization.parse_key("me-lambda-k30-b48-tau1440") == ("me-lambda", 30, 48, 1440)
-    assert dense_factorization.make_key("se-lambda", 1, 1875) == "se-lambda-k1-b1875-tau1875"
+    assert keys.parse_dense_key("me-lambda-k30-b48-tau1440") == ("me-lambda", 30, 48, 1440)
+    assert keys.dense_key("se-lambda", 1, 1875) == "se-lambda-k1-b1875-tau1875"
     for bad in ("se-k2-b5", "me-k3-b4-tau5", "xx-k1-b2", "se-lambda-k1-b4-tau9"):
         with pytest.raises(ValueError):
-            dense_factorization.parse_key(bad)
+            keys.parse_dense_key(bad)
 
 
 # -- noise files ------------------------------------------------------------------------------
@@ -177,17 +178,17 @@ def test_noise_file_rows_have_covariance_c_inv_c_inv_t(tmp_path):
     fact = dense_factorization.factorize("me-k2-b3")
     dim, seed = 60_000, 7
     path = tmp_path / "noise.npy"
-    dense_noise.write_noise(path, fact.noising, dim, seed, chunk_blocks=4)
+    noise_files.write_noise(path, fact.noising, dim, seed, chunk_blocks=4)
     rows = np.load(path, mmap_mode="r")
     assert rows.shape == (6, dim) and rows.dtype == np.float32
     # exactly C^-1 Z for the documented Z, independent of the writer's chunking
-    z = dense_noise.standard_normal(seed, 6, dim)
+    z = noise_files.standard_normal(seed, 6, dim)
     np.testing.assert_allclose(rows, fact.noising.astype(np.float32) @ z, atol=1e-5)
     again = tmp_path / "again.npy"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = tmp_path / f".again.npy.{dense_noise._HOST}.{dead.stdout.strip()}.x.tmp"  # a killed writer's
+    stale = tmp_path / f".again.npy.{noise_files._HOST}.{dead.stdout.strip()}.x.tmp"  # a killed writer's
     stale.write_bytes(b"partial")
-    dense_noise.write_noise(again, fact.noising, dim, seed, chunk_blocks=1)
+    noise_files.write_noise(again, fact.noising, dim, seed, chunk_blocks=1)
     assert path.read_bytes() == again.read_bytes() and not stale.exists()
     # statistics over the d columns: rows are N(0, C^-1 C^-T)
     cov = np.asarray(rows, dtype=np.float64) @ np.asarray(rows, dtype=np.float64).T / dim
@@ -195,7 +196,7 @@ def test_noise_file_rows_have_covariance_c_inv_c_inv_t(tmp_path):
     scale = np.sqrt(np.outer(np.diag(target), np.diag(target)) + target ** 2)  # std of one product
     assert np.abs(cov - target).max() < (5 * scale / np.sqrt(dim)).max()
     # row t read with one positioned read is row t of the file
-    reader = dense_noise.NoiseFile(path)
+    reader = noise_files.NoiseFile(path)
     assert np.array_equal(reader.row(4), rows[4]) and reader.dim == dim
     with pytest.raises(IndexError):
         reader.row(6)
@@ -205,10 +206,10 @@ def test_noise_writer_memory_stays_bounded(tmp_path):
     """A 512 MB file written with a peak RSS far below its size (T x d never in memory)."""
     code = (
         "import resource, numpy as np\n"
-        "from dpbench.matrix import dense_noise\n"
+        "from dpbench.matrix.store import noise_files\n"
         "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "c = np.tril(np.ones((32, 32))) / 32\n"
-        f"dense_noise.write_noise({str(tmp_path / 'big.npy')!r}, c, 4_000_000, 1, chunk_blocks=16)\n"
+        f"noise_files.write_noise({str(tmp_path / 'big.npy')!r}, c, 4_000_000, 1, chunk_blocks=16)\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env=tree_env(OPENBLAS_NUM_THREADS="1"))
@@ -223,7 +224,7 @@ def test_concurrent_readers_never_see_a_partial_noise_file(tmp_path):
     path = tmp_path / "noise.npy"
     steps, dim, seed = 64, 400_000, 3
     code = ("import numpy as np\n"
-            "from dpbench.matrix import dense_noise\n"
+            "from dpbench.matrix.store import noise_files\n"
             f"dense_noise.write_noise({str(path)!r}, np.eye({steps}), {dim}, {seed}, chunk_blocks=1)\n")
     expected_last = dense_noise.standard_normal_block(seed, steps, (dim - 1) // dense_noise.BLOCK)[
         -1, : dim - ((dim - 1) // dense_noise.BLOCK) * dense_noise.BLOCK]
@@ -237,7 +238,7 @@ def test_concurrent_readers_never_see_a_partial_noise_file(tmp_path):
             if path.exists():
                 try:
                     size = path.stat().st_size
-                    row = dense_noise.NoiseFile(path).row(steps - 1)
+                    row = noise_files.NoiseFile(path).row(steps - 1)
                     seen.append((size, np.array_equal(row[-len(expected_last):], expected_last)))
                 except Exception as exc:  # noqa: BLE001 - any failure to read is a partial file
                     errors.append(repr(exc))
@@ -260,7 +261,7 @@ def test_concurrent_readers_never_see_a_partial_noise_file(tmp_path):
 
 def test_cache_computes_each_file_once_even_concurrently(tmp_path, monkeypatch):
     calls = {"factorize": 0, "noise": 0}
-    real_factorize, real_write = dense_factorization.factorize, dense_noise.write_noise
+    real_factorize, real_write = dense_factorization.factorize, noise_files.write_noise
 
     def counting_factorize(*a, **kw):
         calls["factorize"] += 1
@@ -272,12 +273,12 @@ def test_cache_computes_each_file_once_even_concurrently(tmp_path, monkeypatch):
         return real_write(*a, **kw)
 
     monkeypatch.setattr(dense_factorization, "factorize", counting_factorize)
-    monkeypatch.setattr(dense_noise, "write_noise", counting_write)
+    monkeypatch.setattr(noise_files, "write_noise", counting_write)
     paths = []
 
     def cell():
         f = cache.ensure_factorization(tmp_path, "se-k1-b8")
-        paths.append(cache.ensure_noise(tmp_path, dense_factorization.load(f), 5000, 11))
+        paths.append(cache.ensure_noise(tmp_path, dense_files.load(f), 5000, 11))
 
     threads = [threading.Thread(target=cell) for _ in range(4)]
     for t in threads:
@@ -310,21 +311,23 @@ def test_fixed_batches_are_exact_disjoint_and_repeat_every_epoch():
 
 
 def test_single_epoch_refuses_more_than_one_epoch(tmp_path):
+    from dpbench.mechanisms.base import PlanRequest
     from dpbench.optimizers import get_optimizer
 
     for name in ("dpmatrix-se", "dpmatrix-se-lambda"):
         with pytest.raises(ValueError, match="single-epoch .* cannot train for E = 2 epochs"):
-            get_optimizer(name).mechanism.plan(600, 64, 2, None)
-    assert get_optimizer("dpmatrix-me").mechanism.key(600, 64, 2) == "me-k2-b9"
+            get_optimizer(name).mechanism.plan(PlanRequest(600, 64, 2, cache_dir=tmp_path))
+    assert get_optimizer("dpmatrix-me").mechanism.key(PlanRequest(600, 64, 2)) == "me-k2-b9"
 
 
 def test_sigma_is_the_exact_gaussian_calibration(tmp_path):
-    from dpbench.privacy.mechanisms import Plan
+    from dpbench.mechanisms.dense_matrix import DenseMatrixPlan
     from dpbench.optimizers import get_optimizer
 
     mech = get_optimizer("dpmatrix-me").mechanism
     fact = dense_factorization.factorize("me-k3-b4")
-    plan = Plan(64, 12, None, {"factorization": fact, "unused_examples": 0, "factorization_file": "f"})
+    plan = DenseMatrixPlan(batch_size=64, steps=12, sample_rate=None, factorization=fact, factorization_file=Path("f"),
+                           key=fact.key, epochs=3, batches=4, unused_examples=0, noise_file=None, cache_dir=tmp_path)
     for eps in (1.0, 10.0):
         sigma = mech.calibrate(plan, eps, 1e-5, "prv")
         assert accounting.gaussian_delta(eps, fact.sensitivity / sigma) == pytest.approx(1e-5, rel=1e-6)
@@ -377,7 +380,7 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
     b = 600 // L
     steps = epochs * b
     fact = dense_factorization.from_strategy(f"identity-k{epochs}-b{b}", np.eye(steps))
-    dense_factorization.save(fact, tmp_path / "identity.npz")
+    dense_files.save(fact, tmp_path / "identity.npz")
     seeds = stream_seeds(seed)
     dim = get_problem("P2").facts.parameters
     dense_noise.write_noise(tmp_path / "noise.npy", fact.noising, dim, seeds["noise"],
@@ -398,7 +401,7 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
     model.train()
     ctx = Context(model=model, loss_fn=lambda m, xb, yb: problem.per_sample_loss(m, xb, yb), lr=lr,
                   expected_batch_size=L, noise_multiplier=sigma, clipping=Clipping(1.0, True),
-                  noise=RowNoise(dense_noise.standard_normal(seeds["noise"], steps, dim)), steps=steps)
+                  noise=RowNoise(noise_files.standard_normal(seeds["noise"], steps, dim)), steps=steps)
     step = DPStep(ctx, SGD(lr))
     sampler = FixedBatchSampler(600, L, seeds["sampler"])
     losses = []
@@ -444,10 +447,10 @@ def test_cache_names_noise_files_by_the_problems_parameter_count():
 
 def test_cli_factorize_and_noise(tmp_path):
     run_cli("factorize", "--key", "se-lambda-k1-b8-tau4", "--out", tmp_path / "f.npz")
-    fact = dense_factorization.load(tmp_path / "f.npz")
+    fact = dense_files.load(tmp_path / "f.npz")
     assert fact.key == "se-lambda-k1-b8-tau4" and (tmp_path / "f.json").exists()
     run_cli("noise", "--factorization", tmp_path / "f.npz", "--dim", 3000, "--seed", 9, "--out", tmp_path / "n.npy")
-    meta = dense_noise.read_meta(tmp_path / "n.npy")
+    meta = noise_files.read_meta(tmp_path / "n.npy")
     assert meta["factorization_digest"] == fact.digest and meta["seed"] == 9 and meta["steps"] == 8
     bad = run_cli("factorize", "--key", "se-k2-b8", "--out", tmp_path / "x.npz", check=False)
     assert bad.returncode == 2 and "needs k = 1" in bad.stderr

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from conftest import run_cell
+from dpbench.mechanisms.base import PlanRequest
 from dpbench.optimizers import get_optimizer
 from dpbench.optimizers.base import Context
 from dpbench.privacy.clipping import Clipping
@@ -82,7 +83,7 @@ def test_noise_std_normalised_clipping():
     spec = get_optimizer("opacus-dpsgd")
     torch.manual_seed(0)
     model = nn.Linear(100, 100)
-    plan = spec.mechanism.plan(1000, L, 2)
+    plan = spec.mechanism.plan(PlanRequest(1000, L, 2))
     ctx = Context(model=model, loss_fn=lambda m, xb, yb: ((m(xb) * 0).sum(1), None), lr=1.0, expected_batch_size=L,
                   noise_multiplier=sigma, clipping=Clipping(4.0), noise=spec.mechanism.noise(plan, 3, "cpu"),
                   steps=plan.steps, hyperparameters={})

@@ -24,7 +24,6 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Callable
 
 import pytest
@@ -34,12 +33,12 @@ from torch import nn
 from torch.func import functional_call
 
 from conftest import run_cell
-from dpbench.privacy import accounting, mechanisms
+from dpbench.privacy import accounting
 from dpbench.privacy.clipping import Clipping
-from dpbench.privacy.mechanisms import PoissonSubsampledGaussian, inverse_sqrt_schedule
-from dpbench.privacy.noise import GaussianNoise
+from dpbench.mechanisms import projection as proj
+from dpbench.mechanisms.base import Plan, PlanRequest
+from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian, inverse_sqrt_schedule
 from dpbench.optimizers import OPTIMIZERS, get_optimizer
-from dpbench.optimizers import projection as proj
 from dpbench.optimizers.base import Context
 from dpbench.training.train import RunConfig
 
@@ -291,7 +290,7 @@ def functional(model, x, y):
 def make_context(name, model, *, clipping, sigma, L, lr, hp=None, seed=5, n_train=1000, steps=20):
     spec = get_optimizer(name)
     mech = spec.mechanism
-    plan = mech.plan(n_train, L, max(1, round(steps * L / n_train)), SimpleNamespace(hyperparameters=hp, delta=DELTA))
+    plan = mech.plan(PlanRequest(n_train, L, max(1, round(steps * L / n_train)), hyperparameters=hp, delta=DELTA))
     noise = mech.noise(plan, seed, next(model.parameters()).device)
     ctx = Context(model=model, loss_fn=ce_loss, lr=lr, expected_batch_size=L, noise_multiplier=sigma,
                   clipping=clipping, noise=noise, steps=plan.steps, hyperparameters=spec.hyperparameters(hp))
@@ -455,7 +454,7 @@ def test_noise_std_on_zero_gradients(name, device):  # the Gaussian projection's
     torch.manual_seed(0)
     model = nn.Linear(100, 100).to(device)  # d = 10,100
     spec = get_optimizer(name)
-    plan = spec.mechanism.plan(1000, L, 2)
+    plan = spec.mechanism.plan(PlanRequest(1000, L, 2))
     ctx = Context(model=model, loss_fn=lambda m, xb, yb: ((m(xb) * 0).sum(1), None), lr=1.0, expected_batch_size=L,
                   noise_multiplier=sigma, clipping=Clipping(C, normalize=False),
                   noise=spec.mechanism.noise(plan, 3, device), steps=plan.steps,
@@ -568,13 +567,13 @@ def test_projection_accounts_at_delta_minus_the_bound_failure():
                          ("d2p2sgd", lambda s, d: accounting.fast_rdp_epsilon(
                              [(s * inverse_sqrt_schedule(k), q, 1) for k in range(1, T + 1)], d))]:
         mech = get_optimizer(name).mechanism
-        plan = mech.plan(10_000, 100, 3)  # srht
-        assert mech.delta_fail(plan) == 0.0 and "tail_t" not in plan.extras
+        plan = mech.plan(PlanRequest(10_000, 100, 3))  # srht
+        assert mech.delta_fail(plan) == 0.0 and plan.tail_t is None
         r = mech.report(plan, 1.0, T, DELTA, "rdp")
         assert "delta_fail" not in r and r["projection"] == "srht"
         assert eps_of(1.0, DELTA) * (1 - 1e-12) <= r["epsilon"] <= eps_of(1.0, DELTA) * 1.01
-        plan = mech.plan(10_000, 100, 3, SimpleNamespace(hyperparameters={"projection": "gaussian"}, delta=DELTA))
-        t = plan.extras["tail_t"]
+        plan = mech.plan(PlanRequest(10_000, 100, 3, hyperparameters={"projection": "gaussian"}, delta=DELTA))
+        t = plan.tail_t
         assert T * 2 * math.exp(-t * t / 2) == pytest.approx(DELTA / 10, rel=1e-9)
         assert mech.delta_fail(plan) == pytest.approx(DELTA / 10, rel=1e-9)
         sigma = mech.calibrate(plan, 3.0, DELTA, "rdp")
@@ -590,7 +589,7 @@ def test_projection_accounts_at_delta_minus_the_bound_failure():
 
 def test_decaying_schedule_costs_more_than_static_noise():
     mech = get_optimizer("d2psgd").mechanism
-    plan = mech.plan(60_000, 256, 5)
+    plan = mech.plan(PlanRequest(60_000, 256, 5))
     sigma = mech.calibrate(plan, 10.0, DELTA, "prv")
     static = accounting.calibrate_noise_multiplier(10.0, plan.sample_rate, plan.steps, accountant="rdp")
     # sigma_k = sigma / sqrt(k) must compose to the target: its first-step sigma is far larger
@@ -626,7 +625,7 @@ def test_fast_rdp_edge_cases_and_speed():
     assert accounting.fast_rdp_epsilon([(0.0, 0.1, 3)]) == math.inf
     assert accounting.fast_rdp_epsilon([(1.0, 0.1, 0)]) == 0.0
     history = get_optimizer("d2p2sgd").mechanism.history(
-        mechanisms.Plan(256, 117_188, 256 / 60000), 266.0, 117_188)  # Setup 1's longest run
+        Plan(256, 117_188, 256 / 60000), 266.0, 117_188)  # Setup 1's longest run
     assert 1000 < len(history) < 1500
     t = time.perf_counter()
     eps = accounting.fast_rdp_epsilon(history)

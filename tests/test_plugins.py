@@ -38,7 +38,7 @@ SPEC = OptimizerSpec(name={name!r}, build=lambda ctx: DPStep(ctx, SGD(ctx.lr)), 
 OWN_MECHANISM = """
 from dpbench.optimizers.base import SGD, DPStep
 from dpbench.optimizers.registry import OptimizerSpec
-from dpbench.privacy.mechanisms import PoissonSubsampledGaussian
+from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
 
 
 class OwnAccounting(PoissonSubsampledGaussian):

@@ -14,13 +14,14 @@ from torch.func import functional_call
 from dpbench.privacy import accounting
 from dpbench.training import cuda
 from dpbench.privacy.clipping import Clipping
-from dpbench.privacy.mechanisms import PoissonSubsampledGaussian, geometric_buckets, inverse_sqrt_schedule
-from dpbench.privacy.noise import GaussianNoise
+from dpbench.mechanisms.base import PlanRequest
+from dpbench.mechanisms.noise import GaussianNoise
+from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian, geometric_buckets, inverse_sqrt_schedule
 from dpbench.optimizers import get_optimizer
 from dpbench.optimizers.base import Context
 from dpbench.privacy.per_sample import Tape
 from dpbench.problems import PROBLEMS
-from dpbench.privacy.sampling import PoissonSampler
+from dpbench.mechanisms.sampling import PoissonSampler
 
 
 # -- clipping ---------------------------------------------------------------------------------
@@ -235,7 +236,7 @@ def test_analytic_gaussian_reference_values():
 
 def test_report_records_planned_and_achieved_epsilon():
     mech = PoissonSubsampledGaussian()
-    plan = mech.plan(n_train=10_000, batch_size=100, epochs=10)
+    plan = mech.plan(PlanRequest(n_train=10_000, batch_size=100, epochs=10))
     assert (plan.steps, plan.sample_rate) == (1000, 0.01)
     r = mech.report(plan, 1.0, steps=400, delta=1e-5, accountant="prv")
     assert r["epsilon"] < r["epsilon_planned"]
@@ -258,7 +259,7 @@ def test_decaying_schedule_is_accounted_step_by_step_from_above():
         assert f == min(factors) and max(factors) <= f * 1.0101
         k += n
     mech = PoissonSubsampledGaussian(inverse_sqrt_schedule, "inverse-sqrt", bucket_rel=0.05)
-    plan = mech.plan(n_train=1000, batch_size=50, epochs=3)
+    plan = mech.plan(PlanRequest(n_train=1000, batch_size=50, epochs=3))
     assert plan.steps == 60
     sigma = 8.0
     exact = accounting.epsilon([(sigma * inverse_sqrt_schedule(j), plan.sample_rate, 1) for j in range(1, 61)],

@@ -135,7 +135,7 @@ class NoTorch:
 sys.meta_path.insert(0, NoTorch())
 from dpbench.problems import catalog
 from dpbench.pipeline import cluster, grid
-from dpbench.matrix import cache
+from dpbench.matrix.store import cache
 from dpbench.reporting import aggregate
 assert cluster.train_size("P4", {{"validation_size": 10}}) == 12_979 - 10 + 93
 assert grid.Cell("P1", "dpsgd", 256, 1, None, 0.1, 0, 0).dataset == "cifar10"

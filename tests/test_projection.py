@@ -1,4 +1,4 @@
-"""D2P2's projections (``dpbench.optimizers.projection``): each fast path against an explicit
+"""D2P2's projections (``dpbench.mechanisms.projection``): each fast path against an explicit
 dense matrix, E[P P^T] = I, the operator norm s_P the noise is scaled by, the released vector's
 noise against its calibration, seeds, lanes, checkpoints; and the frozen privacy plan."""
 
@@ -7,16 +7,16 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from types import SimpleNamespace
+import dataclasses
 
 import pytest
 import torch
 from torch import nn
 
-from dpbench.privacy import mechanisms
+from dpbench.mechanisms import projection as proj
+from dpbench.mechanisms.base import PlanRequest
 from dpbench.privacy.clipping import Clipping
 from dpbench.optimizers import get_optimizer
-from dpbench.optimizers import projection as proj
 from dpbench.optimizers.base import Context
 
 DELTA = 1e-5
@@ -217,7 +217,7 @@ def lanes_model(lanes: int, widths=(5, 16)) -> nn.Module:
 def projected_step(name, model, kind, sigma=1.7, C=2.0, L=8, lanes=1, seed=3, n_train=1000, epochs=2):
     spec = get_optimizer(name)
     hp = {"projection": kind}
-    plan = spec.mechanism.plan(n_train, L, epochs, SimpleNamespace(hyperparameters=hp, delta=DELTA))
+    plan = spec.mechanism.plan(PlanRequest(n_train, L, epochs, hyperparameters=hp, delta=DELTA))
     ctx = Context(model=model, loss_fn=None, lr=0.1, expected_batch_size=L, noise_multiplier=sigma,
                   clipping=Clipping(C, normalize=False), noise=spec.mechanism.noise(plan, seed, "cpu"),
                   steps=plan.steps, hyperparameters=spec.hyperparameters(hp), lanes=lanes)
@@ -289,7 +289,7 @@ def test_resume_is_exact(name, kind):
         model = nn.Sequential(nn.Linear(12, 9), nn.Tanh(), nn.Linear(9, 3))
         spec = get_optimizer(name)
         hp = {"projection": kind}
-        plan = spec.mechanism.plan(1000, 8, 2, SimpleNamespace(hyperparameters=hp, delta=DELTA))
+        plan = spec.mechanism.plan(PlanRequest(1000, 8, 2, hyperparameters=hp, delta=DELTA))
         ctx = Context(model=model, loss_fn=lambda m, x, y: (nn.functional.cross_entropy(m(x), y, reduction="none"),
                                                           None),
                       lr=0.1, expected_batch_size=8, noise_multiplier=1.3, clipping=Clipping(1.0),
@@ -318,7 +318,7 @@ def test_resume_is_exact(name, kind):
 
 def test_step_refuses_a_plan_for_another_projection():
     spec = get_optimizer("d2p2sgd")
-    plan = spec.mechanism.plan(1000, 8, 1)  # srht, the default
+    plan = spec.mechanism.plan(PlanRequest(1000, 8, 1))  # srht, the default
     ctx = Context(model=nn.Linear(4, 2), loss_fn=None, lr=0.1, expected_batch_size=8, noise_multiplier=1.0,
                   clipping=Clipping(1.0), noise=spec.mechanism.noise(plan, 1, "cpu"), steps=plan.steps,
                   hyperparameters=spec.hyperparameters({"projection": "gaussian"}))
@@ -329,19 +329,18 @@ def test_step_refuses_a_plan_for_another_projection():
 # -- the plan is frozen --------------------------------------------------------------------------
 
 def test_plan_is_not_mutable_after_construction():
-    given = {"projection": "srht"}
-    plan = mechanisms.Plan(8, 10, 0.1, given)
-    given["projection"] = "gaussian"  # the plan holds its own copy
-    assert plan.extras["projection"] == "srht"
+    given = {"projection": "gaussian"}
+    request = PlanRequest(1000, 8, 1, hyperparameters=given)
+    given["projection"] = "srht"  # the request holds its own copy
     with pytest.raises(TypeError):
-        plan.extras["projection"] = "gaussian"
-    with pytest.raises(AttributeError):
-        plan.steps = 11
+        request.hyperparameters["projection"] = "srht"
     mech = get_optimizer("d2p2sgd").mechanism
-    plan = mech.plan(1000, 8, 1)
-    with pytest.raises(TypeError):
-        plan.extras["delta_fail"] = 0.5
-    before = dict(plan.extras)
+    plan = mech.plan(request)
+    assert isinstance(plan, proj.ProjectionPlan) and plan.projection == "gaussian" and plan.tail_t > 0
+    for name, value in (("steps", 11), ("delta_fail", 0.5), ("projection", "srht")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(plan, name, value)
+    before = dataclasses.asdict(plan)
     step, _, _ = projected_step("d2p2sgd", lanes_model(1), "srht")
     step.add_noise([torch.zeros_like(p) for p in step.params])
-    assert dict(plan.extras) == before and "dimension" not in plan.extras
+    assert dataclasses.asdict(plan) == before

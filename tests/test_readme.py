@@ -6,7 +6,7 @@ import torch
 
 from conftest import REPO
 from dpbench.privacy.clipping import Clipping
-from dpbench.privacy.noise import GaussianNoise
+from dpbench.mechanisms.noise import GaussianNoise
 from dpbench.optimizers.base import Context
 
 

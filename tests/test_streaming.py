@@ -1,4 +1,4 @@
-"""Streaming correlated noise (dpbench.matrix.streamed_noise, cyclic_poisson, streaming): the
+"""Streaming correlated noise (dpbench.mechanisms: noise, cyclic_poisson, streamed, amplified_banded): the
 streamed noise against numpy.linalg.solve(C, Z) row by row, exact resume, the state's size; the
 cyclic Poisson sampler's statistics; the amplified accounting against an independent PLD and
 pinned dp_accounting numbers; the three mechanisms' calibration and reports; b = 1 amplified
@@ -14,13 +14,13 @@ import torch
 
 from conftest import run_cell
 from dpbench.privacy import accounting, pld
-from dpbench.matrix import banded, blt, cyclic_poisson, streamed_mechanism
+from dpbench.matrix import banded, blt
 from dpbench.matrix import sensitivity as dense_sensitivity
-from dpbench.matrix.streamed_noise import BandedNoise, BLTNoise
-from dpbench.privacy.mechanisms import Plan
-from dpbench.privacy.noise import GaussianNoise
+from dpbench.mechanisms import cyclic_poisson, streamed
+from dpbench.mechanisms.base import PlanRequest
+from dpbench.mechanisms.noise import BandedNoise, BLTNoise, GaussianNoise
+from dpbench.mechanisms.sampling import CyclicPoissonSampler, PoissonSampler
 from dpbench.optimizers import get_optimizer
-from dpbench.privacy.sampling import PoissonSampler
 
 
 @pytest.fixture(autouse=True)
@@ -113,7 +113,7 @@ def test_cyclic_poisson_groups_rate_and_batch_sizes():
     n_examples, bands, L = 24_000, 6, 200
     p = cyclic_poisson.sample_rate(bands, L, n_examples)
     assert p == pytest.approx(bands * L / n_examples)
-    s = cyclic_poisson.CyclicPoissonSampler(n_examples, bands, p, seed=1)
+    s = CyclicPoissonSampler(n_examples, bands, p, seed=1)
     groups = s.groups.numpy()
     counts = np.bincount(groups, minlength=bands)
     sd = math.sqrt(n_examples * (1 / bands) * (1 - 1 / bands))
@@ -148,28 +148,25 @@ def test_cyclic_poisson_refuses_rate_above_one():
 
 
 def test_one_band_is_poisson_sampling_with_the_same_batches():
-    a = cyclic_poisson.CyclicPoissonSampler(500, 1, 0.05, seed=9)
+    a = CyclicPoissonSampler(500, 1, 0.05, seed=9)
     b = PoissonSampler(500, 0.05, seed=9)
     for _ in range(30):
         assert torch.equal(a.sample(), b.sample())
 
 
 def test_cyclic_poisson_resume_and_lanes():
-    s = cyclic_poisson.CyclicPoissonSampler(1000, 4, 0.2, seed=2)
+    s = CyclicPoissonSampler(1000, 4, 0.2, seed=2)
     for _ in range(5):
         s.sample()
     saved = copy.deepcopy(s.state_dict())
     rest = [s.sample() for _ in range(7)]
-    t = cyclic_poisson.CyclicPoissonSampler(1000, 4, 0.2, seed=99)  # other seed: state decides
+    t = CyclicPoissonSampler(1000, 4, 0.2, seed=99)  # other seed: state decides
     t.load_state_dict(saved)
     assert all(torch.equal(x, y) for x, y in zip(rest, [t.sample() for _ in range(7)]))
     # lanes: one sampler over lanes * N examples, lane-major; each lane gets its own groups and batch ~ L
     mech = get_optimizer("dpmatrix-band-amp").mechanism
     n_train, L, lanes = 2000, 50, 3
-
-    class Cfg:
-        hyperparameters = {"bands": 4}
-    plan = mech.plan(n_train, L, 2, Cfg())
+    plan = mech.plan(PlanRequest(n_train, L, 2, hyperparameters={"bands": 4}))
     sampler = mech.sampler(plan, n_train, seed=4, device="cpu", lanes=lanes)
     per_lane = np.zeros(lanes)
     for _ in range(200):
@@ -208,18 +205,15 @@ def test_pld_of_one_full_batch_release_is_the_gaussian_mechanism():
 
 
 def amp_plan(n_train, L, epochs, bands, epsilon=None):
-    class Cfg:
-        hyperparameters = {"bands": bands}
-    Cfg.epsilon = epsilon
-    Cfg.delta = 1e-5
     mech = get_optimizer("dpmatrix-band-amp").mechanism
-    return mech, mech.plan(n_train, L, epochs, Cfg())
+    return mech, mech.plan(PlanRequest(n_train, L, epochs, hyperparameters={"bands": bands}, target_epsilon=epsilon,
+                                       delta=1e-5))
 
 
 def test_amplified_calibration_uses_rounds_and_rate_b_times_L_over_N(monkeypatch):
     mech, plan = amp_plan(1000, 10, 1, 4)
-    assert plan.steps == 100 and plan.extras["rounds"] == 25 and plan.sample_rate == pytest.approx(0.04)
-    assert plan.extras["max_column_norm"] == pytest.approx(1.0)
+    assert plan.steps == 100 and plan.rounds == 25 and plan.sample_rate == pytest.approx(0.04)
+    assert plan.max_column_norm == pytest.approx(1.0)
     # the accounted event: ceil(T / b) = 25 steps at p = b L / N = 0.04 (not 100 steps, not L / N = 0.01)
     assert mech.history(plan, 1.3, 100) == [(1.3, 0.04, 25)]
     assert mech.history(plan, 1.3, 37) == [(1.3, 0.04, 10)]  # stopped early: ceil(37 / 4) rounds
@@ -241,7 +235,7 @@ def test_amplified_calibration_uses_rounds_and_rate_b_times_L_over_N(monkeypatch
 def test_amplified_band_one_is_accounted_as_dpsgd():
     mech, plan = amp_plan(600, 60, 2, 1)
     dpsgd = get_optimizer("dpsgd").mechanism
-    dplan = dpsgd.plan(600, 60, 2, None)
+    dplan = dpsgd.plan(PlanRequest(600, 60, 2))
     assert (plan.steps, plan.sample_rate) == (dplan.steps, dplan.sample_rate)
     for steps in (20, 7):  # the same accountant input, so the same sigma and epsilon
         assert mech.history(plan, 1.7, steps) == dpsgd.history(dplan, 1.7, steps)
@@ -251,9 +245,9 @@ def test_auto_bands_need_a_target_epsilon_and_search_includes_one():
     with pytest.raises(ValueError, match="bands = 'auto' .* --epsilon"):
         amp_plan(600, 60, 1, "auto")
     # a synthetic proxy with its minimum at b = 1, and one at an interior point
-    b, evaluated = streamed_mechanism.choose_bands(60_000, 32, 1875, 1.0, 1e-5, evaluate=lambda b: b)
+    b, evaluated = cyclic_poisson.choose_bands(60_000, 32, 1875, 1.0, 1e-5, evaluate=lambda b: b)
     assert b == 1 and evaluated[0]["bands"] == 1
-    b, evaluated = streamed_mechanism.choose_bands(60_000, 32, 1875, 1.0, 1e-5, evaluate=lambda b: (b - 77) ** 2 + 1)
+    b, evaluated = cyclic_poisson.choose_bands(60_000, 32, 1875, 1.0, 1e-5, evaluate=lambda b: (b - 77) ** 2 + 1)
     assert b == 77 and len(evaluated) < 40
     assert max(e["bands"] for e in evaluated) == 1875  # floor(N / L) is a candidate
 
@@ -261,26 +255,25 @@ def test_auto_bands_need_a_target_epsilon_and_search_includes_one():
 @pytest.mark.slow
 def test_auto_bands_on_a_small_problem_beat_or_tie_dpsgd():
     mech, plan = amp_plan(1000, 20, 1, "auto", epsilon=1.0)
-    search = plan.extras["band_search"]
+    search = plan.band_search
     proxies = {e["bands"]: e["proxy"] for e in search}
-    assert plan.extras["bands"] == min(proxies, key=proxies.get) and proxies[plan.extras["bands"]] <= proxies[1]
+    assert plan.bands == min(proxies, key=proxies.get) and proxies[plan.bands] <= proxies[1]
     assert proxies[1] == pytest.approx(search[0]["sigma_rdp"] * math.sqrt((50 + 1) / 2))  # DP-SGD's err_mean
 
 
 # -- the unamplified mechanisms ----------------------------------------------------------------
 
-class Cfg:
-    def __init__(self, **hyper):
-        self.hyperparameters = hyper
+def request(**hyper):
+    return PlanRequest(600, 60, 3, hyperparameters=hyper)
 
 
 def test_band_mechanism_plan_calibration_and_report():
     mech = get_optimizer("dpmatrix-band").mechanism
-    plan = mech.plan(600, 60, 3, Cfg())
-    fact = plan.extras["factorization"]
+    plan = mech.plan(request())
+    fact = plan.factorization
     assert plan.steps == 30 and plan.sample_rate is None and fact.bands == 10  # auto: min(64, b' = 10, T)
-    assert plan.extras["sensitivity"] == pytest.approx(math.sqrt(3))  # column-normalised: sqrt(k)
-    assert plan.extras["sensitivity"] == pytest.approx(
+    assert plan.sensitivity == pytest.approx(math.sqrt(3))  # column-normalised: sqrt(k)
+    assert plan.sensitivity == pytest.approx(
         dense_sensitivity.sensitivity(fact.matrix(), 3, 10))
     sigma = mech.calibrate(plan, 1.0, 1e-5, "prv")
     assert sigma == accounting.gaussian_noise_multiplier(1.0, 1e-5, sensitivity=math.sqrt(3))
@@ -294,35 +287,35 @@ def test_band_mechanism_plan_calibration_and_report():
     assert 1 < early["strategy_sensitivity_steps_taken"] < math.sqrt(2) and early["epsilon"] < rep["epsilon"]
     assert mech.privacy_profile(plan, sigma, 1e-5, "prv")([1.0])[0] == pytest.approx(1e-5, rel=1e-6)
     with pytest.raises(ValueError, match="bands = 11 exceeds the steps per epoch b' = N // L = 10"):
-        mech.plan(600, 60, 3, Cfg(bands=11))
-    assert mech.plan(600, 60, 3, Cfg(bands=3)).extras["factorization"].bands == 3
+        mech.plan(request(bands=11))
+    assert mech.plan(request(bands=3)).factorization.bands == 3
     with pytest.raises(ValueError, match="'bands' must be a positive integer or 'auto'"):
-        mech.plan(600, 60, 3, Cfg(bands=0))
+        mech.plan(request(bands=0))
 
 
 def test_blt_mechanism_plan_calibration_and_report():
     mech = get_optimizer("dpmatrix-blt").mechanism
-    plan = mech.plan(600, 60, 2, Cfg(buffers=2))
-    fact = plan.extras["factorization"]
+    plan = mech.plan(PlanRequest(600, 60, 2, hyperparameters={"buffers": 2}))
+    fact = plan.factorization
     assert plan.steps == 20 and fact.buffers == 2 and fact.in_class()
-    assert plan.extras["sensitivity"] == pytest.approx(dense_sensitivity.sensitivity(fact.matrix(), 2, 10), rel=1e-12)
+    assert plan.sensitivity == pytest.approx(dense_sensitivity.sensitivity(fact.matrix(), 2, 10), rel=1e-12)
     sigma = mech.calibrate(plan, 2.0, 1e-5, "prv")
     rep = mech.report(plan, sigma, 20, 1e-5, "prv")
     assert rep["epsilon"] == pytest.approx(2.0, rel=1e-6) and rep["matrix"]["buffers"] == 2
-    assert rep["strategy_sensitivity"] == plan.extras["sensitivity"]
+    assert rep["strategy_sensitivity"] == plan.sensitivity
     noise = mech.noise(plan, 3, "cpu")
     got = stream(noise, 20)
     np.testing.assert_allclose(got, np.linalg.solve(fact.matrix(), gaussian_rows(3, 20)), atol=1e-10)
 
 
 def test_factorize_is_a_pure_function_of_its_arguments():
-    a = streamed_mechanism.factorize("band", 200, 50, 4, 16)
-    b = streamed_mechanism.factorize("band", 200, 50, 4, 16)
+    a = streamed.factorize("band", 200, 50, 4, 16)
+    b = streamed.factorize("band", 200, 50, 4, 16)
     np.testing.assert_array_equal(a.coef, b.coef)
     with pytest.raises(ValueError, match="unknown streaming factorization kind"):
-        streamed_mechanism.factorize("dense", 10, 10, 1, 1)
+        streamed.factorize("dense", 10, 10, 1, 1)
     with pytest.raises(ValueError, match="1 <= b <= min"):
-        streamed_mechanism.factorize("band", 200, 10, 4, 16)
+        streamed.factorize("band", 200, 10, 4, 16)
 
 
 # -- whole runs --------------------------------------------------------------------------------

@@ -1,23 +1,25 @@
-"""The streamed mechanisms' factorizations as a cached stage (dpbench.matrix.streamed_factorization):
+"""The streamed mechanisms' factorizations as a cached stage (dpbench.matrix.store: keys, streamed_files):
 keys name what determines a strategy, files round-trip exactly, damaged, stale and mismatched
 files are refused, a run with a cached file does not optimise, and the workflow names the file
 the run's plan reads."""
 
 import json
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from dpbench.pipeline.grid import Cell
-from dpbench.matrix import banded, blt, cache, streamed_mechanism, streamed_factorization
-from dpbench.matrix.streamed_factorization import StreamingFactorizationError
+from dpbench.matrix import banded, blt
+from dpbench.matrix.store import cache, keys, streamed_files
+from dpbench.mechanisms import cyclic_poisson, streamed
+from dpbench.mechanisms.base import PlanRequest
+from dpbench.matrix.store.streamed_files import StreamingFactorizationError
 from dpbench.optimizers import get_optimizer
 
 
-def cfg(**kw):
-    return SimpleNamespace(**{"hyperparameters": {}, "epsilon": None, "delta": 1e-5, **kw})
+def request(n_train, batch_size, epochs, epsilon=None, **kw):
+    return PlanRequest(n_train, batch_size, epochs, target_epsilon=epsilon, **{"delta": 1e-5, **kw})
 
 
 @pytest.fixture(autouse=True)
@@ -28,30 +30,30 @@ def _cache_dir(tmp_path, monkeypatch):
 def test_keys_name_what_determines_the_strategy():
     band, blt_mech, amp = (get_optimizer(n).mechanism for n in ("dpmatrix-band", "dpmatrix-blt", "dpmatrix-band-amp"))
     # Setup 2, L = 32: b' = 1875 steps per epoch, one epoch
-    assert band.key(60_000, 32, 1, cfg()) == "band-n1875-b64"  # auto: min(64, b', T)
-    assert band.key(60_000, 32, 1, cfg(hyperparameters={"bands": 16})) == "band-n1875-b16"
-    assert blt_mech.key(60_000, 32, 1, cfg()) == "blt-n1875-sep1875-k1-mauto"
+    assert band.key(request(60_000, 32, 1)) == "band-n1875-b64"  # auto: min(64, b', T)
+    assert band.key(request(60_000, 32, 1, hyperparameters={"bands": 16})) == "band-n1875-b16"
+    assert blt_mech.key(request(60_000, 32, 1)) == "blt-n1875-sep1875-k1-mauto"
     # Setup 3, P1, L = 1024: b' = 48, k = 30, T = 1440
-    assert band.key(50_000, 1024, 30, cfg()) == "band-n1440-b48"
-    assert blt_mech.key(50_000, 1024, 30, cfg(hyperparameters={"buffers": 2})) == "blt-n1440-sep48-k30-m2"
+    assert band.key(request(50_000, 1024, 30)) == "band-n1440-b48"
+    assert blt_mech.key(request(50_000, 1024, 30, hyperparameters={"buffers": 2})) == "blt-n1440-sep48-k30-m2"
     # amplified: T = round(E N / L) = 1465; auto names (N, L, T, epsilon, delta); a given b is a plain band
-    assert amp.key(50_000, 1024, 30, cfg(epsilon=1.0)) == "band-auto-N50000-L1024-n1465-eps1-delta1e-05"
-    assert amp.key(50_000, 1024, 30, cfg(epsilon=0.5, delta=1e-6)) == "band-auto-N50000-L1024-n1465-eps0.5-delta1e-06"
-    assert amp.key(50_000, 1024, 30, cfg(hyperparameters={"bands": 48})) == "band-n1465-b48"
+    assert amp.key(request(50_000, 1024, 30, epsilon=1.0)) == "band-auto-N50000-L1024-n1465-eps1-delta1e-05"
+    assert amp.key(request(50_000, 1024, 30, epsilon=0.5, delta=1e-6)) == "band-auto-N50000-L1024-n1465-eps0.5-delta1e-06"
+    assert amp.key(request(50_000, 1024, 30, hyperparameters={"bands": 48})) == "band-n1465-b48"
     with pytest.raises(ValueError, match="b <= N / L"):
-        amp.key(50_000, 1024, 30, cfg(hyperparameters={"bands": 49}))
+        amp.key(request(50_000, 1024, 30, hyperparameters={"bands": 49}))
     # single participation does not depend on b': canonical separation n
-    assert streamed_factorization.blt_key(100, 7, 1, None) == streamed_factorization.blt_key(100, 100, 5, None) == \
+    assert keys.blt_key(100, 7, 1, None) == keys.blt_key(100, 100, 5, None) == \
         "blt-n100-sep100-k1-mauto"
-    assert streamed_factorization.blt_key(100, 30, 9, 3) == "blt-n100-sep30-k4-m3"  # k' = min(k, ceil(n / b'))
+    assert keys.blt_key(100, 30, 9, 3) == "blt-n100-sep30-k4-m3"  # k' = min(k, ceil(n / b'))
 
 
 @pytest.mark.parametrize("key", ["band-n1875-b64", "blt-n100-sep30-k4-m3", "blt-n100-sep100-k1-mauto",
                                  "band-auto-N50000-L1024-n1465-eps1-delta1e-05",
                                  "band-auto-N600-L60-n30-eps0.25-delta1e-05"])
 def test_keys_parse_back(key):
-    assert streamed_factorization.is_key(key)
-    kind, params = streamed_factorization.parse_key(key)
+    assert keys.is_streamed_key(key)
+    kind, params = keys.parse_streamed_key(key)
     assert kind == key.split("-n")[0].split("-N")[0]
     assert params["n"] == int(key.split("-n")[1].split("-")[0])
 
@@ -61,50 +63,50 @@ def test_keys_parse_back(key):
                                      ("blt-n100-sep30-k4-m9", "buffers must be"), ("me-k30-b48", "not a streaming")])
 def test_bad_keys_are_refused(key, why):
     with pytest.raises(ValueError, match=why):
-        streamed_factorization.parse_key(key)
+        keys.parse_streamed_key(key)
 
 
 def test_file_round_trips_exactly_and_plan_reads_it_without_optimising(tmp_path, monkeypatch):
     def no(*a, **k):
         raise AssertionError("a run with a cached factorization must not optimise")
-    for module, name in ((blt, "optimize"), (banded, "optimize"), (streamed_mechanism, "choose_bands")):
+    for module, name in ((blt, "optimize"), (banded, "optimize"), (cyclic_poisson, "choose_bands")):
         monkeypatch.setattr(module, name, no)
     key = "blt-n30-sep10-k3-m2"
     strategy = blt.BLT.from_pair([0.9, 0.3], [0.7, 0.1], 30)
     cached = cache.streaming_path(tmp_path / "c", key)  # as the workflow's factorize stage leaves it
-    streamed_factorization.save(streamed_factorization.StreamingFactorization(key, strategy), cached)
+    streamed_files.save(streamed_files.StreamingFactorization(key, strategy), cached)
     path = tmp_path / "f.json"
-    streamed_factorization.save(streamed_factorization.load(cached, key), path)
+    streamed_files.save(streamed_files.load(cached, key), path)
     assert path.read_text() == cached.read_text()  # exact decimal float64: the round trip is the identity
     mech = get_optimizer("dpmatrix-blt").mechanism
-    for run in (cfg(hyperparameters={"buffers": 2}, factorization=str(path)),
-                cfg(hyperparameters={"buffers": 2}, cache_dir=str(tmp_path / "c"))):
-        plan = mech.plan(600, 60, 3, run)
-        np.testing.assert_array_equal(plan.extras["factorization"].theta, strategy.theta)
+    for run in (request(600, 60, 3, hyperparameters={"buffers": 2}, factorization=path),
+                request(600, 60, 3, hyperparameters={"buffers": 2}, cache_dir=tmp_path / "c")):
+        plan = mech.plan(run)
+        np.testing.assert_array_equal(plan.factorization.theta, strategy.theta)
         # the sensitivity is recomputed from the loaded coefficients and the run's Pi(b' = 10, k = 3)
-        assert plan.extras["sensitivity"] == strategy.sensitivity(10, 3)
-        assert plan.extras["factorization_key"] == key
-    assert plan.extras["factorization_file"] == str(cached)
+        assert plan.sensitivity == strategy.sensitivity(10, 3)
+        assert plan.factorization_key == key
+    assert plan.factorization_file == cached
 
 
 def test_amplified_auto_reads_the_band_search_from_its_file(tmp_path, monkeypatch):
     key = "band-auto-N600-L60-n30-eps1-delta1e-05"
     mech = get_optimizer("dpmatrix-band-amp").mechanism
-    run = cfg(epsilon=1.0, cache_dir=str(tmp_path))
-    plan = mech.plan(600, 60, 3, run)
-    assert plan.extras["factorization_key"] == key and (tmp_path / "streaming" / f"{key}.json").exists()
-    proxies = {e["bands"]: e["proxy"] for e in plan.extras["band_search"]}
-    assert plan.extras["bands"] == min(proxies, key=proxies.get)
-    monkeypatch.setattr(streamed_mechanism, "choose_bands", lambda *a, **k: pytest.fail("the search ran again"))
-    again = mech.plan(600, 60, 3, run)
-    assert again.extras["bands"] == plan.extras["bands"] and again.sample_rate == plan.sample_rate
+    run = request(600, 60, 3, epsilon=1.0, cache_dir=tmp_path)
+    plan = mech.plan(run)
+    assert plan.factorization_key == key and (tmp_path / "streaming" / f"{key}.json").exists()
+    proxies = {e["bands"]: e["proxy"] for e in plan.band_search}
+    assert plan.bands == min(proxies, key=proxies.get)
+    monkeypatch.setattr(cyclic_poisson, "choose_bands", lambda *a, **k: pytest.fail("the search ran again"))
+    again = mech.plan(run)
+    assert again.bands == plan.bands and again.sample_rate == plan.sample_rate
     # another target epsilon is another search, hence another file
-    assert mech.key(600, 60, 3, cfg(epsilon=10.0)) != key
+    assert mech.key(request(600, 60, 3, epsilon=10.0)) != key
 
 
 def damaged(tmp_path, key, edit):
     path = tmp_path / f"{key}.json"
-    streamed_factorization.save(streamed_mechanism.compute(key), path)
+    streamed_files.save(streamed.compute(key), path)
     record = json.loads(path.read_text())
     edit(record)
     path.write_text(json.dumps(record))
@@ -126,23 +128,23 @@ def damaged(tmp_path, key, edit):
 def test_damaged_files_are_refused_naming_the_check_and_the_fix(tmp_path, key, edit, why):
     path = damaged(tmp_path, key, edit)
     with pytest.raises(StreamingFactorizationError, match=why) as exc:
-        streamed_factorization.load(path, key)
+        streamed_files.load(path, key)
     assert str(path) in str(exc.value) and "delete" in str(exc.value)
 
 
 def test_a_file_for_another_setting_and_unreadable_files_are_refused(tmp_path):
     path = tmp_path / "f.json"
-    streamed_factorization.save(streamed_mechanism.compute("band-n40-b5"), path)
+    streamed_files.save(streamed.compute("band-n40-b5"), path)
     with pytest.raises(StreamingFactorizationError, match="is for 'band-n40-b5', but this run needs 'band-n40-b4'"):
-        streamed_factorization.load(path, "band-n40-b4")
+        streamed_files.load(path, "band-n40-b4")
     mech = get_optimizer("dpmatrix-band").mechanism
     with pytest.raises(StreamingFactorizationError, match="this run needs 'band-n30-b10'"):
-        mech.plan(600, 60, 3, cfg(factorization=str(path)))
+        mech.plan(request(600, 60, 3, factorization=path))
     path.write_text(path.read_text()[:100])  # truncated
     with pytest.raises(StreamingFactorizationError, match="unreadable"):
-        streamed_factorization.load(path)
+        streamed_files.load(path)
     with pytest.raises(ValueError, match="does not exist"):
-        mech.plan(600, 60, 3, cfg(factorization=str(tmp_path / "missing.json")))
+        mech.plan(request(600, 60, 3, factorization=tmp_path / "missing.json"))
 
 
 def test_workflow_names_the_file_the_plan_reads(tmp_path):
@@ -154,10 +156,10 @@ def test_workflow_names_the_file_the_plan_reads(tmp_path):
         cell = Cell("P2", name, 60, 2, 2.0, 0.1, 0, 123, hp)
         files = cell.cache_files(train, tmp_path)
         assert set(files) == {"factorization"}
-        run = cfg(hyperparameters=dict(hp), epsilon=2.0, delta=1e-6, cache_dir=str(tmp_path))
-        plan = get_optimizer(name).mechanism.plan(600, 60, 2, run)
-        assert files["factorization"] == cache.streaming_path(tmp_path, plan.extras["factorization_key"])
-        assert plan.extras["factorization_file"] == str(files["factorization"])
+        run = request(600, 60, 2, hyperparameters=dict(hp), epsilon=2.0, delta=1e-6, cache_dir=tmp_path)
+        plan = get_optimizer(name).mechanism.plan(run)
+        assert files["factorization"] == cache.streaming_path(tmp_path, plan.factorization_key)
+        assert plan.factorization_file == files["factorization"]
     assert Cell("P2", "dpsgd", 60, 2, 2.0, 0.1, 0, 123).cache_files(train, tmp_path) == {}
     dense = Cell("P2", "dpmatrix-se", 60, 1, 2.0, 0.1, 0, 123).cache_files(train, tmp_path)
     assert dense["factorization"].parent.name == "se-k1-b10" and dense["noise"].suffix == ".npy"
@@ -165,7 +167,7 @@ def test_workflow_names_the_file_the_plan_reads(tmp_path):
 
 def test_noise_estimate_counts_dense_files_only(tmp_path, capsys):
     from dpbench.cli import main
-    from dpbench.matrix.dense_noise import file_bytes
+    from dpbench.matrix.store.noise_files import file_bytes
 
     config = tmp_path / "c.yaml"
     config.write_text(f"""results_dir: {tmp_path / 'results'}
@@ -196,7 +198,7 @@ def test_factorize_command_writes_a_streaming_key(tmp_path):
 
     out = tmp_path / "f.json"
     assert main(["factorize", "--key", "band-n50-b4", "--out", str(out)]) == 0
-    fact = streamed_factorization.load(out, "band-n50-b4")
+    fact = streamed_files.load(out, "band-n50-b4")
     assert fact.strategy.bands == 4 and math.isclose(np.linalg.norm(fact.strategy.coef), 1.0, rel_tol=1e-12)
     assert main(["factorize", "--key", "band-n50-b4", "--out", str(out), "--tol", "1e-3"]) == 2
 
@@ -270,4 +272,4 @@ def test_hp_flags_carry_auto_and_integers():
     assert args.hp == [("bands", "auto"), ("buffers", 3)]
     mech = get_optimizer("dpmatrix-band").mechanism
     with pytest.raises(ValueError, match="'bands' must be a positive integer or 'auto', got 'abc'"):
-        mech.key(600, 60, 1, cfg(hyperparameters={"bands": "abc"}))
+        mech.key(request(600, 60, 1, hyperparameters={"bands": "abc"}))

@@ -226,28 +226,29 @@ def cmd_plot(args) -> int:
 
 
 def cmd_factorize(args) -> int:
-    from dpbench.matrix import dense_factorization, streamed_factorization
-    from dpbench.matrix.dense_noise import log_stderr
+    from dpbench.matrix import dense_factorization
+    from dpbench.matrix.store import dense_files, keys, streamed_files
+    from dpbench.matrix.store.noise_files import log_stderr
 
     for option, path in (("--out", args.out), ("--report", args.report)):
         if path:
             refuse_special(path, f"argument {option}:")
-    if streamed_factorization.is_key(args.key):  # a streamed mechanism's: one JSON file, no noise file
-        from dpbench.matrix import streamed_mechanism
+    if keys.is_streamed_key(args.key):  # a streamed mechanism's: one JSON file, no noise file
+        from dpbench.mechanisms import streamed
 
         if args.tol is not None or args.report:
             raise ValueError(f"--tol and --report apply to dense factorizations, not to {args.key!r}")
-        streamed_factorization.save(streamed_mechanism.compute(args.key), args.out)
+        streamed_files.save(streamed.compute(args.key), args.out)
         print(Path(args.out).read_text(), end="")
         return 0
     fact = dense_factorization.factorize(args.key, tol=args.tol, log=log_stderr)
-    dense_factorization.save(fact, args.out, args.report)
-    print(dense_factorization.report_json(fact.report), end="")
+    dense_files.save(fact, args.out, args.report)
+    print(dense_files.report_json(fact.report), end="")
     return 0
 
 
 def cmd_noise(args) -> int:
-    from dpbench.matrix import dense_factorization, dense_noise
+    from dpbench.matrix.store import dense_files, noise_files
 
     if args.estimate:
         return noise_estimate(args.estimate)
@@ -256,8 +257,8 @@ def cmd_noise(args) -> int:
     missing = [f"--{n.replace('_', '-')}" for n in ("factorization", "dim", "seed", "out") if getattr(args, n) is None]
     if missing:
         raise ValueError(f"writing a noise file needs {', '.join(missing)} (or --estimate CONFIG)")
-    fact = dense_factorization.load(args.factorization)
-    info = dense_noise.write_noise(args.out, fact.noising, args.dim, args.seed, log=dense_noise.log_stderr,
+    fact = dense_files.load(args.factorization)
+    info = noise_files.write_noise(args.out, fact.noising, args.dim, args.seed, log=noise_files.log_stderr,
                                   meta={"factorization_key": fact.key, "factorization_digest": fact.digest})
     print(json.dumps(info, indent=2, sort_keys=True))
     return 0
@@ -335,7 +336,7 @@ def noise_estimate(config_path: str) -> int:
     import shutil
 
     from dpbench.pipeline.grid import expand, load_config
-    from dpbench.matrix import dense_factorization, dense_noise
+    from dpbench.matrix.store import keys, noise_files
     from dpbench.problems import facts
 
     config = load_config(config_path)
@@ -344,14 +345,14 @@ def noise_estimate(config_path: str) -> int:
     for cell in expand(config):
         files = cell.cache_files(config["train"], cache_dir)
         if "noise" in files:
-            _, k, b, _ = dense_factorization.parse_key(files["factorization"].parent.name)
+            _, k, b, _ = keys.parse_dense_key(files["factorization"].parent.name)
             steps, dim = k * b, facts(cell.problem).parameters
             entry = noise.setdefault(files["noise"], {"steps": steps, "dim": dim, "cells": 0})
             entry["cells"] += 1
             dense[files["factorization"]] = 3 * 8 * steps * steps  # C, C^-1, B in float64
         elif "factorization" in files:
             streamed.add(files["factorization"])
-    rows = [(path, e["steps"], e["dim"], dense_noise.file_bytes(e["steps"], e["dim"]), e["cells"])
+    rows = [(path, e["steps"], e["dim"], noise_files.file_bytes(e["steps"], e["dim"]), e["cells"])
             for path, e in sorted(noise.items())]
     total_noise = sum(r[3] for r in rows)
     total = total_noise + sum(dense.values())

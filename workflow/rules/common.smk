@@ -112,8 +112,9 @@ def audit_code(wildcards):
     return fingerprint.modules_fingerprint(("dpbench.audit.run",)) + fingerprint.optimizer_fingerprint(wildcards.optimizer)
 
 
-MATRIX_CODE = fingerprint.modules_fingerprint(("dpbench.matrix.dense_factorization", "dpbench.matrix.dense_noise"))
-STREAMING_CODE = fingerprint.modules_fingerprint(("dpbench.matrix.streamed_mechanism",))
+MATRIX_CODE = fingerprint.modules_fingerprint(("dpbench.matrix.dense_factorization", "dpbench.matrix.store.dense_files",
+                                               "dpbench.matrix.store.noise_files"))
+STREAMING_CODE = fingerprint.modules_fingerprint(("dpbench.mechanisms.streamed",))
 
 
 # Training runs that share one GPU at a time: the profile's `resources: gpu_slots` (each run
@@ -142,9 +143,9 @@ def train_group(wildcards):
 
 def matrix_resource(name):
     def resource(wildcards, attempt):
-        from dpbench.matrix.dense_factorization import parse_key
+        from dpbench.matrix.store.keys import parse_dense_key
 
-        _, k, b, _ = parse_key(wildcards.factorization)
+        _, k, b, _ = parse_dense_key(wildcards.factorization)
         return cluster.factorization_resources(k * b, attempt)[name]
 
     return resource

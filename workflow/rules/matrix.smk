@@ -1,6 +1,6 @@
 # Matrix mechanisms: factorize A = B C once per (kind, k, b, tau), write the correlated noise
 # C^-1 Z once per (factorization, d, seed); the streamed mechanisms' factorizations (a few
-# hundred numbers, no noise file) once per key (dpbench.matrix.streamed_factorization). All write to a
+# hundred numbers, no noise file) once per key (dpbench.matrix.store.keys). All write to a
 # temporary name and rename, so a reader never sees a partial file; each file is the output of
 # exactly one job.
 

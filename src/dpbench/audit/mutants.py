@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from dpbench.privacy.mechanisms import Plan
+from dpbench.mechanisms.base import Plan
 from dpbench.optimizers import get_optimizer
 from dpbench.optimizers.registry import OptimizerSpec
 

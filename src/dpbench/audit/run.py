@@ -28,7 +28,7 @@ import pandas as pd
 from dpbench.audit import bounds, statistics
 from dpbench.audit.trials import (AuditProblem, Trials, audit_spec, make_claim, participation_check,
                                   postprocessing_check, problem_size, run_chunk, run_trials)
-from dpbench.matrix.cache import default_cache_dir
+from dpbench.matrix.store.cache import default_cache_dir
 from dpbench.optimizers.registry import OptimizerSpec
 from dpbench.privacy import accounting
 from dpbench.plugins import mechanism_origin, record_of
@@ -60,7 +60,7 @@ def claim_record(spec: OptimizerSpec, trials_or_claim, hyper: dict, problem: Aud
                     "steps": problem.steps},
     }
     if claim.strategy is not None:
-        fact = plan.extras.get("factorization")
+        fact = getattr(plan, "factorization", None)
         record.update({"factorization": getattr(fact, "key", type(fact).__name__),
                        "strategy_sensitivity": claim.strategy_sensitivity})
     return record

@@ -170,7 +170,7 @@ class BandedLikelihoodRatio(AuditStatistic):
 
     def score(self, trials: Any) -> np.ndarray:
         claim, strategy = trials.claim, trials.claim.strategy
-        sensitivity, rate, bands = claim.clip_sensitivity, claim.plan.sample_rate, claim.plan.extras["bands"]
+        sensitivity, rate, bands = claim.clip_sensitivity, claim.plan.sample_rate, claim.plan.bands
         steps = strategy.shape[0]
         ctw = strategy.T @ (strategy @ trials.y)  # (T, R)
         col2 = (strategy ** 2).sum(axis=0)[:, None]

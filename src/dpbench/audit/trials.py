@@ -47,8 +47,8 @@ from torch import nn
 from dpbench.audit.statistics import get_statistic
 from dpbench.privacy import accounting
 from dpbench.privacy.clipping import Clipping
-from dpbench.matrix.cache import default_cache_dir
-from dpbench.privacy.mechanisms import AuditSpec, Plan
+from dpbench.matrix.store.cache import default_cache_dir
+from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest
 from dpbench.training.harness import assemble, calibrate_noise
 from dpbench.optimizers.registry import OptimizerSpec
 
@@ -174,21 +174,6 @@ def audit_spec(spec: OptimizerSpec) -> AuditSpec:
     return audit
 
 
-def _run_config(hyper: dict, epsilon: float | None, delta: float, cache_dir: str | None):
-    """The settings a mechanism's plan() may read (a stand-in for train.RunConfig)."""
-    return _AuditRunConfig(hyperparameters=hyper, epsilon=epsilon, delta=delta, cache_dir=cache_dir)
-
-
-@dataclass(frozen=True)
-class _AuditRunConfig:
-    hyperparameters: dict
-    epsilon: float | None
-    delta: float
-    cache_dir: str | None
-    factorization: str | None = None
-    noise_file: str | None = None
-
-
 def problem_size(spec: OptimizerSpec, problem: AuditProblem) -> tuple[int, int]:
     """(N, E) for a mechanism: single-epoch mechanisms see every example once."""
     if getattr(spec.mechanism, "single_epoch", False):
@@ -201,7 +186,8 @@ def make_claim(spec: OptimizerSpec, epsilon: float | None, hyper: dict, problem:
     """Plan the audited run and calibrate sigma exactly as a training cell does (or take the
     given sigma; the claim is then the epsilon the mechanism's accountant reports for it)."""
     n, epochs = problem_size(spec, problem)
-    plan = spec.mechanism.plan(n, problem.batch_size, epochs, _run_config(hyper, epsilon, delta, cache_dir))
+    plan = spec.mechanism.plan(PlanRequest(n, problem.batch_size, epochs, hyperparameters=hyper,
+                                           target_epsilon=epsilon, delta=delta, cache_dir=cache_dir))
     if plan.steps != problem.steps:
         raise ValueError(f"{spec.name}: the mechanism plans {plan.steps} steps, the audit problem {problem.steps}")
     sigma, _ = calibrate_noise(spec, plan, target_epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta,
@@ -304,7 +290,7 @@ def run_chunk(spec: OptimizerSpec, audit: AuditSpec, claim: Claim, hyper: dict, 
 def _projected_canary_norms(step, canaries: int) -> np.ndarray:
     """(lanes, m): ||P^T e_j|| for this step's projection of each lane (public randomness:
     the step's seeds), canary j on coordinate j."""
-    from dpbench.optimizers import projection
+    from dpbench.mechanisms import projection
 
     if step.kind is None:  # no projection (D2P-SGD)
         return np.ones((len(step.last_seeds) or 1, canaries))

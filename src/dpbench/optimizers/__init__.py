@@ -6,7 +6,7 @@ docs/adding-an-optimizer.md)."""
 from dpbench.optimizers import adam, d2p2, dice, dice_strict, disk, dpmatrix, opacus_dpsgd, sgd, streaming
 from dpbench.optimizers.registry import OptimizerSpec
 from dpbench.plugins import Group, Registry
-from dpbench.privacy.mechanisms import AuditSpec
+from dpbench.mechanisms.base import AuditSpec
 
 MECHANISM_METHODS = ("plan", "calibrate", "report", "sampler", "noise")
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dpbench.privacy.clipping import Clipping, NoClipping
-from dpbench.privacy.mechanisms import NoiseSource
+from dpbench.mechanisms.base import NoiseSource
 from dpbench.privacy.per_sample import PerSampleGradients, Tape
 
 # (model, x, y) -> (per-sample losses (B,), per-sample correctness (B,) or None)

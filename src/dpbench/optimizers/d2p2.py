@@ -16,7 +16,7 @@ subsampled randomized Hartley transform by default (``projection: srht``, s_P = 
 exactly) or the paper's Gaussian matrix (``projection: gaussian``, s_P a bound that fails with
 probability delta/10 over the run, which is accounted); the release P_k^T g_bar + e_k has
 sensitivity ||P_k||_op / L <= s_P / L. Everything about the projection, its sensitivity and its
-mechanism is in ``dpbench.optimizers.projection``. Without projection (D2P-SGD) s_P = 1. The
+mechanism is in ``dpbench.mechanisms.projection``. Without projection (D2P-SGD) s_P = 1. The
 decaying schedule is accounted step by step with the fast integer-order RDP accountant; the
 paper's setting without s_P is the explicit option ``paper_sensitivity=true``, whose runs are
 marked "not a valid DP guarantee".
@@ -32,8 +32,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dpbench.privacy.mechanisms import PoissonSubsampledGaussian, inverse_sqrt_schedule
-import dpbench.optimizers.projection as projection
+from dpbench.mechanisms import projection
+from dpbench.mechanisms.noise import ProjectionNoise
+from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian, inverse_sqrt_schedule
 from dpbench.optimizers.base import SGD, Context, DPStep
 from dpbench.optimizers.registry import OptimizerSpec
 
@@ -76,7 +77,7 @@ class ProjectedStep(DPStep):
             if not 0 < projection_rate <= 1:
                 raise ValueError(f"projection_rate must be in (0, 1], got {projection_rate}")
             noise = ctx.noise
-            if not isinstance(noise, projection.ProjectionNoise):
+            if not isinstance(noise, ProjectionNoise):
                 raise TypeError("a projected step needs its mechanism's noise source "
                                 "(projection.RandomProjectionGaussian.noise), which carries the plan's projection")
             given = ctx.hyperparameters.get("projection", noise.kind)

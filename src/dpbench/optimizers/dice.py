@@ -35,7 +35,7 @@ import math
 import torch
 
 from dpbench.optimizers.base import SGD, Context, DPStep
-from dpbench.privacy.mechanisms import AuditSpec
+from dpbench.mechanisms.base import AuditSpec
 from dpbench.optimizers.registry import OptimizerSpec
 
 CAVEAT = (

@@ -47,7 +47,7 @@ error-feedback approach" (ICLR 2024, arXiv:2311.14632); Balle & Wang 2018, "Impr
 Gaussian mechanism for differential privacy" (ICML 2018, arXiv:1805.06530); Dong, Roth & Su
 2022, "Gaussian differential privacy" (JRSS-B, arXiv:1905.02383).
 
-Accounting is exact (``UnamplifiedGaussian``): sigma is the smallest noise multiplier for
+Accounting is exact (``dpbench.mechanisms.unamplified.UnamplifiedGaussian``): sigma is the smallest noise multiplier for
 which one Gaussian release of sensitivity sqrt(T) is (epsilon, delta)-DP
 (``accounting.gaussian_noise_multiplier``); a run stopped after t steps reports the epsilon of
 sqrt(t)/sigma, and the RDP epsilon of T Gaussian mechanisms (q = 1) as a cross-check.
@@ -55,10 +55,8 @@ sqrt(t)/sigma, and the RDP epsilon of T Gaussian mechanisms (q = 1) as a cross-c
 
 from __future__ import annotations
 
-import math
-
-from dpbench.privacy import accounting, profiles
-from dpbench.privacy.mechanisms import AuditSpec, Plan, PoissonSubsampledGaussian
+from dpbench.mechanisms.base import AuditSpec
+from dpbench.mechanisms.unamplified import UnamplifiedGaussian
 from dpbench.optimizers.base import SGD
 from dpbench.optimizers.dice import DiceStep
 from dpbench.optimizers.registry import OptimizerSpec
@@ -77,37 +75,6 @@ class StrictDiceStep(DiceStep):
         c = self.ctx.clipping
         return self.ctx.noise_multiplier * release_sensitivity(c.sensitivity, self.ctx.expected_batch_size,
                                                                self.c2, c.clip_norm)
-
-
-class UnamplifiedGaussian(PoissonSubsampledGaussian):
-    """Poisson batches as DP-SGD draws them, i.i.d. Gaussian noise, and the T steps accounted
-    as T adaptive Gaussian mechanisms without amplification: exactly one Gaussian mechanism of
-    sensitivity sqrt(T) (module docstring). ``--accountant`` does not apply."""
-
-    name = "gaussian-composition-without-amplification"
-
-    def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float:
-        accounting.check_target(target_epsilon, delta)
-        return accounting.gaussian_noise_multiplier(target_epsilon, delta, sensitivity=math.sqrt(plan.steps))
-
-    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
-        """The claim at every epsilon: one Gaussian release with mu = sqrt(T) / sigma."""
-        return profiles.gaussian_profile(math.sqrt(plan.steps) / noise_multiplier)
-
-    def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
-        def eps(t: int) -> float:
-            if t == 0:
-                return 0.0
-            return math.inf if noise_multiplier <= 0 else accounting.gaussian_epsilon(
-                math.sqrt(t) / noise_multiplier, delta)
-
-        return {
-            "epsilon": eps(steps), "epsilon_planned": eps(plan.steps),
-            "epsilon_rdp": accounting.epsilon([(noise_multiplier, 1.0, steps)], delta, "rdp"),
-            "accountant": "analytic-gaussian composition of T steps, no amplification (Balle & Wang 2018)",
-            "sampling": (f"Poisson at q = {plan.sample_rate:.6g}, not used for amplification: every step "
-                         "after an example's first participation depends on it"),
-        }
 
 
 DPDICE_STRICT = OptimizerSpec(

@@ -1,8 +1,8 @@
 """Matrix-factorization mechanisms (thesis 2.2.5, Setups 2 and 3): plain SGD on the
 privatised gradients G + sigma s C^-1 Z, with fixed batches and one exact Gaussian release.
-The mechanism (dpbench.matrix.dense_mechanism) does the rest; see docs/matrix.md."""
+The mechanism (dpbench.mechanisms.dense_matrix) does the rest; see docs/matrix.md."""
 
-from dpbench.matrix.dense_mechanism import MatrixMechanism
+from dpbench.mechanisms.dense_matrix import MatrixMechanism
 from dpbench.optimizers.base import SGD, DPStep
 from dpbench.optimizers.registry import OptimizerSpec
 

@@ -50,7 +50,7 @@ import torch
 from dpbench.optimizers.base import SGD, Context, DPStep, StepOutput
 from dpbench.optimizers.registry import OptimizerSpec
 from dpbench.privacy.clipping import Clipping
-from dpbench.privacy.noise import GaussianNoise
+from dpbench.mechanisms.noise import GaussianNoise
 from dpbench.privacy.per_sample import UnsupportedLayerError
 
 

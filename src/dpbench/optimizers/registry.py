@@ -7,7 +7,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dpbench.privacy.mechanisms import AuditSpec, Mechanism, PoissonSubsampledGaussian
+from dpbench.mechanisms.base import AuditSpec, Mechanism
+from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
 from dpbench.optimizers.base import Context, DPStep
 
 

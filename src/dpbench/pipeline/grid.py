@@ -88,25 +88,23 @@ class Cell:
         """The cached files this cell's run reads, under ``cache_dir`` (nothing is computed here):
         a dense matrix mechanism's factorization and noise file, a streamed mechanism's
         factorization (it writes no noise file), nothing for the other optimizers."""
-        from types import SimpleNamespace
-
-        from dpbench.matrix import cache
-        from dpbench.matrix.dense_mechanism import MatrixMechanism
-        from dpbench.matrix.streamed_mechanism import StreamingMechanism
+        from dpbench.matrix.store import cache
+        from dpbench.mechanisms.base import PlanRequest
+        from dpbench.mechanisms.dense_matrix import MatrixMechanism
+        from dpbench.mechanisms.streamed import StreamingMechanism
         from dpbench.optimizers import get_optimizer
         from dpbench.privacy import accounting
 
         mechanism = get_optimizer(self.optimizer).mechanism
-        hyper, n = dict(self.hyperparameters), self.n_train(train)
+        request = PlanRequest(self.n_train(train), self.batch_size, self.epochs,
+                              hyperparameters=dict(self.hyperparameters), target_epsilon=self.epsilon,
+                              delta=train.get("delta", accounting.DELTA), cache_dir=Path(cache_dir))
         if isinstance(mechanism, MatrixMechanism):
-            key = mechanism.key(n, self.batch_size, self.epochs, hyper.get("tau"))
-            factorization, noise = cache.run_files(cache_dir, key, facts(self.problem).parameters, self.seed)
+            factorization, noise = cache.run_files(cache_dir, mechanism.key(request), facts(self.problem).parameters,
+                                                   self.seed)
             return {"factorization": factorization, "noise": noise}
         if isinstance(mechanism, StreamingMechanism):
-            run = SimpleNamespace(hyperparameters=hyper, epsilon=self.epsilon,
-                                  delta=train.get("delta", accounting.DELTA))
-            return {"factorization": cache.streaming_path(cache_dir, mechanism.key(n, self.batch_size, self.epochs,
-                                                                                    run))}
+            return {"factorization": cache.streaming_path(cache_dir, mechanism.key(request))}
         return {}
 
     def train_args(self, train: dict[str, Any]) -> list[str]:

@@ -43,9 +43,8 @@ UPPER bound of the claim, built from the accountant the runs use (``dpbench.priv
   (the ``fast_rdp_epsilon`` path); other orders Opacus's ``compute_rdp``.
 
 A profile is a function from an array of epsilons to an array of deltas in [0, 1]. Each
-mechanism says which of these is its claim (its ``privacy_profile``: ``dpbench.privacy.mechanisms``,
-``dpbench.matrix.dense_mechanism``, ``dpbench.matrix.streamed_mechanism``,
-``dpbench.optimizers.dice_strict``), from the accountant it was calibrated with and its sigma.
+mechanism says which of these is its claim (its ``privacy_profile``: the modules of
+``dpbench.mechanisms``), from the accountant it was calibrated with and its sigma.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from dpbench.privacy.clipping import Clipping, NoClipping
-from dpbench.privacy.mechanisms import Plan, Sampler
+from dpbench.mechanisms.base import Plan, Sampler
 from dpbench.optimizers.base import Context, DPStep, LossFn
 from dpbench.optimizers.registry import OptimizerSpec
 from dpbench.problems import Problem

@@ -29,7 +29,7 @@ from dpbench.privacy import accounting
 from dpbench.training import cuda
 from dpbench.files import atomic_write, is_no_space, no_space, remove_stale_partials
 from dpbench.training.harness import Assembly, assemble, build_model, calibrate_noise
-from dpbench.privacy.mechanisms import Plan
+from dpbench.mechanisms.base import Plan, PlanRequest
 from dpbench.optimizers.registry import OptimizerSpec
 from dpbench.plugins import mechanism_origin, record_of
 from dpbench.problems import Problem, get_problem
@@ -214,6 +214,14 @@ class Calibration:
     sigma: float
     source: str
     seconds: float
+
+
+def plan_request(cfg: RunConfig, n_train: int) -> PlanRequest:
+    """What the run asks of its mechanism, its files resolved: the given factorization and noise
+    file, the cache directory (the default one unless given)."""
+    return PlanRequest(n_train, cfg.batch_size, cfg.epochs, hyperparameters=cfg.hyperparameters,
+                       target_epsilon=cfg.epsilon, delta=cfg.delta, cache_dir=cfg.cache_dir,
+                       factorization=cfg.factorization, noise_file=cfg.noise_file)
 
 
 def calibrate(cfg: RunConfig, spec: OptimizerSpec, plan: Plan) -> Calibration:
@@ -548,7 +556,7 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     saved = ckpt.load()
 
     # The privacy setting (batches, steps, sample rate) comes from the optimizer's mechanism.
-    plan = spec.mechanism.plan(n_train, cfg.batch_size, cfg.epochs, cfg)
+    plan = spec.mechanism.plan(plan_request(cfg, n_train))
     calibration = (Calibration(saved["sigma"], saved["sigma_source"], saved["calibration_s"]) if saved
                    else calibrate(cfg, spec, plan))
     setup = Setup(cfg, spec, problem, device, seeds, splits, plan, calibration)

@@ -1,27 +1,11 @@
-"""A streaming mechanism's factorization on disk: its key, its file, and what loading verifies.
+"""A streaming mechanism's factorization on disk: its file, and what loading verifies.
 
 The strategies of ``dpmatrix-band``, ``dpmatrix-band-amp`` and ``dpmatrix-blt``
-(matrix/streamed_mechanism.py) are a few hundred numbers, but computing them takes up to ~10 s (a BLT's
-derivative-free search, amplified BandMF's band search), so the workflow computes each once, as
-a stage of its own, and every training cell that needs it reads the file
-(``dpbench train --factorization``), as the dense mechanisms' cells read theirs. A key names
-everything that determines the strategy, and nothing else, so cells share files:
-
-* ``band-n<n>-b<b>``: banded Toeplitz with b bands for n steps, column-normalised. Its
-  coefficients depend on (n, b) only (banded.optimize); the participation only has to admit
-  it (b <= b'), which the run checks when it computes its sensitivity. Shared by
-  ``dpmatrix-band`` and ``dpmatrix-band-amp`` with an explicit ``bands``.
-* ``blt-n<n>-sep<b'>-k<k>-m<m|auto>``: the BLT optimised for Pi(b', k) over n steps with m
-  buffers (``auto``: grown while it helps, blt.optimize). Canonical: k is the effective
-  k' = min(k, ceil(n / b')), and with k' = 1 the separation is n (single participation does
-  not depend on it).
-* ``band-auto-N<N>-L<L>-n<T>-eps<epsilon>-delta<delta>``: ``dpmatrix-band-amp`` with
-  ``bands: auto``. The band search (streaming.choose_bands) depends on the training-set size N,
-  the batch size L, the steps T and the target (epsilon, delta); the file holds the search (every
-  candidate's sigma and error) and the chosen b's coefficients, so that the band search is a
-  cached stage too and the workflow's graph is known before anything runs (no dynamic
-  dependency on the search's result). Numbers are written in their shortest exact form
-  (``repr`` of the float, a trailing ".0" dropped: eps1, eps0.5, delta1e-05).
+(dpbench.mechanisms.streamed) are a few hundred numbers, but computing them takes up to ~10 s
+(a BLT's derivative-free search, amplified BandMF's band search), so the workflow computes each
+once, as a stage of its own, and every training cell that needs it reads the file
+(``dpbench train --factorization``), as the dense mechanisms' cells read theirs. Its key
+(keys.py) names everything that determines the strategy, and nothing else, so cells share files.
 
 The file is JSON (the coefficients as exact decimal float64), written atomically. Loading
 (``load``) trusts nothing that the noise depends on: the format version (an older one is
@@ -31,17 +15,15 @@ closed-form sensitivity needs), a SHA-256 digest of the coefficients recorded wh
 computed, the error recorded against the one recomputed from the coefficients, and for the band
 search that the chosen b is admissible (b <= min(N // L, T)) and the best candidate recorded.
 The privacy of a run never rests on the file's word: the run recomputes its sensitivity from
-the coefficients it loaded and its own participation (streaming.py). A refused file raises
-``StreamingFactorizationError`` naming the file, the check and the fix (delete it; the workflow
-computes it again).
+the coefficients it loaded and its own participation (dpbench.mechanisms.streamed). A refused
+file raises ``StreamingFactorizationError`` naming the file, the check and the fix (delete it;
+the workflow computes it again).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,87 +32,15 @@ import numpy as np
 
 from dpbench.files import atomic_write
 from dpbench.matrix import banded, blt
+from dpbench.matrix.store.keys import parse_streamed_key
 
 FORMAT_VERSION = 1
 ERROR_RTOL = 1e-9  # recorded vs recomputed err_mean
 NORM_TOL = 1e-12  # | ||c|| - 1 | of a band's coefficients
-_NUM = r"[0-9][0-9.e+-]*"
-_KEYS = {
-    "band": re.compile(r"^band-n(?P<n>\d+)-b(?P<b>\d+)$"),
-    "blt": re.compile(r"^blt-n(?P<n>\d+)-sep(?P<sep>\d+)-k(?P<k>\d+)-m(?P<m>\d+|auto)$"),
-    "band-auto": re.compile(rf"^band-auto-N(?P<N>\d+)-L(?P<L>\d+)-n(?P<n>\d+)"
-                            rf"-eps(?P<eps>{_NUM})-delta(?P<delta>{_NUM})$"),
-}
 
 
 class StreamingFactorizationError(ValueError):
     """A streaming factorization file that must not be used; the message names the file and the fix."""
-
-
-def number(x: float) -> str:
-    """The shortest exact decimal of a float, without a trailing '.0' (1.0 -> '1', 1e-05 -> '1e-05')."""
-    text = repr(float(x))
-    return text[:-2] if text.endswith(".0") else text
-
-
-def band_key(steps: int, bands: int) -> str:
-    if not 1 <= bands <= steps:
-        raise ValueError(f"a banded factorization needs 1 <= b <= n, got b = {bands}, n = {steps}")
-    return f"band-n{int(steps)}-b{int(bands)}"
-
-
-def blt_key(steps: int, min_separation: int, participations: int, buffers: int | None) -> str:
-    if steps < 2 or min_separation < 1 or participations < 1:
-        raise ValueError(f"a BLT needs n >= 2, b' >= 1 and k >= 1, got n = {steps}, b' = {min_separation}, "
-                         f"k = {participations}")
-    if buffers is not None and not 1 <= buffers <= blt.MAX_BUFFERS:
-        raise ValueError(f"buffers must be in [1, {blt.MAX_BUFFERS}] or auto, got {buffers}")
-    k = banded.max_participations(steps, min_separation, participations)
-    sep = steps if k == 1 else min_separation
-    return f"blt-n{int(steps)}-sep{int(sep)}-k{k}-m{'auto' if buffers is None else int(buffers)}"
-
-
-def band_search_key(n_train: int, batch_size: int, steps: int, epsilon: float, delta: float) -> str:
-    if not (1 <= batch_size <= n_train and steps >= 1):
-        raise ValueError(f"a band search needs 1 <= L <= N and T >= 1, got N = {n_train}, L = {batch_size}, "
-                         f"T = {steps}")
-    if not (math.isfinite(epsilon) and epsilon > 0 and 0 < delta < 1):
-        raise ValueError(f"a band search needs a finite epsilon > 0 and 0 < delta < 1, got {epsilon}, {delta}")
-    return (f"band-auto-N{int(n_train)}-L{int(batch_size)}-n{int(steps)}-eps{number(epsilon)}"
-            f"-delta{number(delta)}")
-
-
-def parse_key(key: str) -> tuple[str, dict[str, Any]]:
-    """(kind, parameters) of a streaming key; refuses a key that is not canonical."""
-    for kind, pattern in _KEYS.items():
-        m = pattern.match(key)
-        if not m:
-            continue
-        g = m.groupdict()
-        if kind == "band":
-            params = {"n": int(g["n"]), "bands": int(g["b"])}
-            canonical = band_key(params["n"], params["bands"])
-        elif kind == "blt":
-            params = {"n": int(g["n"]), "min_separation": int(g["sep"]), "participations": int(g["k"]),
-                      "buffers": None if g["m"] == "auto" else int(g["m"])}
-            canonical = blt_key(params["n"], params["min_separation"], params["participations"], params["buffers"])
-        else:
-            try:
-                params = {"n_train": int(g["N"]), "batch_size": int(g["L"]), "n": int(g["n"]),
-                          "epsilon": float(g["eps"]), "delta": float(g["delta"])}
-            except ValueError:
-                break
-            canonical = band_search_key(params["n_train"], params["batch_size"], params["n"], params["epsilon"],
-                                        params["delta"])
-        if canonical != key:
-            raise ValueError(f"streaming factorization key {key!r} is not canonical (expected {canonical!r})")
-        return kind, params
-    raise ValueError(f"not a streaming factorization key: {key!r} (expected e.g. band-n1875-b64, "
-                     "blt-n1440-sep48-k30-mauto or band-auto-N60000-L32-n1875-eps1-delta1e-05)")
-
-
-def is_key(key: str) -> bool:
-    return any(p.match(key) for p in _KEYS.values())
 
 
 @dataclass(frozen=True)
@@ -162,7 +72,7 @@ def digest(parameters: dict[str, list[float]]) -> str:
 
 
 def to_json(fact: StreamingFactorization) -> dict[str, Any]:
-    kind, params = parse_key(fact.key)
+    kind, params = parse_streamed_key(fact.key)
     parameters = _parameters(fact.strategy)
     out = {"format_version": FORMAT_VERSION, "key": fact.key, "kind": fact.kind, "steps": fact.strategy.n,
            **parameters, "digest": digest(parameters), "error_mean": fact.strategy.error_mean(),
@@ -224,7 +134,7 @@ def load(path: str | Path, expected_key: str | None = None) -> StreamingFactoriz
                      f"{FORMAT_VERSION}")
     key = record.get("key")
     try:
-        kind, params = parse_key(str(key))
+        kind, params = parse_streamed_key(str(key))
     except ValueError as exc:
         raise refuse(str(exc)) from None
     if expected_key is not None and key != expected_key:

@@ -1,35 +1,113 @@
-"""Correlated noise generated on the fly: row t of C^-1 Z without a T x d noise file.
+"""Noise sources: where the Gaussian noise of a DP step comes from.
 
-Both sources implement the ``NoiseSource`` protocol (dpbench.privacy.mechanisms): ``sample(like)``
-returns step t's noise shaped like the parameters, in units of the noise multiplier (the
-step multiplies it by sigma times the clipping sensitivity), exactly as the file-backed
-``matrix.mechanism.CorrelatedNoise`` returns row t of C^-1 Z.
+A noise source returns unit-variance noise shaped like the gradients (``sample(like)``, in
+units of the noise multiplier); the step scales it by sigma times the clipping sensitivity.
+Every source draws from a seeded generator of its own, so the noise stream does not depend on
+anything else the run draws (model init, sampling).
 
-* ``BandedNoise`` (BandMF, Alg. 9 of Choquette-Choo et al. 2023, arXiv 2306.08153): forward
-  substitution for C x = z keeping the last b - 1 solutions,
-  x_t = (z_t - sum_{r=1}^{b-1} c_r x_{t-r}) / c_0, and w_t = d_t x_t with d_t the column
-  normalisation factor (C_used = C D^-1, so C_used^-1 = D C^-1). State: (b - 1) x d floats
-  in a ring buffer, one (b - 1)-term GEMV per step.
-* ``BLTNoise`` (buffered linear Toeplitz, Dvijotham et al. 2024, arXiv 2404.16706; McMahan
-  et al. 2024, arXiv 2408.08868, Alg. 3): with S = 0 (m x d), x = z - sum_i omega_i S_i and
-  S_i <- theta_i S_i + x. State: m x d floats, O(m d) per step.
+* ``GaussianNoise``: i.i.d. N(0, 1) (DP-SGD and every Poisson-subsampled Gaussian mechanism);
+  ``ProjectionNoise`` is the same noise carrying the random projection's plan constants.
+* ``CorrelatedNoise`` (the dense matrix mechanisms): row t of C^-1 Z read from the run's noise
+  file (dpbench.matrix.store.noise_files), verified before the first noisy update.
+* ``BandedNoise`` and ``BLTNoise`` (the streamed matrix mechanisms): row t of C^-1 Z generated
+  on the fly, without a T x d noise file.
 
-Z is drawn exactly as ``noise.GaussianNoise`` draws i.i.d. noise (one ``randn`` per parameter
-tensor, in order, from the source's own seeded generator), written into one flat vector that
-the recurrences act on. Every recurrence is coordinate-wise, so each coordinate of the
-flattened concatenation of all parameters is its own stream C^-1 z[:, coordinate]: a model
-whose parameters stack independent replicas along their first axis gets independent noise
-for each replica, and with C = I (b = 1, c_0 = 1) the noise is bit-identical to DP-SGD's.
+  - ``BandedNoise`` (BandMF, Alg. 9 of Choquette-Choo et al. 2023, arXiv 2306.08153): forward
+    substitution for C x = z keeping the last b - 1 solutions,
+    x_t = (z_t - sum_{r=1}^{b-1} c_r x_{t-r}) / c_0, and w_t = d_t x_t with d_t the column
+    normalisation factor (C_used = C D^-1, so C_used^-1 = D C^-1). State: (b - 1) x d floats
+    in a ring buffer, one (b - 1)-term GEMV per step.
+  - ``BLTNoise`` (buffered linear Toeplitz, Dvijotham et al. 2024, arXiv 2404.16706; McMahan
+    et al. 2024, arXiv 2408.08868, Alg. 3): with S = 0 (m x d), x = z - sum_i omega_i S_i and
+    S_i <- theta_i S_i + x. State: m x d floats, O(m d) per step.
 
-The state is as sensitive as the noise itself (with it and the releases one can subtract
-the noise): ``state_dict`` carries it so that a resumed run continues exactly, which makes
-every checkpoint holding it a private file. Never log it, never put it in results.
+  Z is drawn exactly as ``GaussianNoise`` draws i.i.d. noise (one ``randn`` per parameter
+  tensor, in order), written into one flat vector that the recurrences act on. Every
+  recurrence is coordinate-wise, so each coordinate of the flattened concatenation of all
+  parameters is its own stream C^-1 z[:, coordinate]: a model whose parameters stack
+  independent replicas along their first axis gets independent noise for each replica, and
+  with C = I (b = 1, c_0 = 1) the noise is bit-identical to DP-SGD's.
+
+  The state is as sensitive as the noise itself (with it and the releases one can subtract
+  the noise): ``state_dict`` carries it so that a resumed run continues exactly, which makes
+  every checkpoint holding it a private file. Never log it, never put it in results.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Callable
+
 import numpy as np
 import torch
+
+from dpbench.matrix.store.noise_files import NoiseFile
+
+
+class GaussianNoise:
+    """I.i.d. N(0, 1) noise from a dedicated, seeded generator."""
+
+    def __init__(self, seed: int, device: torch.device | str = "cpu"):
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def sample(self, like: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [torch.randn(t.shape, generator=self.generator, device=t.device, dtype=t.dtype) for t in like]
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+
+class ProjectionNoise(GaussianNoise):
+    """I.i.d. N(0, 1) noise plus the projection's public constants fixed by the plan
+    (projection.ProjectionPlan): which projection, the Gaussian bound's tail t, and whether
+    the paper's (invalid) setting is on."""
+
+    def __init__(self, seed: int, device, kind: str, tail_t: float | None, paper_sensitivity: bool):
+        super().__init__(seed, device)
+        self.kind, self.tail_t, self.paper_sensitivity = kind, tail_t, paper_sensitivity
+
+
+class CorrelatedNoise:
+    """NoiseSource: step t gets row t of C^-1 Z, split into the shapes of the parameters.
+    The file is opened at the first step, when d (the parameter count) is known: ``resolve(d)``
+    returns it open (and, from ``MatrixMechanism.noise``, verified)."""
+
+    def __init__(self, resolve: Callable[[int], NoiseFile], device: torch.device | str = "cpu"):
+        self.resolve = resolve
+        self.device = torch.device(device)
+        self.file: NoiseFile | None = None
+        self.path: Path | None = None
+        self.step = 0
+        self._row = None
+
+    def sample(self, like: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.file is None:
+            self.file = self.resolve(sum(t.numel() for t in like))
+            self.path = self.file.path
+            self._row = torch.empty(self.file.dim, dtype=torch.float32)
+        self.file.row(self.step, out=self._row.numpy())
+        self.step += 1
+        flat = self._row.to(like[0].device, non_blocking=False) if like[0].device.type != "cpu" else self._row
+        out, i = [], 0
+        for t in like:
+            # on the CPU, flat is the reused row buffer: copy; on a GPU it is a fresh transfer already
+            out.append(flat[i:i + t.numel()].view(t.shape).to(t.dtype, copy=flat is self._row))
+            i += t.numel()
+        return out
+
+    def record(self) -> dict:
+        """The noise file read (known once the first step gave d), for the run's privacy record."""
+        return {"noise_file": None if self.path is None else str(self.path)}
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "path": None if self.path is None else str(self.path)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
 
 
 class _StreamingNoise:

@@ -2,9 +2,9 @@
 
 Cache layout (the workflow's rules write the same paths under ``<results_dir>/cache``):
 
-    <cache>/matrix/<key>/factorization.npz, factorization.json   key = (kind, k, b, tau)
+    <cache>/matrix/<key>/factorization.npz, factorization.json   key = (kind, k, b, tau): keys.py
     <cache>/matrix/<key>/noise-d<d>-seed<seed>.npy, .json         seed = the run's noise stream
-    <cache>/streaming/<key>.json                                   streamed mechanisms (streaming_file.py)
+    <cache>/streaming/<key>.json                                   streamed mechanisms (streamed_files.py)
 
 A factorization is shared by every run with the same (kind, T = k b, k, b, tau); a noise file
 by every run that also has the same parameter count d and run seed: runs that differ only in
@@ -57,9 +57,10 @@ def _locked(path: Path):
 
 def ensure_factorization(cache_dir: str | Path, key: str, log: Callable[[str], None] | None = None) -> Path:
     from dpbench.matrix import dense_factorization
+    from dpbench.matrix.store import dense_files
 
     path = factorization_path(cache_dir, key)
-    return ensure_file(path, lambda p: dense_factorization.save(dense_factorization.factorize(key, log=log), p), log,
+    return ensure_file(path, lambda p: dense_files.save(dense_factorization.factorize(key, log=log), p), log,
                        f"factorizing {key} into {path}")
 
 
@@ -67,7 +68,7 @@ def ensure_file(path: Path, make: Callable[[Path], None], log: Callable[[str], N
                 message: str | None = None) -> Path:
     """``path``, made by ``make(path)`` if missing, under an exclusive lock (concurrent runs make
     each file once; ``make`` writes atomically); ``message`` is logged before making it. Dense
-    factorizations, noise files and the streamed mechanisms' factorizations (matrix/streamed_mechanism.py)
+    factorizations, noise files and the streamed mechanisms' factorizations (dpbench.mechanisms.streamed)
     are made this way."""
     if path.exists():
         return path
@@ -82,11 +83,11 @@ def ensure_file(path: Path, make: Callable[[Path], None], log: Callable[[str], N
 def ensure_noise(cache_dir: str | Path, fact, dim: int, seed: int,
                  log: Callable[[str], None] | None = None) -> Path:
     """The noise file of a loaded factorization (``dense_factorization.Factorization``), d and seed."""
-    from dpbench.matrix import dense_noise
+    from dpbench.matrix.store import noise_files
 
     path = noise_path(cache_dir, fact.key, dim, seed)
     meta = {"factorization_key": fact.key, "factorization_digest": fact.digest}
-    return ensure_file(path, lambda p: dense_noise.write_noise(p, fact.noising, dim, seed, log=log, meta=meta), log,
+    return ensure_file(path, lambda p: noise_files.write_noise(p, fact.noising, dim, seed, log=log, meta=meta), log,
                        f"writing correlated noise {path} ({fact.steps} x {dim} float32)")
 
 

@@ -34,6 +34,8 @@ like a run with sigma = 0 while recording the sigma and epsilon of the private r
 
 A failed check raises ``NoiseFileError`` naming the file and the fix: delete it (and its
 sidecar); the workflow, or ``dpbench train`` with a cache directory, writes it again.
+A run opens its file with ``open_verified``: the sidecar must name the run's factorization (its
+digest), d and seed, and the whole file is read once and checked before the first step.
 """
 
 from __future__ import annotations
@@ -300,6 +302,29 @@ class NoiseFile:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+def open_verified(path: Path, fact, dim: int, seed: int, log: Callable[[str], None] | None = None) -> NoiseFile:
+    """The noise file at ``path``, open, after checking that its sidecar names the loaded
+    factorization ``fact`` (dense_factorization.Factorization: steps, digest), d and seed, and
+    that every row matches its checksum and its chi-square range: a damaged file stops the run
+    before the first noisy update."""
+    try:
+        meta = read_meta(path)
+    except FileNotFoundError:
+        raise ValueError(f"noise file {path} has no metadata sidecar {path.with_suffix('.json')}") from None
+    expected = {"steps": fact.steps, "dim": dim, "seed": seed, "factorization_digest": fact.digest}
+    for name, value in expected.items():
+        if meta.get(name) != value:
+            raise ValueError(f"noise file {path} has {name} = {meta.get(name)!r}, this run needs {value!r} "
+                             f"(factorization {fact.key}, d = {dim}, noise seed {seed})")
+    t0 = time.perf_counter()
+    file = NoiseFile(path, row_variances(fact.noising))
+    file.verify(meta)
+    if log:
+        log(f"verified {path} ({file.steps} rows x {file.dim}: checksums and norms) in "
+            f"{time.perf_counter() - t0:.1f} s")
+    return file
 
 
 def log_stderr(message: str) -> None:

@@ -1,101 +1,20 @@
-"""Privacy mechanisms: how a run's batches are drawn, where its noise comes from, and how its
-sigma and epsilon are computed. An optimizer's spec names its mechanism; the training loop
-only calls the interface below, so sampling, noise and accounting always belong together.
+"""DP-SGD's mechanism: Poisson sampling at q = L/N, i.i.d. Gaussian noise (optionally on a
+decaying schedule sigma_k = sigma * schedule(k)), sigma calibrated so that the composition of
+the T subsampled Gaussian steps meets the target epsilon (PRV by default, RDP on request).
+The random projection mechanism (projection.py) and the unamplified one (unamplified.py)
+share its sampler and noise and change what is accounted.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, Callable, Mapping, Protocol
+from typing import Callable
 
-import torch
-
+from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest
+from dpbench.mechanisms.noise import GaussianNoise
+from dpbench.mechanisms.sampling import PoissonSampler
 from dpbench.privacy import accounting, profiles
-from dpbench.privacy.noise import GaussianNoise
-from dpbench.privacy.sampling import PoissonSampler
-
-
-@dataclass(frozen=True)
-class AuditSpec:
-    """How the empirical audit (dpbench.audit) attacks a mechanism: which test statistic is
-    the most powerful for its release, under which neighbour relation its claim holds, and the
-    canary. A mechanism carries one; an optimizer whose step changes the release (DP-Dice)
-    overrides it in its spec. ``statistic`` names a statistic registered in
-    dpbench.audit.statistics, which the audit checks when it starts: ``lr`` (likelihood ratio
-    of the Poisson-subsampled Gaussian, per step), ``sum`` (sum of the releases),
-    ``projected-lr`` (``lr`` on the release projected on P_k^T e_c), ``matrix`` (the releases
-    whitened by C: the mechanism gives ``strategy_matrix(plan)`` and
-    ``strategy_sensitivity(plan)``), ``banded-lr`` (``lr`` per round of the releases whitened
-    by a banded C, cyclic Poisson sampling), or one a plugin registers."""
-
-    statistic: str
-    neighbours: str = "add/remove"  # or "zero-out"
-    others_zero: bool = False  # the other examples' gradients are 0 (projections mix coordinates)
-    canary_factor: float = 10.0  # M / C: the canary's gradient norm
-
-    def __post_init__(self):
-        if not (isinstance(self.statistic, str) and self.statistic):
-            raise ValueError(f"an audit statistic is named by a non-empty string, got {self.statistic!r}")
-        if self.neighbours not in ("add/remove", "zero-out"):
-            raise ValueError(f"unknown neighbour relation {self.neighbours!r}")
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The privacy setting of one run, fixed before training starts and never changed after:
-    ``extras`` (a mechanism's own constants) is a read-only copy of the mapping given. What a
-    run fixes later (e.g. the parameter count d) reaches its privacy record through
-    ``DPStep.privacy_record``."""
-
-    batch_size: int  # L: expected (Poisson) or exact (fixed batches)
-    steps: int  # planned T
-    sample_rate: float | None  # q, where sampling amplifies privacy
-    extras: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self):
-        object.__setattr__(self, "extras", MappingProxyType(dict(self.extras)))
-
-
-class Sampler(Protocol):
-    def sample(self) -> torch.Tensor: ...
-    def state_dict(self) -> dict: ...
-    def load_state_dict(self, state: dict) -> None: ...
-
-
-class NoiseSource(Protocol):
-    """Unit-variance noise shaped like ``like``. A source may also define ``record() -> dict``:
-    public facts it fixed while training (e.g. the noise file it read), for the run's privacy
-    record (``DPStep.privacy_record``)."""
-
-    def sample(self, like: list[torch.Tensor]) -> list[torch.Tensor]: ...
-    def state_dict(self) -> dict: ...
-    def load_state_dict(self, state: dict) -> None: ...
-
-
-class Mechanism(Protocol):
-    name: str
-
-    def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any) -> Plan: ...
-
-    def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float: ...
-
-    def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict: ...
-
-    def sampler(self, plan: Plan, n_train: int, seed: int, device, lanes: int = 1) -> Sampler:
-        """Batches as indices into ``lanes`` blocks of ``n_train`` examples (lane-major), each
-        lane drawn as an independent sampler would draw it (see ``Context.lanes``)."""
-        ...
-
-    def noise(self, plan: Plan, seed: int, device) -> NoiseSource: ...
-
-    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
-        """delta*(eps) for an array of eps: the claim the empirical audit tests (dpbench.audit)."""
-        ...
-
-    # and an ``audit`` attribute: an AuditSpec saying how the audit attacks the mechanism
 
 
 def geometric_buckets(steps: int, factor: Callable[[int], float], rel: float = 0.01) -> list[tuple[float, int]]:
@@ -141,10 +60,11 @@ class PoissonSubsampledGaussian:
             raise ValueError(f"accountant must be None (the run's) or 'rdp', got {accountant!r}")
         self.accountant = accountant
 
-    def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> Plan:
+    def plan(self, request: PlanRequest) -> Plan:
+        n_train, batch_size = request.n_train, request.batch_size
         if batch_size > n_train:
             raise ValueError(f"batch_size {batch_size} exceeds the number of training examples {n_train}")
-        return Plan(batch_size, max(1, round(epochs * n_train / batch_size)), batch_size / n_train)
+        return Plan(batch_size, max(1, round(request.epochs * n_train / batch_size)), batch_size / n_train)
 
     def history(self, plan: Plan, noise_multiplier: float, steps: int) -> accounting.History:
         if self.schedule is None:

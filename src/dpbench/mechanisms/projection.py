@@ -1,5 +1,5 @@
-"""D2P2's random projection, all of it: the two projections, their sensitivity, the noise
-source and the privacy mechanism (Jiang, Hasan, Saadati, Balu, Liu & Sarkar 2025,
+"""D2P2's random projection, all of it: the two projections, their sensitivity and the
+privacy mechanism, whose noise source is noise.ProjectionNoise (Jiang, Hasan, Saadati, Balu, Liu & Sarkar 2025,
 "Balancing Utility and Privacy: Dynamically Private SGD with Random Projection",
 arXiv:2509.09485; earlier the ICLR 2025 submission "D2P2-SGD: Dynamically Differentially
 Private Projected Stochastic Gradient Descent").
@@ -61,13 +61,14 @@ import contextlib
 import math
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import torch
 
-from dpbench.privacy import accounting
-from dpbench.privacy.mechanisms import AuditSpec, Plan, PoissonSubsampledGaussian
-from dpbench.privacy.noise import GaussianNoise
+from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest
+from dpbench.mechanisms.noise import ProjectionNoise
+from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
 
 KINDS = ("srht", "gaussian")
 # the hyperparameters the mechanism reads when it plans a run, with their defaults
@@ -345,21 +346,23 @@ def step_seeds(generator: torch.Generator, lanes: int = 1) -> list[int]:
 
 # -- the mechanism ---------------------------------------------------------------------------------
 
-class ProjectionNoise(GaussianNoise):
-    """I.i.d. N(0, 1) noise plus the projection's public constants fixed by the plan: which
-    projection, the Gaussian bound's tail t, and whether the paper's (invalid) setting is on."""
+@dataclass(frozen=True, kw_only=True)
+class ProjectionPlan(Plan):
+    """The Poisson-subsampled Gaussian's plan and the projection's public constants: which
+    projection, whether the paper's (invalid) sensitivity is used, the probability that the
+    Gaussian projection's norm bound fails over the run, and that bound's tail t (Gaussian
+    projection only)."""
 
-    def __init__(self, seed: int, device, plan: Plan):
-        super().__init__(seed, device)
-        self.kind = plan.extras["projection"]
-        self.tail_t = plan.extras.get("tail_t")
-        self.paper_sensitivity = plan.extras["paper_sensitivity"]
+    projection: str  # one of KINDS
+    paper_sensitivity: bool
+    delta_fail: float
+    tail_t: float | None = None
 
 
 class RandomProjectionGaussian(PoissonSubsampledGaussian):
     """The Poisson-subsampled Gaussian mechanism releasing P_k^T g + e_k with a fresh public
     projection each step. The hyperparameters ``projection`` (srht | gaussian) and
-    ``paper_sensitivity`` are read from the run's config at plan time: the Gaussian
+    ``paper_sensitivity`` are read from the plan request: the Gaussian
     projection's bound fails with probability delta_fail = delta / 10 over the run and the
     accountant runs at delta - delta_fail; srht's bound always holds (delta_fail = 0);
     ``paper_sensitivity`` drops the bound, accounts at delta and marks the run invalid."""
@@ -367,34 +370,33 @@ class RandomProjectionGaussian(PoissonSubsampledGaussian):
     name = "poisson-subsampled-gaussian-random-projection"
     audit = AuditSpec("projected-lr", others_zero=True)  # P_k mixes coordinates: the others are 0
 
-    def plan(self, n_train: int, batch_size: int, epochs: int, run_config: Any = None) -> Plan:
-        base = super().plan(n_train, batch_size, epochs, run_config)
-        delta = getattr(run_config, "delta", accounting.DELTA)
-        hyper = {**PLAN_HYPERPARAMETERS, **(getattr(run_config, "hyperparameters", None) or {})}
+    def plan(self, request: PlanRequest) -> ProjectionPlan:
+        base = super().plan(request)
+        hyper = {**PLAN_HYPERPARAMETERS, **request.hyperparameters}
         kind, paper = hyper["projection"], hyper["paper_sensitivity"]
         if kind not in KINDS:
             raise ValueError(f"projection must be one of {', '.join(KINDS)}, got {kind!r}")
         if not isinstance(paper, bool):
             raise ValueError(f"paper_sensitivity must be true or false, got {paper!r}")
-        extras: dict[str, Any] = {"projection": kind, "paper_sensitivity": paper, "delta_fail": 0.0}
+        tail_t, delta_fail = None, 0.0
         if kind == "gaussian":
-            t = gaussian_tail(base.steps, DELTA_FAIL_FRACTION * delta)
-            extras["tail_t"] = t
+            tail_t = gaussian_tail(base.steps, DELTA_FAIL_FRACTION * request.delta)
             if not paper:
-                extras["delta_fail"] = base.steps * 2.0 * math.exp(-t * t / 2.0)
-        return Plan(base.batch_size, base.steps, base.sample_rate, extras)
+                delta_fail = base.steps * 2.0 * math.exp(-tail_t * tail_t / 2.0)
+        return ProjectionPlan(base.batch_size, base.steps, base.sample_rate, projection=kind,
+                              paper_sensitivity=paper, delta_fail=delta_fail, tail_t=tail_t)
 
-    def delta_fail(self, plan: Plan) -> float:
-        return plan.extras["delta_fail"]
+    def delta_fail(self, plan: ProjectionPlan) -> float:
+        return plan.delta_fail
 
-    def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
+    def report(self, plan: ProjectionPlan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
         out = super().report(plan, noise_multiplier, steps, delta, accountant)
-        out["projection"] = plan.extras["projection"]
-        if "tail_t" in plan.extras:
-            out["projection_tail_t"] = plan.extras["tail_t"]
-        if plan.extras["paper_sensitivity"]:
+        out["projection"] = plan.projection
+        if plan.tail_t is not None:
+            out["projection_tail_t"] = plan.tail_t
+        if plan.paper_sensitivity:
             out["caveat"] = PAPER_SENSITIVITY_CAVEAT
         return out
 
-    def noise(self, plan: Plan, seed: int, device) -> ProjectionNoise:
-        return ProjectionNoise(seed, device, plan)
+    def noise(self, plan: ProjectionPlan, seed: int, device) -> ProjectionNoise:
+        return ProjectionNoise(seed, device, plan.projection, plan.tail_t, plan.paper_sensitivity)

@@ -1,0 +1,129 @@
+"""What every privacy mechanism is: the interface the training loop and the audit call, and
+the plan a mechanism fixes for a run.
+
+A mechanism ties together how a run's batches are drawn (a ``Sampler``), where its noise
+comes from (a ``NoiseSource``) and how its sigma and epsilon are computed (an accountant of
+dpbench.privacy), so that the three always belong together; an optimizer's spec names its
+mechanism. A run asks for its plan with a ``PlanRequest`` (the setting, the optimizer's
+hyperparameters, the target, every file path resolved by the caller) and gets a frozen
+``Plan``: the common fields below, and each mechanism's own typed fields in a subclass
+(``DenseMatrixPlan``, ``ProjectionPlan``, ...). The mechanisms, one module per idea:
+poisson_gaussian (DP-SGD's), unamplified, projection, dense_matrix, streamed and
+amplified_banded; their samplers are in sampling, their noise sources in noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping, Protocol
+
+import torch
+
+from dpbench.matrix.store.cache import default_cache_dir
+from dpbench.privacy import accounting
+
+
+@dataclass(frozen=True)
+class AuditSpec:
+    """How the empirical audit (dpbench.audit) attacks a mechanism: which test statistic is
+    the most powerful for its release, under which neighbour relation its claim holds, and the
+    canary. A mechanism carries one; an optimizer whose step changes the release (DP-Dice)
+    overrides it in its spec. ``statistic`` names a statistic registered in
+    dpbench.audit.statistics, which the audit checks when it starts: ``lr`` (likelihood ratio
+    of the Poisson-subsampled Gaussian, per step), ``sum`` (sum of the releases),
+    ``projected-lr`` (``lr`` on the release projected on P_k^T e_c), ``matrix`` (the releases
+    whitened by C: the mechanism gives ``strategy_matrix(plan)`` and
+    ``strategy_sensitivity(plan)``), ``banded-lr`` (``lr`` per round of the releases whitened
+    by a banded C, cyclic Poisson sampling), or one a plugin registers."""
+
+    statistic: str
+    neighbours: str = "add/remove"  # or "zero-out"
+    others_zero: bool = False  # the other examples' gradients are 0 (projections mix coordinates)
+    canary_factor: float = 10.0  # M / C: the canary's gradient norm
+
+    def __post_init__(self):
+        if not (isinstance(self.statistic, str) and self.statistic):
+            raise ValueError(f"an audit statistic is named by a non-empty string, got {self.statistic!r}")
+        if self.neighbours not in ("add/remove", "zero-out"):
+            raise ValueError(f"unknown neighbour relation {self.neighbours!r}")
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a run asks of its mechanism: N, L and E; the optimizer's hyperparameters (a
+    mechanism reads the few it plans with: ``tau``, ``bands``, ``buffers``, ``projection``,
+    ``paper_sensitivity``); the target (epsilon, delta), which amplified BandMF's band search
+    needs; and the files, every path resolved by the caller: the cache directory where a
+    missing factorization or noise file is made, and a given factorization or noise file that
+    replaces the cache's (``dpbench train --factorization``, ``--noise-file``)."""
+
+    n_train: int
+    batch_size: int
+    epochs: int
+    hyperparameters: Mapping[str, Any] = field(default_factory=dict)
+    target_epsilon: float | None = None
+    delta: float = accounting.DELTA
+    cache_dir: Path | None = None  # None: matrix.store.cache.default_cache_dir()
+    factorization: Path | None = None
+    noise_file: Path | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "hyperparameters", MappingProxyType(dict(self.hyperparameters or {})))
+        for name in ("cache_dir", "factorization", "noise_file"):  # a path given as text ("": none)
+            value = getattr(self, name)
+            if not isinstance(value, Path | None):
+                object.__setattr__(self, name, Path(value) if value else None)
+        if self.cache_dir is None:
+            object.__setattr__(self, "cache_dir", default_cache_dir())
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The privacy setting of one run, fixed before training starts and never changed after.
+    A mechanism with constants of its own plans a frozen subclass with typed fields. What a
+    run fixes later (e.g. the parameter count d) reaches its privacy record through
+    ``DPStep.privacy_record``."""
+
+    batch_size: int  # L: expected (Poisson) or exact (fixed batches)
+    steps: int  # planned T
+    sample_rate: float | None  # q, where sampling amplifies privacy
+
+
+class Sampler(Protocol):
+    def sample(self) -> torch.Tensor: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class NoiseSource(Protocol):
+    """Unit-variance noise shaped like ``like``. A source may also define ``record() -> dict``:
+    public facts it fixed while training (e.g. the noise file it read), for the run's privacy
+    record (``DPStep.privacy_record``)."""
+
+    def sample(self, like: list[torch.Tensor]) -> list[torch.Tensor]: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class Mechanism(Protocol):
+    name: str
+    audit: AuditSpec  # how the empirical audit (dpbench.audit) attacks the mechanism
+
+    def plan(self, request: PlanRequest) -> Plan: ...
+
+    def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float: ...
+
+    def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict: ...
+
+    def sampler(self, plan: Plan, n_train: int, seed: int, device, lanes: int = 1) -> Sampler:
+        """Batches as indices into ``lanes`` blocks of ``n_train`` examples (lane-major), each
+        lane drawn as an independent sampler would draw it (see ``Context.lanes``)."""
+        ...
+
+    def noise(self, plan: Plan, seed: int, device) -> NoiseSource: ...
+
+    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+        """delta*(eps) for an array of eps: the claim the empirical audit tests (dpbench.audit)."""
+        ...

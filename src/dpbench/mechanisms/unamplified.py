@@ -1,0 +1,52 @@
+"""T Gaussian releases composed without amplification (``dpdice-strict``'s mechanism).
+
+Batches are Poisson-sampled as DP-SGD draws them and the noise is i.i.d. Gaussian, but the
+claim does not use the sampling: when every step after an example's first participation
+depends on it (DP-Dice's error feedback, dpbench.optimizers.dice_strict has the proof), the
+T steps are T adaptive Gaussian mechanisms of sensitivity Delta with noise std sigma Delta,
+which compose to exactly one Gaussian mechanism of sensitivity sqrt(T) at noise multiplier
+sigma: mu-GDP with mu = sqrt(T) / sigma (Dong, Roth & Su 2022, Cor. 3.3). sigma is the
+smallest noise multiplier making that release (epsilon, delta)-DP
+(``accounting.gaussian_noise_multiplier``, Balle & Wang 2018); a run stopped after t steps
+reports the epsilon of sqrt(t) / sigma, and the RDP epsilon of T Gaussian mechanisms (q = 1)
+as a cross-check.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dpbench.mechanisms.base import Plan
+from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
+from dpbench.privacy import accounting, profiles
+
+
+class UnamplifiedGaussian(PoissonSubsampledGaussian):
+    """Poisson batches as DP-SGD draws them, i.i.d. Gaussian noise, and the T steps accounted
+    as T adaptive Gaussian mechanisms without amplification: exactly one Gaussian mechanism of
+    sensitivity sqrt(T) (module docstring). ``--accountant`` does not apply."""
+
+    name = "gaussian-composition-without-amplification"
+
+    def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float:
+        accounting.check_target(target_epsilon, delta)
+        return accounting.gaussian_noise_multiplier(target_epsilon, delta, sensitivity=math.sqrt(plan.steps))
+
+    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+        """The claim at every epsilon: one Gaussian release with mu = sqrt(T) / sigma."""
+        return profiles.gaussian_profile(math.sqrt(plan.steps) / noise_multiplier)
+
+    def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
+        def eps(t: int) -> float:
+            if t == 0:
+                return 0.0
+            return math.inf if noise_multiplier <= 0 else accounting.gaussian_epsilon(
+                math.sqrt(t) / noise_multiplier, delta)
+
+        return {
+            "epsilon": eps(steps), "epsilon_planned": eps(plan.steps),
+            "epsilon_rdp": accounting.epsilon([(noise_multiplier, 1.0, steps)], delta, "rdp"),
+            "accountant": "analytic-gaussian composition of T steps, no amplification (Balle & Wang 2018)",
+            "sampling": (f"Poisson at q = {plan.sample_rate:.6g}, not used for amplification: every step "
+                         "after an example's first participation depends on it"),
+        }
