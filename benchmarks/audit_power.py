@@ -2,7 +2,7 @@
 correct mechanism (no training harness: this measures the statistics, not the optimizers).
 
 - DP-SGD: Poisson rate q = 0.05, T = 200 steps, sigma calibrated by the PRV accountant
-  (``accounting.calibrate_noise_multiplier``) for eps* at delta = 1e-5; per trial the canary
+  (``accounting.noise_multiplier_for``) for eps* at delta = 1e-5; per trial the canary
   coordinate is y_t = B_t + sigma xi_t (sum units, sensitivity 1, B_t ~ Bernoulli(q) in
   in-trials, 0 in out-trials); statistics H = (S_LR, S_diff); the claim is the PRV profile.
 - Matrix: the me-k4-b50 factorization (T = 200, 4 participations), sigma calibrated exactly
@@ -95,7 +95,7 @@ def main() -> None:
     print("| eps* | sigma (DP-SGD, PRV) | R = 2000 | R = 10^4 | sigma (matrix) | matrix, R = 10^4 |")
     print("| --- | --- | --- | --- | --- | --- |")
     for eps in (2.0, 8.0):
-        sigma = accounting.calibrate_noise_multiplier(eps, Q, T, DELTA)
+        sigma = accounting.noise_multiplier_for(eps, Q, T, DELTA)
         profile = profiles.prv_profile([(sigma, Q, T)])
         cells = []
         for trials in (2000, 10_000):

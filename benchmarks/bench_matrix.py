@@ -154,7 +154,7 @@ def error_table(reports: dict[str, dict], amplified: bool) -> str:
                 if amplified:
                     q = r["L"] / N_TRAIN[r["problem"]]
                     t_poisson = round(k * N_TRAIN[r["problem"]] / r["L"])
-                    s_amp = accounting.calibrate_noise_multiplier(eps, q, t_poisson)
+                    s_amp = accounting.noise_multiplier_for(eps, q, t_poisson)
                     amp_err = s_amp ** 2 * t_poisson * (t_poisson + 1) / 2
                     rows.append(f"| {r['setup']} | {r['problem']} | {r['L']} | DP-SGD, Poisson q = L/N, PRV "
                                 f"(amplified) | {t_poisson} | {eps:g} | {s_amp:.4g} | {amp_err:.4g} "

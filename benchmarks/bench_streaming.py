@@ -187,7 +187,7 @@ def errors_job(args) -> list[dict]:
         def row(mechanism, steps, size, sigma, err_mean):
             rows.append({"mechanism": mechanism, "eps": eps, "T": steps, "size": size, "sigma": sigma,
                          "error_mean": err_mean, "rmse": sigma * math.sqrt(err_mean)})
-        sigma = accounting.calibrate_noise_multiplier(eps, L / n_train, poisson_steps, 1e-5, "prv")
+        sigma = accounting.noise_multiplier_for(eps, L / n_train, poisson_steps, 1e-5, "prv")
         row("DP-SGD, Poisson q = L/N, PRV", poisson_steps, "—", sigma, (poisson_steps + 1) / 2)
         sigma = accounting.gaussian_noise_multiplier(eps, 1e-5, sensitivity=math.sqrt(epochs))
         row("DP-SGD, fixed batches, no amplification", fixed_steps, "—", sigma, (fixed_steps + 1) / 2)

@@ -334,7 +334,7 @@ def test_prv_profile_heterogeneous_history():
 
 @pytest.mark.slow
 def test_prv_profile_at_the_calibrated_sigma():
-    sigma = accounting.calibrate_noise_multiplier(2.0, 0.1, 20, DELTA)
+    sigma = accounting.noise_multiplier_for(2.0, 0.1, 20, DELTA)
     delta = profiles.prv_profile([(sigma, 0.1, 20)])([2.0])[0]
     # calibration finds the smallest sigma (to 0.1%) meeting eps = 2, so delta*(2) is just below 1e-5
     assert 0.9 * DELTA < delta <= DELTA

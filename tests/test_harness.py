@@ -8,7 +8,7 @@ import torch
 
 from conftest import run_cell
 from dpbench.privacy import accounting
-from dpbench.training.harness import assemble, build_model, calibrate_noise
+from dpbench.training.harness import assemble, build_model, choose_noise_multiplier
 from dpbench.mechanisms.base import PlanRequest
 from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
 from dpbench.optimizers import get_optimizer
@@ -18,7 +18,7 @@ from dpbench.training.train import RunConfig, load_splits
 
 
 def _calibrate(name, plan, **kw):
-    return calibrate_noise(get_optimizer(name), plan, **{"target_epsilon": 2.0, "noise_multiplier": None,
+    return choose_noise_multiplier(get_optimizer(name), plan, **{"target_epsilon": 2.0, "noise_multiplier": None,
                                                          "delta": 1e-5, "accountant": "rdp", **kw})
 
 
@@ -69,7 +69,7 @@ def test_harness_reproduces_a_training_cell_step_for_step(tiny_fmnist):
     spec, problem, seeds = get_optimizer("dpsgd"), get_problem("P2"), stream_seeds(cfg.seed)
     splits = load_splits(cfg, problem, seeds, torch.device("cpu"))
     plan = spec.mechanism.plan(PlanRequest(600, cfg.batch_size, cfg.epochs))
-    sigma, source = calibrate_noise(spec, plan, target_epsilon=None, noise_multiplier=1.1, delta=cfg.delta,
+    sigma, source = choose_noise_multiplier(spec, plan, target_epsilon=None, noise_multiplier=1.1, delta=cfg.delta,
                                     accountant=cfg.accountant)
     assert (sigma, source) == (res.meta["privacy"]["noise_multiplier"], res.meta["privacy"]["noise_multiplier_source"])
     loss_gen = torch.Generator().manual_seed(seeds["loss"])

@@ -92,12 +92,12 @@ def test_every_mechanism_refuses_a_non_finite_target_or_a_delta_outside_0_1(name
 
 @pytest.mark.parametrize("sigma", [*NON_FINITE, -1.0])
 def test_the_shared_calibration_refuses_a_non_finite_noise_multiplier(sigma):
-    """harness.calibrate_noise is what every caller (a grid cell, the audit) gets sigma from."""
-    from dpbench.training.harness import calibrate_noise
+    """harness.choose_noise_multiplier is what every caller (a grid cell, the audit) gets sigma from."""
+    from dpbench.training.harness import choose_noise_multiplier
     from dpbench.mechanisms.base import Plan
 
     with pytest.raises(ValueError, match="noise multiplier must be finite and >= 0"):
-        calibrate_noise(OPTIMIZERS["dpsgd"], Plan(10, 5, 0.1), target_epsilon=None, noise_multiplier=sigma,
+        choose_noise_multiplier(OPTIMIZERS["dpsgd"], Plan(10, 5, 0.1), target_epsilon=None, noise_multiplier=sigma,
                         delta=1e-5, accountant="rdp")
 
 
@@ -113,7 +113,7 @@ def test_sigma_searches_are_bounded():
     assert accounting.gaussian_delta(1e-3, 100.0 / sigma) <= 1e-5
     for eps in NON_FINITE:
         with pytest.raises(ValueError, match="target epsilon must be a finite positive number"):
-            accounting.calibrate(lambda s: 1 / s, eps)
+            accounting.smallest_sigma(lambda s: 1 / s, eps)
         with pytest.raises(ValueError, match="target epsilon must be a finite positive number"):
             accounting.gaussian_noise_multiplier(eps)
 

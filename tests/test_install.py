@@ -23,7 +23,7 @@ PATH_EDIT = re.compile("sys" + r"\.path\s*(\.\s*(insert|append|extend|remove|pop
                        r"|\+?=(?!=))|syspath" + "_prepend")
 # The one exception: the plugin tests install fake distributions (dist-info and package) into a
 # temporary site folder, which must be on the search path as pip's site-packages is.
-INSTALLS_FAKE_DISTRIBUTIONS = {"tests/test_plugins.py"}
+INSTALLS_FAKE_DISTRIBUTIONS = {"tests/test_plugins.py", "tests/test_figure_plugins.py"}
 
 
 def test_nothing_edits_sys_path():

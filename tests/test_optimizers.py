@@ -591,7 +591,7 @@ def test_decaying_schedule_costs_more_than_static_noise():
     mech = get_optimizer("d2psgd").mechanism
     plan = mech.plan(PlanRequest(60_000, 256, 5))
     sigma = mech.calibrate(plan, 10.0, DELTA, "prv")
-    static = accounting.calibrate_noise_multiplier(10.0, plan.sample_rate, plan.steps, accountant="rdp")
+    static = accounting.noise_multiplier_for(10.0, plan.sample_rate, plan.steps, accountant="rdp")
     # sigma_k = sigma / sqrt(k) must compose to the target: its first-step sigma is far larger
     assert sigma > 5 * static
     assert accounting.fast_rdp_epsilon(mech.history(plan, sigma, plan.steps)) <= 10.0

@@ -29,7 +29,7 @@ from dpbench.reporting.figures import FIGURES
 
 OPTIMIZER = """
 from dpbench.optimizers.base import SGD, DPStep
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 
 SPEC = OptimizerSpec(name={name!r}, build=lambda ctx: DPStep(ctx, SGD(ctx.lr)), private=True,
                      description="a test plugin", reference="none")
@@ -37,7 +37,7 @@ SPEC = OptimizerSpec(name={name!r}, build=lambda ctx: DPStep(ctx, SGD(ctx.lr)), 
 # a mechanism of its own class: sigma and epsilon come from the plugin (here a copy of DP-SGD's)
 OWN_MECHANISM = """
 from dpbench.optimizers.base import SGD, DPStep
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
 
 

@@ -201,7 +201,7 @@ def test_sampler_is_reproducible_and_resumable():
 def test_sigma_calibration_against_opacus(eps, q, T):
     from opacus.accountants.utils import get_noise_multiplier
 
-    sigma = accounting.calibrate_noise_multiplier(eps, q, T)
+    sigma = accounting.noise_multiplier_for(eps, q, T)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # Opacus's internal RDP order-range notice
         theirs = get_noise_multiplier(target_epsilon=eps, target_delta=1e-5, sample_rate=q, steps=T,
@@ -286,7 +286,7 @@ def test_delta_and_the_default_accountant_have_one_home():
 
     assert (accounting.DELTA, accounting.DEFAULT_ACCOUNTANT) == (1e-5, "prv")  # every committed result's
     assert accounting.DEFAULT_ACCOUNTANT in accounting.ACCOUNTANTS
-    for fn in (accounting.epsilon, accounting.calibrate_noise_multiplier, audit, run_trials):
+    for fn in (accounting.epsilon, accounting.noise_multiplier_for, audit, run_trials):
         params = inspect.signature(fn).parameters
         assert (params["delta"].default, params["accountant"].default) == (1e-5, "prv"), fn.__name__
     run = RunConfig(problem="P2", optimizer="dpsgd", lr=1.0, batch_size=1, epochs=1, seed=0)

@@ -218,7 +218,7 @@ def test_amplified_calibration_uses_rounds_and_rate_b_times_L_over_N(monkeypatch
     assert mech.history(plan, 1.3, 100) == [(1.3, 0.04, 25)]
     assert mech.history(plan, 1.3, 37) == [(1.3, 0.04, 10)]  # stopped early: ceil(37 / 4) rounds
     calls = []
-    monkeypatch.setattr(accounting, "calibrate_noise_multiplier", lambda *a: calls.append(a) or 1.25)
+    monkeypatch.setattr(accounting, "noise_multiplier_for", lambda *a: calls.append(a) or 1.25)
     assert mech.calibrate(plan, 2.0, 1e-5, "prv") == 1.25
     assert calls == [(2.0, 0.04, 25, 1e-5, "prv")]
     monkeypatch.undo()

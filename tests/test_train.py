@@ -35,7 +35,7 @@ def test_run_records_what_was_promised_and_delivered(tiny_fmnist):
     p = meta["privacy"]
     assert p["planned_steps"] == p["steps"] == round(2 * 600 / 60) == 20
     assert p["sample_rate"] == pytest.approx(60 / 600)
-    assert p["noise_multiplier"] == pytest.approx(accounting.calibrate_noise_multiplier(2.0, 0.1, 20))
+    assert p["noise_multiplier"] == pytest.approx(accounting.noise_multiplier_for(2.0, 0.1, 20))
     assert p["epsilon"] <= 2.0 and p["epsilon"] == pytest.approx(accounting.epsilon([(p["noise_multiplier"], 0.1, 20)]))
     assert p["epsilon_rdp"] >= p["epsilon"] and p["noise_multiplier_source"] == "calibrated"
     assert p["noise_std_mean_gradient"] == pytest.approx(p["noise_multiplier"] / 60)

@@ -33,7 +33,7 @@ import torch
 
 from dpbench.mechanisms.base import Plan
 from dpbench.optimizers import get_optimizer
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 
 
 class _Override:

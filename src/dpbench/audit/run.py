@@ -29,7 +29,7 @@ from dpbench.audit import bounds, statistics
 from dpbench.audit.trials import (AuditProblem, Trials, audit_spec, make_claim, participation_check,
                                   postprocessing_check, problem_size, run_chunk, run_trials)
 from dpbench.matrix.store.cache import default_cache_dir
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.privacy import accounting
 from dpbench.plugins import mechanism_origin, record_of
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 from dpbench.audit import mutants, run
 from dpbench.optimizers import get_optimizer
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ problem, half with a canary example ("in") and half without ("out"), and records
 white-box adversary sees: the releases r_t, i.e. the privatised mean gradients that the
 harness hands to the optimizer's update rule (Nasr et al. 2023, arXiv 2302.07956).
 
-Nothing of the mechanism is re-implemented here: ``dpbench.training.harness`` (calibrate_noise, assemble)
+Nothing of the mechanism is re-implemented here: ``dpbench.training.harness`` (choose_noise_multiplier, assemble)
 builds it exactly as for a training cell, from the optimizer's own ``OptimizerSpec``, which builds
 its step from a ``Context`` exactly as a training cell does: its mechanism plans the run,
 calibrates sigma, draws the batches and the noise; its step forms per-sample gradients with
@@ -49,8 +49,8 @@ from dpbench.privacy import accounting
 from dpbench.privacy.clipping import Clipping
 from dpbench.matrix.store.cache import default_cache_dir
 from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest
-from dpbench.training.harness import assemble, calibrate_noise
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.training.harness import assemble, choose_noise_multiplier
+from dpbench.optimizers.spec import OptimizerSpec
 
 
 
@@ -190,7 +190,7 @@ def make_claim(spec: OptimizerSpec, epsilon: float | None, hyper: dict, problem:
                                            target_epsilon=epsilon, delta=delta, cache_dir=cache_dir))
     if plan.steps != problem.steps:
         raise ValueError(f"{spec.name}: the mechanism plans {plan.steps} steps, the audit problem {problem.steps}")
-    sigma, _ = calibrate_noise(spec, plan, target_epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta,
+    sigma, _ = choose_noise_multiplier(spec, plan, target_epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta,
                                accountant=accountant)
     if noise_multiplier is not None:  # the claim is what the accountant reports for the given sigma
         epsilon = spec.mechanism.report(plan, sigma, plan.steps, delta, accountant)["epsilon"]

@@ -81,7 +81,7 @@ class AmplifiedBandedMechanism(StreamingMechanism):
 
     def calibrate(self, plan: AmplifiedBandedPlan, target_epsilon: float, delta: float, accountant: str) -> float:
         accounting.check_target(target_epsilon, delta)
-        sigma = accounting.calibrate_noise_multiplier(target_epsilon, plan.sample_rate, plan.rounds, delta,
+        sigma = accounting.noise_multiplier_for(target_epsilon, plan.sample_rate, plan.rounds, delta,
                                                       accountant)
         return sigma * plan.max_column_norm
 

@@ -95,7 +95,7 @@ class PoissonSubsampledGaussian:
     def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float:
         accounting.check_target(target_epsilon, delta)
         delta = self._delta(plan, delta)
-        return accounting.calibrate(
+        return accounting.smallest_sigma(
             lambda s: self._epsilon(self.history(plan, s, plan.steps), delta, accountant), target_epsilon)
 
     def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):

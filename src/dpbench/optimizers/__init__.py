@@ -4,7 +4,7 @@ write a module with an ``OptimizerSpec`` and add it to the list below (see
 docs/adding-an-optimizer.md)."""
 
 from dpbench.optimizers import adam, d2p2, dice, dice_strict, disk, dpmatrix, opacus_dpsgd, sgd, streaming
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.plugins import Group, Registry
 from dpbench.mechanisms.base import AuditSpec
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from dpbench.optimizers.base import Context, DPStep, NonPrivateStep
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 
 
 class Adam:

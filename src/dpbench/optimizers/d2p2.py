@@ -36,7 +36,7 @@ from dpbench.mechanisms import projection
 from dpbench.mechanisms.noise import ProjectionNoise
 from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian, inverse_sqrt_schedule
 from dpbench.optimizers.base import SGD, Context, DPStep
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import torch
 
 from dpbench.optimizers.base import SGD, Context, DPStep
 from dpbench.mechanisms.base import AuditSpec
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 
 CAVEAT = (
     "not a valid DP guarantee (for C2 > 0): DP-Dice's noise std sigma*s*sqrt(1 + 2*C2/C) on the clipped "

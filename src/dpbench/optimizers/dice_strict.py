@@ -59,7 +59,7 @@ from dpbench.mechanisms.base import AuditSpec
 from dpbench.mechanisms.unamplified import UnamplifiedGaussian
 from dpbench.optimizers.base import SGD
 from dpbench.optimizers.dice import DiceStep
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 
 
 def release_sensitivity(sensitivity: float, batch_size: int, c2: float, clip_norm: float) -> float:

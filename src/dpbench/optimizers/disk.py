@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from dpbench.optimizers.base import SGD, Context, DPStep, StepOutput
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.privacy.per_sample import PerSampleGradients
 
 

@@ -4,7 +4,7 @@ The mechanism (dpbench.mechanisms.dense_matrix) does the rest; see docs/matrix.m
 
 from dpbench.mechanisms.dense_matrix import MatrixMechanism
 from dpbench.optimizers.base import SGD, DPStep
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 
 
 def _build(ctx):

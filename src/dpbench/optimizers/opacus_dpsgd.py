@@ -48,7 +48,7 @@ import warnings
 import torch
 
 from dpbench.optimizers.base import SGD, Context, DPStep, StepOutput
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.privacy.clipping import Clipping
 from dpbench.mechanisms.noise import GaussianNoise
 from dpbench.privacy.per_sample import UnsupportedLayerError

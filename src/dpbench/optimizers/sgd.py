@@ -1,7 +1,7 @@
 """DP-SGD (thesis Alg. 1, Abadi et al. 2016) and its non-private reference."""
 
 from dpbench.optimizers.base import SGD, DPStep, NonPrivateStep
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 
 DPSGD = OptimizerSpec(
     name="dpsgd",

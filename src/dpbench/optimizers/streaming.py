@@ -10,7 +10,7 @@ apply to it (docs/matrix.md, "Streaming mechanisms")."""
 from dpbench.mechanisms.amplified_banded import AmplifiedBandedMechanism
 from dpbench.mechanisms.streamed import BandedMechanism, BLTMechanism
 from dpbench.optimizers.base import SGD, DPStep
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 
 
 def _build(ctx):

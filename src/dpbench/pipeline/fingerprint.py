@@ -24,7 +24,7 @@ PACKAGE = "dpbench"
 # others, and adding one would rerun everything); this module only computes fingerprints.
 LEAVES = ("dpbench.optimizers", "dpbench.pipeline.fingerprint")
 # What every training run executes, whatever its optimizer.
-HARNESS = ("dpbench.training.train", "dpbench.optimizers.base", "dpbench.optimizers.registry")
+HARNESS = ("dpbench.training.train", "dpbench.optimizers.base", "dpbench.optimizers.spec")
 
 
 ROOT = Path(__file__).resolve().parents[1]  # src/dpbench

@@ -80,7 +80,7 @@ def epsilon(history: History, delta: float = DELTA, accountant: str = DEFAULT_AC
     raise ValueError(f"unknown accountant {accountant!r}; choose one of {ACCOUNTANTS}")
 
 
-def calibrate(epsilon_of: Callable[[float], float], target_epsilon: float, rel_tol: float = 1e-3) -> float:
+def smallest_sigma(epsilon_of: Callable[[float], float], target_epsilon: float, rel_tol: float = 1e-3) -> float:
     """The smallest sigma (to relative precision rel_tol) with epsilon_of(sigma) <= target,
     for any epsilon_of that decreases in sigma.
 
@@ -102,12 +102,12 @@ def calibrate(epsilon_of: Callable[[float], float], target_epsilon: float, rel_t
     return hi
 
 
-def calibrate_noise_multiplier(target_epsilon: float, sample_rate: float, steps: int, delta: float = DELTA,
-                               accountant: str = DEFAULT_ACCOUNTANT, rel_tol: float = 1e-3) -> float:
+def noise_multiplier_for(target_epsilon: float, sample_rate: float, steps: int, delta: float = DELTA,
+                         accountant: str = DEFAULT_ACCOUNTANT, rel_tol: float = 1e-3) -> float:
     """The smallest sigma meeting the target for T steps of the Poisson-subsampled Gaussian."""
     if not 0 < sample_rate <= 1:
         raise ValueError(f"sample rate must be in (0, 1], got {sample_rate}")
-    return calibrate(lambda s: epsilon([(s, sample_rate, steps)], delta, accountant), target_epsilon, rel_tol)
+    return smallest_sigma(lambda s: epsilon([(s, sample_rate, steps)], delta, accountant), target_epsilon, rel_tol)
 
 
 # -- the Gaussian mechanism, exactly (Balle & Wang 2018) -----------------------------------

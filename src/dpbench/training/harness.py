@@ -4,7 +4,7 @@ A grid cell (``dpbench.training.train.run``) and the empirical privacy audit mus
 mechanism: the same noise multiplier for the same plan, the same clipping, the same noise
 source and sampler seeded from the same streams. Both build them here:
 
-* ``calibrate_noise``: sigma for an optimizer's privacy plan, and where it came from. A
+* ``choose_noise_multiplier``: sigma for an optimizer's privacy plan, and where it came from. A
   non-private optimizer has sigma = 0; a given noise multiplier is used as is; otherwise the
   optimizer's mechanism finds the smallest sigma meeting (target epsilon, delta) under the
   accountant (``Mechanism.calibrate``: PRV or RDP composition of the subsampled Gaussian,
@@ -28,14 +28,14 @@ from torch import nn
 from dpbench.privacy.clipping import Clipping, NoClipping
 from dpbench.mechanisms.base import Plan, Sampler
 from dpbench.optimizers.base import Context, DPStep, LossFn
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.problems import Problem
 
 # where a run's sigma came from (recorded as privacy.noise_multiplier_source)
 SOURCE_NON_PRIVATE, SOURCE_GIVEN, SOURCE_CALIBRATED = "none (non-private)", "given", "calibrated"
 
 
-def calibrate_noise(spec: OptimizerSpec, plan: Plan, *, target_epsilon: float | None,
+def choose_noise_multiplier(spec: OptimizerSpec, plan: Plan, *, target_epsilon: float | None,
                     noise_multiplier: float | None, delta: float, accountant: str) -> tuple[float, str]:
     """(sigma, source): 0 for a non-private optimizer, ``noise_multiplier`` when given, else the
     smallest sigma whose accounted epsilon for ``plan`` is at most ``target_epsilon``."""

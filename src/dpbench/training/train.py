@@ -1,7 +1,7 @@
 """One grid cell = one run: data -> model -> privacy calibration -> steps -> metrics.
 
 ``run`` reads as those stages, each a function of its own: ``load_splits`` (the data),
-``calibrate`` (sigma, via ``harness.calibrate_noise``), ``harness.assemble`` (the DP step and
+``timed_noise_multiplier`` (sigma, via ``harness.choose_noise_multiplier``), ``harness.assemble`` (the DP step and
 its sampler, built exactly as the empirical audit builds them), ``Checkpoint``/``restore``
 (resuming a killed run), ``train_loop`` (steps, evaluation at epoch ends, divergence) and
 ``run_record`` (the metadata every run file carries). The optimizer comes in as its
@@ -28,9 +28,9 @@ from torch import nn
 from dpbench.privacy import accounting
 from dpbench.training import cuda
 from dpbench.files import atomic_write, is_no_space, no_space, remove_stale_partials
-from dpbench.training.harness import Assembly, assemble, build_model, calibrate_noise
+from dpbench.training.harness import Assembly, assemble, build_model, choose_noise_multiplier
 from dpbench.mechanisms.base import Plan, PlanRequest
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.plugins import mechanism_origin, record_of
 from dpbench.problems import Problem, get_problem
 from dpbench.problems.catalog import TaskFacts, training_examples
@@ -224,10 +224,10 @@ def plan_request(cfg: RunConfig, n_train: int) -> PlanRequest:
                        factorization=cfg.factorization, noise_file=cfg.noise_file)
 
 
-def calibrate(cfg: RunConfig, spec: OptimizerSpec, plan: Plan) -> Calibration:
-    """sigma for the run's plan (``harness.calibrate_noise``), timed."""
+def timed_noise_multiplier(cfg: RunConfig, spec: OptimizerSpec, plan: Plan) -> Calibration:
+    """sigma for the run's plan (``harness.choose_noise_multiplier``), timed."""
     t0 = time.perf_counter()
-    sigma, source = calibrate_noise(spec, plan, target_epsilon=cfg.epsilon, noise_multiplier=cfg.noise_multiplier,
+    sigma, source = choose_noise_multiplier(spec, plan, target_epsilon=cfg.epsilon, noise_multiplier=cfg.noise_multiplier,
                                     delta=cfg.delta, accountant=cfg.accountant)
     return Calibration(sigma, source, time.perf_counter() - t0)
 
@@ -558,7 +558,7 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     # The privacy setting (batches, steps, sample rate) comes from the optimizer's mechanism.
     plan = spec.mechanism.plan(plan_request(cfg, n_train))
     calibration = (Calibration(saved["sigma"], saved["sigma_source"], saved["calibration_s"]) if saved
-                   else calibrate(cfg, spec, plan))
+                   else timed_noise_multiplier(cfg, spec, plan))
     setup = Setup(cfg, spec, problem, device, seeds, splits, plan, calibration)
 
     model = build_model(problem, seeds["init"], device)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from dpbench.optimizers.base import DPStep
-from dpbench.optimizers.registry import OptimizerSpec
+from dpbench.optimizers.spec import OptimizerSpec
 
 
 class HeavyBall:
