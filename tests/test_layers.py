@@ -4,6 +4,7 @@ module imports one on a higher floor, no import cycle, storage never imports the
 
 import pkgutil
 import re
+from pathlib import Path
 
 import dpbench
 from conftest import REPO
@@ -114,3 +115,15 @@ def test_storage_and_the_training_loop_do_not_reach_up():
     # the training loop is handed its optimizer and code key: it imports neither the registry
     # nor the fingerprints
     assert not graph["dpbench.training.train"] & {"dpbench.optimizers", "dpbench.pipeline.fingerprint", "dpbench.cli"}
+
+
+def test_modules_fit_in_one_reading():
+    """No module of the package over 500 lines, and the workflow's common.smk only input
+    functions and what needs Snakemake (at most 150 lines): the config's semantics live in
+    dpbench.pipeline."""
+    src = Path(dpbench.__file__).parent
+    long = {str(p.relative_to(src)): n for p in sorted(src.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert long == {}
+    common = src.parents[1] / "workflow" / "rules" / "common.smk"
+    assert len(common.read_text().splitlines()) <= 150

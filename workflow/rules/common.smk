@@ -112,8 +112,7 @@ def audit_code(wildcards):
     return fingerprint.modules_fingerprint(("dpbench.audit.run",)) + fingerprint.optimizer_fingerprint(wildcards.optimizer)
 
 
-MATRIX_CODE = fingerprint.modules_fingerprint(("dpbench.matrix.dense_factorization", "dpbench.matrix.store.dense_files",
-                                               "dpbench.matrix.store.noise_files"))
+MATRIX_CODE = fingerprint.modules_fingerprint(("dpbench.matrix.store.dense_files", "dpbench.matrix.store.noise_files"))
 STREAMING_CODE = fingerprint.modules_fingerprint(("dpbench.mechanisms.streamed",))
 
 
