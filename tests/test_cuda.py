@@ -9,7 +9,8 @@ import torch
 
 from conftest import run_cell
 from dpbench.training import cuda
-from dpbench.training.train import Checkpoint, RunConfig, step_state_on
+from dpbench.training.checkpoint import Checkpoint, step_state_on
+from dpbench.training.config import RunConfig
 
 
 def test_configure_turns_tf32_off_and_kernels_deterministic(monkeypatch):

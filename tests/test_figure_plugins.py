@@ -15,7 +15,8 @@ from dpbench.optimizers import OPTIMIZERS
 from dpbench.pipeline import fingerprint
 from dpbench.pipeline.grid import ConfigError, validate
 from dpbench.pipeline.jobs import plan
-from dpbench.plugins import PluginError, listing
+from dpbench.cli import listing
+from dpbench.plugins import PluginError
 from dpbench.problems import PROBLEMS
 from dpbench.reporting import figures
 from dpbench.reporting.figures import FIGURES

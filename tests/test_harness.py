@@ -14,7 +14,8 @@ from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
 from dpbench.optimizers import get_optimizer
 from dpbench.problems import get_problem
 from dpbench.seeds import stream_seeds
-from dpbench.training.train import RunConfig, load_splits
+from dpbench.training.config import RunConfig
+from dpbench.training.splits import load_splits
 
 
 def _calibrate(name, plan, **kw):

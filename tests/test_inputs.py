@@ -289,7 +289,7 @@ def test_a_damaged_checkpoint_is_moved_aside_and_the_run_starts_afresh(tiny_fmni
 def test_a_checkpoint_that_cannot_be_written_leaves_no_temporary_file(tmp_path, monkeypatch, where):
     import torch
 
-    from dpbench.training.train import Checkpoint
+    from dpbench.training.checkpoint import Checkpoint
 
     cfg = RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=2, seed=3, epsilon=2.0)
     module, name = (torch, "save") if where == "torch.save" else (os, "fsync")
@@ -342,7 +342,7 @@ def test_device_cuda_without_a_gpu_names_the_option(tmp_path, capsys, device):
     code, err = cli_error(train_argv(tmp_path, "--device", device), capsys)
     assert code == 2 and f"argument --device: {device}: no CUDA GPU is available" in err, err
     with pytest.raises(ValueError, match="no CUDA GPU is available"):
-        __import__("dpbench.training.train").training.train.resolve_device(device)
+        __import__("dpbench.training.config").training.config.resolve_device(device)
 
 
 def test_a_damaged_run_file_is_refused_naming_it_and_the_fix(tmp_path):
@@ -394,7 +394,7 @@ def test_every_file_written_honours_the_umask(tmp_path, umask):
     from dpbench.matrix import dense_factorization
     from dpbench.matrix.store import dense_files, noise_files, streamed_files
     from dpbench.mechanisms import streamed
-    from dpbench.training.train import Checkpoint
+    from dpbench.training.checkpoint import Checkpoint
 
     metrics = pd.DataFrame({"split": ["train"], "step": [1], "epoch": [1], "loss": [1.0], "accuracy": [0.5],
                             "batch_size": [3]})

@@ -19,7 +19,8 @@ from dpbench.problems import catalog, get_problem, language, tokenizer
 from dpbench.problems.catalog import PLANTED
 from dpbench.reporting.results import read_meta
 from dpbench.seeds import stream_seeds
-from dpbench.training.train import RunConfig, load_splits
+from dpbench.training.config import RunConfig
+from dpbench.training.splits import load_splits
 from test_fortunes import write_fortunes
 
 WORDS = "the of and a to in is you that it he was for on are as with his they at be this".split()

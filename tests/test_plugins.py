@@ -23,7 +23,8 @@ from dpbench import plugins
 from dpbench.optimizers import OPTIMIZERS, get_optimizer
 from dpbench.pipeline import cluster, fingerprint
 from dpbench.pipeline.grid import ConfigError, expand, load_config
-from dpbench.plugins import PluginError, listing
+from dpbench.cli import listing
+from dpbench.plugins import PluginError
 from dpbench.problems import PROBLEMS, get_problem
 from dpbench.reporting.figures import FIGURES
 

@@ -153,7 +153,8 @@ def test_n_is_counted_by_one_function_for_the_run_and_the_grid(monkeypatch):
     from dpbench.pipeline.grid import Cell
     from dpbench.problems import language
     from dpbench.seeds import stream_seeds
-    from dpbench.training.train import RunConfig, load_splits
+    from dpbench.training.config import RunConfig
+    from dpbench.training.splits import load_splits
 
     shapes = {"P1": (3, 32, 32), "P2": (1, 28, 28), "P3": (1, 28, 28)}
     rng = np.random.default_rng(0)
@@ -180,7 +181,8 @@ def test_a_task_that_plants_other_than_its_facts_say_is_refused():
     """The run checks its training split against the one count: a task that planted other
     records than the problem's facts declare would give the grid another N."""
     from dpbench.seeds import stream_seeds
-    from dpbench.training.train import RunConfig, load_splits
+    from dpbench.training.config import RunConfig
+    from dpbench.training.splits import load_splits
 
     rng = np.random.default_rng(0)
     data = Dataset("fashion-mnist", rng.integers(0, 256, (40, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 40),

@@ -347,8 +347,8 @@ def test_streamed_run_writes_no_file_larger_than_its_factorization(tiny_fmnist, 
     end: the bytes the process writes are its factorization, its checkpoint (mode 0600: it holds
     the noise state) and its run file, nothing else; afterwards only the run file and the
     factorization remain, and the run file is smaller than the noise state it must not hold."""
-    from dpbench.training import train
     from dpbench.cli import main
+    from dpbench.training.checkpoint import Checkpoint
 
     io = Path("/proc/self/io")
     if not io.exists():
@@ -358,13 +358,13 @@ def test_streamed_run_writes_no_file_larger_than_its_factorization(tiny_fmnist, 
         return int(next(x for x in io.read_text().splitlines() if x.startswith("wchar:")).split()[1])
 
     checkpoints = []
-    original = train.Checkpoint.save
+    original = Checkpoint.save
 
     def save(self, state):
         original(self, state)
         checkpoints.append((self.path.stat().st_size, self.path.stat().st_mode & 0o777,
                             state["step_fn"]["noise"]["state"].numel() * 4))
-    monkeypatch.setattr(train.Checkpoint, "save", save)
+    monkeypatch.setattr(Checkpoint, "save", save)
     out, cache_dir = tmp_path / "runs" / "run.parquet", tmp_path / "cache"
     before = written()
     assert main(["train", "--problem", "P2", "--optimizer", optimizer, "--hp", hp, "--lr", "0.1", "--batch-size", "60",
@@ -390,7 +390,8 @@ class _Interrupt(Exception):
 def test_streamed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkeypatch, optimizer):
     """Killed mid-epoch after a checkpoint, the run resumes with the noise state, sampler and
     model of the checkpoint and ends with the metrics of an uninterrupted run."""
-    from dpbench.training.train import Checkpoint, RunConfig
+    from dpbench.training.checkpoint import Checkpoint
+    from dpbench.training.config import RunConfig
 
     cfg = RunConfig(problem="P2", optimizer=optimizer, lr=0.1, batch_size=60, epochs=2, seed=4, noise_multiplier=1.1,
                     hyperparameters={"bands": 3} if "band" in optimizer else {"buffers": 1}, progress_every_s=1e9)

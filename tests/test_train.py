@@ -190,7 +190,7 @@ def test_killed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkeypa
 def test_checkpoint_of_another_configuration_is_ignored(tiny_fmnist, tmp_path, capsys):
     ckpt = tmp_path / "run.ckpt"
     base = dict(problem="P2", optimizer="dpsgd", batch_size=60, epochs=2, seed=1, epsilon=2.0, progress_every_s=1e9)
-    from dpbench.training.train import Checkpoint
+    from dpbench.training.checkpoint import Checkpoint
 
     Checkpoint(ckpt, RunConfig(lr=0.1, **base)).save({"step": 99})
     fresh = run_cell(RunConfig(lr=0.2, **base), checkpoint=ckpt)

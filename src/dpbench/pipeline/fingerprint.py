@@ -23,7 +23,8 @@ PACKAGE = "dpbench"
 # imports every optimizer module (following it would make each optimizer depend on all the
 # others, and adding one would rerun everything); this module only computes fingerprints.
 LEAVES = ("dpbench.optimizers", "dpbench.pipeline.fingerprint")
-# What every training run executes, whatever its optimizer.
+# What every training run executes, whatever its optimizer (train's stages, config, splits,
+# calibration and checkpoint, are in its closure: train imports them).
 HARNESS = ("dpbench.training.train", "dpbench.optimizers.base", "dpbench.optimizers.spec")
 
 
