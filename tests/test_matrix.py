@@ -225,9 +225,9 @@ def test_concurrent_readers_never_see_a_partial_noise_file(tmp_path):
     steps, dim, seed = 64, 400_000, 3
     code = ("import numpy as np\n"
             "from dpbench.matrix.store import noise_files\n"
-            f"dense_noise.write_noise({str(path)!r}, np.eye({steps}), {dim}, {seed}, chunk_blocks=1)\n")
-    expected_last = dense_noise.standard_normal_block(seed, steps, (dim - 1) // dense_noise.BLOCK)[
-        -1, : dim - ((dim - 1) // dense_noise.BLOCK) * dense_noise.BLOCK]
+            f"noise_files.write_noise({str(path)!r}, np.eye({steps}), {dim}, {seed}, chunk_blocks=1)\n")
+    expected_last = noise_files.standard_normal_block(seed, steps, (dim - 1) // noise_files.BLOCK)[
+        -1, : dim - ((dim - 1) // noise_files.BLOCK) * noise_files.BLOCK]
     full_size = 128 + steps * dim * 4
     seen, errors, saw_tmp, stop = [], [], [], threading.Event()
 
@@ -383,7 +383,7 @@ def test_identity_factorization_is_dpsgd_without_amplification(tiny_fmnist, tmp_
     dense_files.save(fact, tmp_path / "identity.npz")
     seeds = stream_seeds(seed)
     dim = get_problem("P2").facts.parameters
-    dense_noise.write_noise(tmp_path / "noise.npy", fact.noising, dim, seeds["noise"],
+    noise_files.write_noise(tmp_path / "noise.npy", fact.noising, dim, seeds["noise"],
                            meta={"factorization_digest": fact.digest})
     res = run_cell(RunConfig(problem="P2", optimizer=optimizer, lr=lr, batch_size=L, epochs=epochs, seed=seed,
                         epsilon=eps, factorization=str(tmp_path / "identity.npz"),

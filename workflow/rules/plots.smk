@@ -6,11 +6,13 @@ from dpbench.reporting.figures import FIGURES as FIGURE_SPECS
 
 for _figure in FIGURES:
     _files = JOBS.figure_files(_figure)
-    _main = _files[0].rpartition(".")[2]
-    _outputs = {path.rpartition(".")[2]: path for path in _files}
     _caption = "plugin_figure" if FIGURE_SPECS.plugin(_figure) else _figure
-    _outputs[_main] = report(_files[0], caption=f"../report/{_caption}.rst",
-                             category="Tables" if _main == "md" else "Figures")
+    _table = _files[0].endswith(".md")
+    # the main file first and by name (the command names it: a shell string is formatted when
+    # the job runs, after this loop has moved on, so it must not name a variable of the loop)
+    _outputs = {"main": report(_files[0], caption=f"../report/{_caption}.rst",
+                               category="Tables" if _table else "Figures"),
+                **{path.rpartition(".")[2]: path for path in _files[1:]}}
 
     rule:
         name:
@@ -30,6 +32,4 @@ for _figure in FIGURES:
         conda:
             ENVS["analysis"]
         shell:
-            # output[0]: the main file (the shell string is formatted when the job runs, after
-            # this loop has rebound _main: a name of the loop must not appear in it)
-            "{params.dpbench} plot {params.figure} --runs {input.runs} --out {output[0]} {params.options} > {log} 2>&1"
+            "{params.dpbench} plot {params.figure} --runs {input.runs} --out {output.main} {params.options} > {log} 2>&1"

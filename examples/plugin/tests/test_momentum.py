@@ -6,6 +6,7 @@ a resumed step continues as if never stopped. Run with the plugin installed:
 import torch
 import torch.nn.functional as F
 
+from dpbench.mechanisms.base import PlanRequest
 from dpbench.optimizers import get_optimizer
 from dpbench.training.harness import assemble
 from dpbench_example.momentum import DPSGD_MOMENTUM
@@ -25,7 +26,7 @@ def cross_entropy(model, x, y):
 def build(spec, hyperparameters, sigma=0.8, loss=cross_entropy):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
-    plan = spec.mechanism.plan(N, L, EPOCHS)
+    plan = spec.mechanism.plan(PlanRequest(N, L, EPOCHS))
     parts = assemble(spec, plan, model, loss, lr=0.5, noise_multiplier=sigma, clip_norm=1.0,
                      normalize_clipping=True, hyperparameters=hyperparameters, noise_seed=1, sampler_seed=2,
                      n_train=N, device="cpu")
@@ -64,7 +65,7 @@ def test_a_constant_gradient_accelerates_by_one_plus_mu():
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2, bias=False)
-    plan = DPSGD_MOMENTUM.mechanism.plan(N, L, EPOCHS)
+    plan = DPSGD_MOMENTUM.mechanism.plan(PlanRequest(N, L, EPOCHS))
     parts = assemble(DPSGD_MOMENTUM, plan, model, linear, lr=0.1, noise_multiplier=0.0, clip_norm=1.0,
                      normalize_clipping=True, hyperparameters=None, noise_seed=1, sampler_seed=2, n_train=N,
                      device="cpu")
