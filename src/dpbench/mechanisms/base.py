@@ -14,6 +14,7 @@ amplified_banded; their samplers are in sampling, their noise sources in noise.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -127,3 +128,20 @@ class Mechanism(Protocol):
     def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
         """delta*(eps) for an array of eps: the claim the empirical audit tests (dpbench.audit)."""
         ...
+
+
+def one_release_epsilons(noise_multiplier: float, planned_sensitivity: float, done_sensitivity: float,
+                         delta: float) -> dict:
+    """The epsilons of a matrix mechanism, one Gaussian release C G + sigma s Z of sensitivity
+    s = sens(C) (zero-out neighbours): exactly (Balle & Wang 2018) for the steps taken and the
+    planned ones, and the RDP bound for the steps taken. No sensitivity (no step taken) is
+    epsilon 0; no noise with a sensitivity is epsilon infinite."""
+    def eps(s: float) -> float:
+        if s == 0:
+            return 0.0
+        return math.inf if noise_multiplier <= 0 else accounting.gaussian_epsilon(s / noise_multiplier, delta)
+
+    rdp = (0.0 if done_sensitivity == 0 else math.inf if noise_multiplier <= 0 else
+           accounting.epsilon([(noise_multiplier / done_sensitivity, 1.0, 1)], delta, "rdp"))
+    return {"epsilon": eps(done_sensitivity), "epsilon_planned": eps(planned_sensitivity), "epsilon_rdp": rdp,
+            "accountant": "analytic-gaussian (one release, Balle & Wang 2018)"}

@@ -19,7 +19,6 @@ C[:t, :t] (<= sens(C)); its achieved epsilon is computed for that.
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from dpbench.matrix.dense_factorization import Factorization
 from dpbench.matrix.store import cache, dense_files, keys, noise_files
 from dpbench.matrix.store.noise_files import NoiseFile
 from dpbench.matrix.sensitivity import prefix_sensitivity
-from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest
+from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest, one_release_epsilons
 from dpbench.mechanisms.noise import CorrelatedNoise
 from dpbench.mechanisms.sampling import FixedBatchSampler
 from dpbench.privacy import accounting, profiles
@@ -117,17 +116,9 @@ class MatrixMechanism:
         done_sens = planned_sens if steps >= plan.steps else (
             prefix_sensitivity(fact.strategy, k, b, steps) if steps > 0 else 0.0)
 
-        def eps(s: float) -> float:
-            if s == 0:
-                return 0.0
-            return math.inf if noise_multiplier <= 0 else accounting.gaussian_epsilon(s / noise_multiplier, delta)
-
-        rdp = (0.0 if done_sens == 0 else math.inf if noise_multiplier <= 0 else
-               accounting.epsilon([(noise_multiplier / done_sens, 1.0, 1)], delta, "rdp"))
         r = fact.report
         return {
-            "epsilon": eps(done_sens), "epsilon_planned": eps(planned_sens), "epsilon_rdp": rdp,
-            "accountant": "analytic-gaussian (one release, Balle & Wang 2018)",
+            **one_release_epsilons(noise_multiplier, planned_sens, done_sens, delta),
             "strategy_sensitivity": planned_sens, "strategy_sensitivity_steps_taken": done_sens,
             "sampling": (f"fixed batches: one shuffle per run, b = {b} batches of exactly L = {plan.batch_size} "
                          f"({plan.unused_examples} examples unused), same order every epoch; "

@@ -37,7 +37,6 @@ group drawn independently). Noise state is secret: checkpoints holding it are pr
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +48,7 @@ from dpbench.matrix import banded, blt
 from dpbench.matrix.store import cache, keys, streamed_files
 from dpbench.matrix.store.streamed_files import StreamingFactorization
 from dpbench.mechanisms import cyclic_poisson
-from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest
+from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest, one_release_epsilons
 from dpbench.mechanisms.noise import BandedNoise, BLTNoise
 from dpbench.mechanisms.sampling import FixedBatchSampler
 from dpbench.privacy import accounting, profiles
@@ -189,16 +188,8 @@ class _FixedOrderMechanism(StreamingMechanism):
         planned = plan.sensitivity
         done = planned if steps >= plan.steps else (self.sensitivity(fact, b, k, steps) if steps > 0 else 0.0)
 
-        def eps(s: float) -> float:
-            if s == 0:
-                return 0.0
-            return math.inf if noise_multiplier <= 0 else accounting.gaussian_epsilon(s / noise_multiplier, delta)
-
-        rdp = (0.0 if done == 0 else math.inf if noise_multiplier <= 0 else
-               accounting.epsilon([(noise_multiplier / done, 1.0, 1)], delta, "rdp"))
         return {
-            "epsilon": eps(done), "epsilon_planned": eps(planned), "epsilon_rdp": rdp,
-            "accountant": "analytic-gaussian (one release, Balle & Wang 2018)",
+            **one_release_epsilons(noise_multiplier, planned, done, delta),
             "strategy_sensitivity": planned, "strategy_sensitivity_steps_taken": done,
             "sampling": (f"fixed batches: one shuffle per run, b' = {b} batches of exactly L = {plan.batch_size} "
                          f"({plan.unused_examples} examples unused), same order every epoch; "
