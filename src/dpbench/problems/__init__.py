@@ -8,10 +8,11 @@ language model on the fortunes corpus with planted canaries (``language``, ``tra
   model, the matrix cache and the reports read them);
 * ``tasks``: the task objects (classification, VAE; the language model's is in ``language``);
 * ``spec``: ``Problem``, a problem's spec (facts, task, model builder, loader);
-* ``registry``: problem id -> spec (``PROBLEMS``, ``get_problem``; plugins' problems join it from their entry points).
+* ``registry``: problem id -> spec (``PROBLEMS``, ``get_problem``; plugins' problems join it
+  from their entry points).
 
-This package imports nothing itself, so ``dpbench.problems.catalog`` needs no torch;
-``Problem``, ``PROBLEMS`` and ``get_problem`` are loaded from ``spec`` and
+This package imports only the torch-free catalog itself, so ``facts(id)`` of a built-in needs
+no torch; ``Problem``, ``PROBLEMS`` and ``get_problem`` are loaded from ``spec`` and
 ``registry`` when first asked for.
 """
 
