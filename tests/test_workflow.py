@@ -65,6 +65,21 @@ def test_a_config_without_audit_runs_no_audits_of_the_default_config(tmp_path, r
     assert jobs["audit"]["audit"] == 1 and jobs["audit"]["train"] == 1  # dpsgd at eps 2 only
 
 
+def test_audits_test_the_configs_delta(tmp_path, repo_copy):
+    """An audit tests the claim (epsilon, delta) the runs make: train.delta of the config, not
+    the command's default of 1e-5."""
+    config = {"results_dir": str(tmp_path / "out"), "train": {"delta": 1.0e-6},
+              "grid": [{"problems": ["P2"], "batch_sizes": [64], "epochs": [1], "epsilons": [2],
+                        "optimizers": {"dpsgd": {"lr": 0.5}}}],
+              "audit": {"optimizers": "grid", "epsilons": "grid"}}
+    (tmp_path / "delta.yaml").write_text(yaml.safe_dump(config))
+    proc = snakemake("-n", "-p", "--configfile", tmp_path / "delta.yaml", cwd=repo_copy)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-2000:]
+    audit_commands = [line for line in out.splitlines() if " audit --optimizer dpsgd" in line]
+    assert audit_commands and all("--delta 1e-06 " in line for line in audit_commands), out[-3000:]
+
+
 @pytest.mark.parametrize("config", [".test/config/config.yaml", "config/audit.yaml"])
 def test_dpbench_grid_lists_every_job_snakemake_runs(repo_copy, config):
     """The package's expansion (`dpbench grid --jobs`) and Snakemake's dry run agree rule by

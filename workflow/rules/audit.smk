@@ -19,6 +19,7 @@ rule audit:
         beta=lambda wildcards: AUDIT["beta"],
         seed=lambda wildcards: AUDIT["seed"],
         accountant=config["train"]["accountant"],
+        delta=config["train"]["delta"],
         cache=f"{RESULTS}/cache",
         code=audit_code,
     threads: 1
@@ -30,6 +31,7 @@ rule audit:
     shell:
         "{params.dpbench} audit --optimizer {wildcards.optimizer} --epsilon {wildcards.audit_epsilon} "
         "--trials {params.trials} --beta {params.beta} --seed {params.seed} --accountant {params.accountant} "
+        "--delta {params.delta} "
         "--cache-dir {params.cache} "
         "--threads {threads} --out {output} > {log} 2>&1"
 
