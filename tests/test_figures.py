@@ -182,14 +182,14 @@ def test_seed_sensitivity_mean_and_std_of_the_best_config_per_lr(runs):
     seed_term = [0.01 * s ** 2 for s in SEEDS]  # 0, 0.01, 0.04
     # DP-SGD at lr 0.1: eps 10 (0.1 + 0.05) beats eps 1 (0 + 0.1); L 512, E 500
     row = data.loc[("dpsgd", 0.1)]
-    assert (row.target_epsilon, row.batch_size, row.epochs) == (10.0, 512, 500)
+    assert (row.epsilon, row.batch_size, row.epochs) == (10.0, 512, 500)
     base = 0.5 + 0.1 + 0.05 + 0.02 + 0.01
     assert row["mean"] == pytest.approx(statistics.mean(base + t for t in seed_term))
     assert row["std"] == pytest.approx(statistics.stdev(base + t for t in seed_term))
     assert row.n_seeds == 3
     # DP-SGD at lr 1: eps 10, L 512, E 500 (L 256 diverged at E 500; eps 1 L 256 all diverged)
     row = data.loc[("dpsgd", 1.0)]
-    assert (row.target_epsilon, row.batch_size, row.epochs) == (10.0, 512, 500)
+    assert (row.epsilon, row.batch_size, row.epochs) == (10.0, 512, 500)
     assert row["mean"] == pytest.approx(0.5 + 0.1 + 0.15 + 0.02 + 0.01 + statistics.mean(seed_term))
     assert row["std"] == pytest.approx(statistics.stdev(seed_term))
     assert figures.seed_sensitivity_data(runs, min_seeds=4).empty

@@ -66,3 +66,29 @@ def test_a_private_optimizer_run_without_noise_is_not_labelled_private(tmp_path)
     assert row["optimizer"] == "dpsgd" and not row["private"] and not row["dp_guarantee"]
     row = runs[runs["noise_multiplier"] > 0].iloc[0]
     assert row["private"] and row["dp_guarantee"] and row["epsilon"] < 1.0
+
+
+def test_a_run_that_exceeded_its_target_is_not_labelled_private(tmp_path):
+    """A run given sigma = 0.3 and target 1 (accepted before the command refused the pair)
+    achieved epsilon 25.6: neither private nor with a guarantee at its target; the same run
+    given sigma alone, no target, is private at the epsilon it achieved."""
+    from conftest import REPO
+    from dpbench.reporting.aggregate import aggregate
+
+    source = REPO / "benchmarks" / "results" / "lm" / "study" / "runs" / "P4" / "dpsgd" / "L64-E1-eps1-lr1-s0.parquet"
+    metrics, meta = results.read_run(source)
+    given = {"noise_multiplier": 0.3, "noise_multiplier_source": "given", "epsilon": 25.6, "epsilon_planned": 25.6}
+    over = {**meta, "run_id": "over", "config": {**meta["config"], "noise_multiplier": 0.3},
+            "privacy": {**meta["privacy"], **given, "target_epsilon": 1.0}}
+    alone = {**meta, "run_id": "alone", "config": {**meta["config"], "epsilon": None, "noise_multiplier": 0.3},
+             "privacy": {**meta["privacy"], **given, "target_epsilon": None}}
+    paths = [results.write_run(tmp_path / f"{m['run_id']}.parquet", metrics, m) for m in (over, alone)]
+    assert not results.is_private(over) and not results.dp_guarantee(over)
+    assert results.is_private(alone) and results.dp_guarantee(alone)
+    runs = aggregate(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")[0].set_index("run_id")
+    assert not runs.loc["over", "private"] and not runs.loc["over", "dp_guarantee"]
+    assert runs.loc["alone", "private"] and runs.loc["alone", "dp_guarantee"]
+    # met exactly: the calibrations' own test (epsilon <= target), no slack either way
+    at = {**over, "privacy": {**over["privacy"], "epsilon": 1.0}}
+    assert results.is_private(at)
+    assert not results.is_private({**at, "privacy": {**at["privacy"], "epsilon": math.nextafter(1.0, 2.0)}})

@@ -86,6 +86,7 @@ def test_noise_multiplier_given_is_recorded(tiny_fmnist):
     (dict(optimizer="dpsgd", epsilon=1.0, hyperparameters={"kappa": 1}), "no hyperparameter 'kappa'"),
     (dict(optimizer="dpsgd", epsilon=-1.0), "epsilon must be positive"),
     (dict(optimizer="dpsgd", problem="P9", epsilon=1.0), "unknown problem 'P9'"),
+    (dict(optimizer="dpsgd", epsilon=1.0, noise_multiplier=0.3), "--epsilon .* or --noise-multiplier .*not both"),
 ])
 def test_bad_settings_are_named(kwargs, match):
     cfg = RunConfig(**{"problem": "P2", "lr": 0.1, "batch_size": 10, "epochs": 1, "seed": 0, **kwargs})
@@ -128,6 +129,19 @@ def test_cli_reports_errors_in_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
     proc = run_cli("data", "--dataset", "cifar10", "--data-dir", tmp_path, "--no-download", check=False)
     assert proc.returncode == 2 and "cifar-10-python.tar.gz" in proc.stderr and str(tmp_path) in proc.stderr
+
+
+def test_cli_refuses_a_target_epsilon_with_a_given_noise_multiplier(tmp_path):
+    # sigma = 0.3 would be used as is (epsilon about 25 on P2), and the run file would carry
+    # target 1 as if it had met it
+    out = tmp_path / "x.parquet"
+    proc = run_cli("train", "--problem", "P2", "--optimizer", "dpsgd", "--lr", "0.1", "--batch-size", "8",
+                   "--epochs", "1", "--seed", "0", "--epsilon", "1", "--noise-multiplier", "0.3", "--out", out,
+                   check=False)
+    errors = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr
+    assert "--epsilon" in errors[0] and "--noise-multiplier" in errors[0] and "not both" in errors[0]
+    assert not out.exists()
 
 
 class Interrupt(Exception):

@@ -11,7 +11,7 @@ The audit bounds FPR and FNR from above at a few thresholds, simultaneously:
 
 - Thresholds at quantile levels of the out-scores, pre-registered before any score is seen:
   J = {1, 2, 4, ..., 2^floor(log2(n0/2))}, tau_j = the j-th largest out-score.
-- For continuous scores (``statistics.jitter`` breaks ties) FPR(tau_j) = 1 - F_out(tau_j) is
+- For continuous scores (``statistics.random_ranks`` breaks ties) FPR(tau_j) = 1 - F_out(tau_j) is
   the j-th smallest of n0 uniforms, Beta(j, n0 - j + 1), so
       FPR_u = BetaInv(1 - a; j, n0 - j + 1)
   is exceeded with probability exactly a. The in-scores are independent of tau_j, so given
@@ -50,8 +50,9 @@ p_eps = 1/(1 + e^-eps), and eps_lb = sup{eps : p(eps) < beta}.
 
 Choices left open above, made here: the statistics' order in the ``scores`` mapping is H's
 order (the primary first) and every statistic must come from the same trials (one n1, n0, so
-one J); a test guesses "in" at score >= tau (ties have probability 0 after jitter); the
-violation reported is the largest grid epsilon at which the profile fails, with its (h, j).
+one J); a test guesses "in" at score >= tau, trials compared by their ranks (``random_ranks``:
+(score, U) lexicographically, so no two tie); the violation reported is the largest grid
+epsilon at which the profile fails, with its (h, j).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from scipy.special import betaincinv, expit, ndtri
 from scipy.stats import binom
 
 from dpbench.privacy import accounting
-from dpbench.audit.statistics import jitter
+from dpbench.audit.statistics import random_ranks
 
 EPSILON_GRID = np.arange(1501) * 0.02  # {0, 0.02, ..., 30}
 
@@ -114,7 +115,7 @@ def fpr_upper(level: ArrayLike, n_out: int, a: float) -> np.ndarray:
 
 def threshold_bounds(in_scores: ArrayLike, out_scores: ArrayLike, level: ArrayLike, a: float):
     """At each level j: tau = the j-th largest out-score, k = #{in-scores < tau}, FPR_u, FNR_u.
-    Scores must be tie-free (jittered)."""
+    Scores must be tie-free (ranked by ``random_ranks``)."""
     s_in, s_out = np.sort(np.asarray(in_scores, float)), np.sort(np.asarray(out_scores, float))
     j = np.asarray(level)
     tau = s_out[::-1][j - 1]
@@ -238,7 +239,8 @@ def analyse(scores: Mapping[str, tuple[ArrayLike, ArrayLike]], profile: Callable
 
     ``scores`` maps each pre-registered statistic (primary first) to (in_scores, out_scores)
     from the same trials; ``profile`` is the claim's delta*(eps) (``dpbench.privacy.profiles``), evaluated on
-    ``eps_grid``; ``rng`` (a Generator or a seed) draws the tie-breaking jitter."""
+    ``eps_grid``; ``rng`` (a Generator or a seed) draws the uniforms that break ties
+    (``statistics.random_ranks``). The table's thresholds are scores (the out-trial's at level j)."""
     if not scores:
         raise ValueError("no statistics given")
     if not 0 < delta < 1:
@@ -262,8 +264,10 @@ def analyse(scores: Mapping[str, tuple[ArrayLike, ArrayLike]], profile: Callable
     per_statistic = []
     for name in stats:
         s_in, s_out = scores[name]
-        pooled = jitter(np.concatenate([np.ravel(s_in), np.ravel(s_out)]).astype(float), rng)
-        tau, k, _, fnr = threshold_bounds(pooled[:n_in], pooled[n_in:], j, a)
+        raw = np.concatenate([np.ravel(s_in), np.ravel(s_out)]).astype(float)
+        ranks = random_ranks(raw, rng)
+        tau, k, _, fnr = threshold_bounds(ranks[:n_in], ranks[n_in:], j, a)
+        tau = np.sort(raw)[tau.astype(np.int64)]  # rank r holds the r-th smallest score
         violated = violation_margin(fpr, fnr, claimed, eps_grid) > 0
         last = violated.shape[1] - 1 - np.argmax(violated[:, ::-1], axis=1)  # the largest violated eps
         per_statistic.append((tau, k, fnr, np.where(violated.any(axis=1), eps_grid[last], np.nan)))

@@ -33,11 +33,16 @@ projected a_k = s ||P_k^T e_c||, s_k = sigma_k s s_P, per trial where the projec
   ratio, and a constant release is as likely as any single one).
 
 Any function of the releases and public quantities is a sound statistic (post-processing);
-reading hidden state (Dice's residual e) is not. ``jitter`` breaks ties: the bounds assume a
-continuous score distribution (the j-th largest of n0 continuous out-scores has an exact Beta
-law), and a score with atoms, e.g. S_diff = 0 for every reused-noise out-trial, would make the
-false-positive bound wrong; adding independent U(0, 1e-9 range) noise makes the score a
-randomised statistic with a continuous law whose order only differs from the raw one at ties.
+reading hidden state (Dice's residual e) is not. ``random_ranks`` breaks ties: the bounds
+assume a continuous score distribution (the j-th largest of n0 continuous out-scores has an
+exact Beta law), and a score with atoms, e.g. S_diff = 0 for every reused-noise out-trial, would
+make the false-positive bound wrong. Ranking the trials by (score, U) lexicographically, U an
+independent uniform per trial, is ranking by a randomised statistic with a continuous law (the
+randomised probability integral transform F(s-) + U (F(s) - F(s-)) orders them alike), so the
+out-trials' ranks are exchangeable and the Beta law holds; the order of distinct scores is kept
+exactly. (Adding U(0, 1e-9 range) to the scores does not: at scores of large
+magnitude, 1e8 with atoms one apart, that is below one ulp, the ties survive and a correct
+mechanism is flagged.)
 """
 
 from __future__ import annotations
@@ -99,15 +104,18 @@ def s_diff(y: ArrayLike, strategy: ArrayLike | None = None) -> np.ndarray:
     return np.abs(np.diff(w, axis=1)).sum(axis=1)
 
 
-def jitter(scores: ArrayLike, rng: np.random.Generator, scale: float = 1e-9) -> np.ndarray:
-    """scores + U(0, scale * range) drawn from ``rng``, range = max - min of the scores (all
-    trials of one statistic, in and out together; 1 if all are equal, so ties still break)."""
+def random_ranks(scores: ArrayLike, rng: np.random.Generator) -> np.ndarray:
+    """Each score's rank (0: the smallest) among all of ``scores`` (all trials of one statistic,
+    in and out together) ordered by (score, U), U ~ U(0, 1) drawn from ``rng`` per score: the
+    order of the scores, ties in random order. A float array, a permutation of 0, ..., n - 1."""
     x = np.asarray(scores, dtype=np.float64)
     if not np.all(np.isfinite(x)):
         raise ValueError(f"{np.count_nonzero(~np.isfinite(x))} scores are not finite")
-    spread = float(x.max() - x.min()) if x.size else 0.0
-    width = scale * spread if spread > 0 else 1.0
-    return x + rng.uniform(0.0, width, size=x.shape)
+    u = rng.random(x.shape)
+    order = np.lexsort((u.ravel(), x.ravel()))  # the last key sorts first: score, then U
+    ranks = np.empty(x.size, dtype=np.float64)
+    ranks[order] = np.arange(x.size, dtype=np.float64)
+    return ranks.reshape(x.shape)
 
 
 # -- the statistics of the mechanism families, registered by name ------------------------------

@@ -102,6 +102,16 @@ def smallest_sigma(epsilon_of: Callable[[float], float], target_epsilon: float, 
     return hi
 
 
+def meets_target(epsilon: float, target_epsilon: float) -> bool:
+    """Whether an achieved epsilon meets its target: epsilon <= target, the test every calibration
+    here keeps as its invariant (``smallest_sigma``, ``gaussian_noise_multiplier``). Their
+    tolerance (rel_tol) is on sigma and taken from above, never on epsilon, and a run reports the
+    epsilon of the accounting it was calibrated with, so a calibrated run meets its target with no
+    slack; one that does not (sigma given with a target, a plugin's miscalibrated mechanism) was
+    not private at that target."""
+    return epsilon <= target_epsilon
+
+
 def noise_multiplier_for(target_epsilon: float, sample_rate: float, steps: int, delta: float = DELTA,
                          accountant: str = DEFAULT_ACCOUNTANT, rel_tol: float = 1e-3) -> float:
     """The smallest sigma meeting the target for T steps of the Poisson-subsampled Gaussian."""

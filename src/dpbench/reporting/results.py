@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dpbench.files import atomic_write, is_no_space, no_space
+from dpbench.privacy.accounting import meets_target
 
 META_KEY = b"dpbench"
 SCHEMA_VERSION = 1
@@ -49,15 +50,19 @@ NO_GUARANTEE = "not a valid DP guarantee"
 
 
 def is_private(meta: dict[str, Any]) -> bool:
-    """Whether a run was trained privately: by a private optimizer, to a finite achieved epsilon
-    (a private optimizer given sigma = 0, ``--noise-multiplier 0``, records epsilon = inf: not
-    private, whatever its optimizer)."""
-    epsilon = meta["privacy"].get("epsilon")
-    return bool(meta["optimizer"]["private"]) and epsilon is not None and math.isfinite(epsilon)
+    """Whether a run is private at the epsilon it carries: trained by a private optimizer, to a
+    finite achieved epsilon (a private optimizer given sigma = 0, ``--noise-multiplier 0``,
+    records epsilon = inf: not private, whatever its optimizer), at most its target where it had
+    one (``accounting.meets_target``: a run that exceeded its target is not labelled private at
+    it, nor anywhere)."""
+    epsilon, target = meta["privacy"].get("epsilon"), meta["privacy"].get("target_epsilon")
+    return (bool(meta["optimizer"]["private"]) and epsilon is not None and math.isfinite(epsilon)
+            and (target is None or meets_target(epsilon, target)))
 
 
 def dp_guarantee(meta: dict[str, Any]) -> bool:
-    """Whether a run's recorded (epsilon, delta) holds: private, and no caveat voiding it."""
+    """Whether a run's recorded (epsilon, delta) holds: private (its target met, where it had one),
+    and no caveat voiding it."""
     caveat = meta["privacy"].get("caveat") or ""
     return is_private(meta) and not caveat.startswith(NO_GUARANTEE)
 

@@ -22,8 +22,8 @@ class RunConfig:
     batch_size: int  # expected batch size L; sample rate q = L / N
     epochs: int  # E; T = round(E * N / L)
     seed: int
-    epsilon: float | None = None  # target epsilon (private optimizers, unless noise_multiplier)
-    noise_multiplier: float | None = None  # use this sigma instead of calibrating
+    epsilon: float | None = None  # target epsilon (private optimizers); not with noise_multiplier
+    noise_multiplier: float | None = None  # use this sigma instead of calibrating; not with epsilon
     delta: float = accounting.DELTA
     clip_norm: float = 1.0
     normalize_clipping: bool = True
@@ -52,6 +52,10 @@ class RunConfig:
                 raise ValueError(f"{name} must be positive and finite, got {getattr(self, name)}")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+        if self.noise_multiplier is not None and self.epsilon is not None:
+            # sigma given is used as is: the run would carry a target it may not meet
+            raise ValueError("give --epsilon (sigma calibrated to it) or --noise-multiplier (epsilon accounted "
+                             "for it), not both")
         if spec.private and self.noise_multiplier is None and self.epsilon is None:
             raise ValueError(f"optimizer {self.optimizer!r} is private: give --epsilon or --noise-multiplier")
         if self.noise_multiplier is not None and not 0 <= self.noise_multiplier < math.inf:

@@ -41,7 +41,7 @@ from dpbench.reporting.figures.language_model import (  # noqa: E402
     LM_REPEATS, draw_lm_exposure, draw_lm_loss, draw_lm_ranking, lm_configurations, lm_exposure_data,
     lm_exposure_figure, lm_loss_data, lm_loss_figure, lm_ranking_data, lm_ranking_table)
 from dpbench.reporting.figures.selection import (  # noqa: E402
-    CONFIG_KEYS, scored, select_best, select_runs, selection_columns, target_as_epsilon)
+    CONFIG_KEYS, by_privacy, privacy_epsilon, scored, select_best, select_runs, selection_columns)
 from dpbench.reporting.figures.spec import GROUP, KINDS, FigureSpec, option_names  # noqa: E402
 from dpbench.reporting.figures.style import (  # noqa: E402
     AUDIT_MARK, AXIS_LABELS, DATASETS, LABELS, NO_GUARANTEE_MARK, apply_style, empty_figure, fmt_tick, label,

@@ -5,7 +5,10 @@ arXiv:1802.08232), and a ranking table.
 
 Every number comes from one configuration per (optimizer, ε): the one whose mean best
 validation loss over its seeds is lowest (selected on validation, never on test or canaries);
-a configuration with a non-finite validation loss on any seed loses to every finite one.
+a configuration with a non-finite validation loss on any seed loses to every finite one. ε is
+the one each run is shown under (``selection.by_privacy``: the target met, the achieved ε of a
+run given σ alone, ∞ for non-private runs; a run that exceeded its target is left out), and a
+configuration's runs share their σ and privacy.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from dpbench.problems.catalog import CANARY_REPEATS
-from dpbench.reporting.figures.selection import CONFIG_KEYS, select_runs, target_as_epsilon
+from dpbench.reporting.figures.selection import CONFIG_KEYS, by_privacy, select_runs
 from dpbench.reporting.figures.style import empty_figure, fmt_tick, label, legend_labels, ordered, palette
 
 LM_REPEATS = CANARY_REPEATS  # canary repetitions k (0: never seen in training): the aggregated columns' k
@@ -26,12 +29,12 @@ LM_REPEATS = CANARY_REPEATS  # canary repetitions k (0: never seen in training):
 
 def lm_configurations(runs: pd.DataFrame, problem: str = "P4") -> pd.DataFrame:
     """The runs of the chosen configuration of each (optimizer, ε) of ``problem``, all seeds,
-    with ``epsilon`` the target ε (inf for non-private runs)."""
-    r = target_as_epsilon(runs[runs["problem"] == problem])
-    r["epsilon"] = r["epsilon"].astype(float).fillna(np.inf)
+    with ``epsilon`` the ε each is shown under (``by_privacy``; inf for non-private runs). A
+    configuration is its settings, σ and privacy: runs that differ in σ are never pooled."""
+    r = by_privacy(runs[runs["problem"] == problem])
     if r.empty:
         return r
-    keys = [k for k in CONFIG_KEYS if k in r.columns and k != "target_epsilon"] + ["epsilon"]
+    keys = [k for k in (*CONFIG_KEYS, "noise_multiplier", "private") if k in r.columns]
     val = r["best_val_loss"].astype(float)
     r["_score"] = val.where(np.isfinite(val), np.inf)
     configs = r.groupby(keys, dropna=False)["_score"].agg(lambda v: v.mean() if np.isfinite(v).all() else np.inf)
@@ -54,7 +57,7 @@ def lm_loss_data(runs: pd.DataFrame, problem: str = "P4") -> pd.DataFrame:
     for (opt, eps), g in lm_configurations(runs, problem).groupby(["optimizer", "epsilon"], sort=True):
         for split, column in (("train", "final_train_loss"), ("val", "best_val_loss")):
             mean, std, n = _mean_std(g[column])
-            rows.append({"optimizer": opt, "private": bool(g["private"].iloc[0]), "epsilon": eps, "split": split,
+            rows.append({"optimizer": opt, "private": bool(g["private"].all()), "epsilon": eps, "split": split,
                          "mean": mean, "std": std, "n_seeds": n, "lr": float(g["lr"].iloc[0])})
     return pd.DataFrame(rows, columns=["optimizer", "private", "epsilon", "split", "mean", "std", "n_seeds", "lr"])
 
@@ -75,7 +78,7 @@ def lm_exposure_data(runs: pd.DataFrame, problem: str = "P4", repeats: Iterable[
             mean = float((n * m).sum() / total) if total else np.nan
             # total sum of squares: within runs (n s^2) plus between runs (n (m - mean)^2)
             std = float(np.sqrt((n * s ** 2 + n * (m - mean) ** 2).sum() / (total - 1))) if total > 1 else np.nan
-            rows.append({"optimizer": opt, "private": bool(g["private"].iloc[0]), "epsilon": eps, "k": k,
+            rows.append({"optimizer": opt, "private": bool(g["private"].all()), "epsilon": eps, "k": k,
                          "mean": mean, "std": std, "n_canaries": int(total), "n_seeds": int(ok.sum()),
                          "extracted": float((n * x).sum() / total) if total else np.nan})
     return pd.DataFrame(rows, columns=["optimizer", "private", "epsilon", "k", "mean", "std", "n_canaries",
@@ -95,7 +98,7 @@ def lm_ranking_data(runs: pd.DataFrame, problem: str = "P4", k: int = 25) -> pd.
         ppl = np.exp(g["best_val_loss"].astype(float))
         mean, std, n = _mean_std(ppl)
         e = exposure.loc[(opt, eps)]
-        rows.append({"epsilon": eps, "optimizer": opt, "private": bool(g["private"].iloc[0]),
+        rows.append({"epsilon": eps, "optimizer": opt, "private": bool(g["private"].all()),
                      "val_perplexity": mean, "val_perplexity_std": std, "n_seeds": n, "lr": float(g["lr"].iloc[0]),
                      "exposure": e["mean"], "exposure_std": e["std"], "extracted": e["extracted"]})
     out = pd.DataFrame(rows, columns=["epsilon", "optimizer", "private", "val_perplexity", "val_perplexity_std",
@@ -117,15 +120,16 @@ def _eps_positions(epsilons: Iterable[float]) -> dict[float, float]:
 
 def _eps_axis(ax, pos: dict[float, float]) -> None:
     ax.set_xticks(list(pos.values()), ["∞\n(non-private)" if not np.isfinite(e) else fmt_tick(e) for e in pos])
-    ax.set_xlabel("target ε")
+    ax.set_xlabel("ε")
     if np.inf in pos:
         ax.axvline(pos[np.inf] - 0.5, color="0.6", lw=0.8, ls=":")
 
 
 def draw_lm_loss(data: pd.DataFrame, optimizers: list[str] | None = None,
                  labels: dict[str, str] | None = None) -> Figure:
-    """Two panels (training, validation loss): mean ± std over seeds against target ε (log x),
-    one line per private optimizer; non-private optimizers as dashed lines with a ± std band."""
+    """Two panels (training, validation loss): mean ± std over seeds against ε (log x), one line
+    per private optimizer; non-private runs as dashed lines with a ± std band (a private
+    optimizer's σ = 0 runs too, named "(non-private)")."""
     if data.empty:
         return empty_figure("no language-model runs")
     names = ordered(data["optimizer"], optimizers)
@@ -136,18 +140,18 @@ def draw_lm_loss(data: pd.DataFrame, optimizers: list[str] | None = None,
         d = data[data["split"] == split]
         for opt in names:
             o = d[d["optimizer"] == opt].sort_values("epsilon")
-            if o.empty:
-                continue
-            if o["private"].iloc[0]:
-                ax.errorbar([pos[e] for e in o["epsilon"]], o["mean"], yerr=o["std"].fillna(0), marker="o", ms=4,
-                            capsize=3, color=colours[opt], label=label(opt, labels))
-            else:
-                m, sd = o["mean"].iloc[0], (0.0 if pd.isna(o["std"].iloc[0]) else o["std"].iloc[0])
-                ax.axhline(m, ls="--", lw=1, color=colours[opt], label=label(opt, labels))
+            private, reference = o[o["private"]], o[~o["private"]]
+            if len(private):
+                ax.errorbar([pos[e] for e in private["epsilon"]], private["mean"], yerr=private["std"].fillna(0),
+                            marker="o", ms=4, capsize=3, color=colours[opt], label=label(opt, labels))
+            if len(reference):
+                m, sd = reference["mean"].iloc[0], reference["std"].fillna(0.0).iloc[0]
+                ax.axhline(m, ls="--", lw=1, color=colours[opt],
+                           label=label(opt, labels) + (" (non-private)" if len(private) else ""))
                 ax.axhspan(m - sd, m + sd, color=colours[opt], alpha=0.12, lw=0)
         if pos:
             ax.set_xticks(list(pos.values()), [fmt_tick(e) for e in pos])
-        ax.set_xlabel("target ε")
+        ax.set_xlabel("ε")
         ax.set_title(title)
     axes[0].set_ylabel("cross-entropy (nats/token)\nmean ± std over seeds")
     axes[1].legend(fontsize=7, loc="best")
@@ -158,7 +162,7 @@ def draw_lm_loss(data: pd.DataFrame, optimizers: list[str] | None = None,
 def draw_lm_exposure(data: pd.DataFrame, optimizers: list[str] | None = None,
                      labels: dict[str, str] | None = None) -> Figure:
     """One panel per k (canary repetitions; k = 0: unseen canaries, the reference): exposure
-    mean ± std over seeds and canaries against target ε (log x), non-private runs at the
+    mean ± std over seeds and canaries against ε (log x), non-private runs at the
     right edge (ε = ∞). Panel titles give the share of canaries extracted, worst optimizer."""
     if data.empty:
         return empty_figure("no memorisation results")
@@ -174,10 +178,12 @@ def draw_lm_exposure(data: pd.DataFrame, optimizers: list[str] | None = None,
             o = d[(d["optimizer"] == opt) & np.isfinite(d["mean"])].sort_values("epsilon")
             if o.empty:
                 continue
-            x = [pos[e] + offsets[opt] for e in o["epsilon"]]
-            ax.errorbar(x, o["mean"], yerr=o["std"].fillna(0), marker="o" if o["private"].iloc[0] else "D",
-                        ms=4, capsize=3, color=colours[opt], ls="-" if o["private"].iloc[0] else "none",
-                        label=label(opt, labels))
+            for i, private in enumerate(p for p in (True, False) if (o["private"] == p).any()):
+                part = o[o["private"] == private]
+                x = [pos[e] + offsets[opt] for e in part["epsilon"]]
+                ax.errorbar(x, part["mean"], yerr=part["std"].fillna(0), marker="o" if private else "D", ms=4,
+                            capsize=3, color=colours[opt], ls="-" if private else "none",
+                            label=None if i else label(opt, labels))
         _eps_axis(ax, pos)
         worst = d["extracted"].max()
         ax.set_title(f"k = {k}" + (" (unseen)" if k == 0 else "") +
@@ -199,7 +205,8 @@ def draw_lm_ranking(data: pd.DataFrame, k: int = 25, labels: dict[str, str] | No
     if data.empty:
         return "# Language model: ranking\n\nNo language-model runs.\n"
     lines = ["# Language model: optimizers ranked by validation perplexity", "",
-             "Per target ε, the configuration of each optimizer with the lowest mean validation loss; "
+             "Per ε (the target met; the achieved ε of runs given σ alone), the configuration of each "
+             "optimizer with the lowest mean validation loss; "
              f"perplexity exp(best validation loss), mean ± std over seeds; exposure of the canaries "
              f"inserted k = {k} times (bits), mean ± std over seeds and canaries.", ""]
     for eps, g in data.groupby("epsilon", sort=True):

@@ -15,6 +15,10 @@ metric.
 
 Runs whose selection metric is not finite (diverged: infinite loss, NaN accuracy) never win;
 a group whose runs all diverged is ``diverged`` (black boxes in heatmaps, no bar in bar plots).
+
+Under which ε: ``by_privacy``. A run is shown under its target ε only where it met it
+(``accounting.meets_target``), under its achieved ε where it was given σ and no target, under
+ε = ∞ where it is not private; a run whose achieved ε exceeds its target is shown nowhere.
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
+from dpbench.privacy.accounting import meets_target
 from dpbench.problems.catalog import task_facts
 
-# What a run is, apart from its seed.
-CONFIG_KEYS = ("problem", "optimizer", "lr", "batch_size", "epochs", "target_epsilon", "hyperparameters")
+# What a run is, apart from its seed; ``epsilon`` is the ε it is shown under (``by_privacy``).
+CONFIG_KEYS = ("problem", "optimizer", "lr", "batch_size", "epochs", "epsilon", "hyperparameters")
 
 
 def select_runs(runs: pd.DataFrame, filters: dict | None = None, optimizers: Iterable[str] | None = None,
@@ -87,9 +92,24 @@ def scored(runs: pd.DataFrame, select_by: str = "test") -> pd.DataFrame:
     return out
 
 
-def target_as_epsilon(df: pd.DataFrame) -> pd.DataFrame:
-    """Figures call the target ε `epsilon`; the achieved one becomes `achieved_epsilon`."""
-    return df.rename(columns={"epsilon": "achieved_epsilon"}).rename(columns={"target_epsilon": "epsilon"})
+def privacy_epsilon(runs: pd.DataFrame) -> pd.Series:
+    """The ε each run of a runs table is shown under: its target where its achieved ε meets it,
+    its achieved ε where it had no target (σ given), ∞ where its achieved ε is not finite (not
+    private: a non-private optimizer, or σ = 0); NaN where its achieved ε exceeds its target."""
+    achieved = runs["epsilon"].astype(float)
+    target = runs["target_epsilon"].astype(float)
+    met = np.array([meets_target(e, t) for e, t in zip(achieved, target)], dtype=bool)
+    label = np.where(target.isna(), achieved, np.where(met, target, np.nan))
+    return pd.Series(np.where(np.isfinite(achieved), label, np.inf), index=runs.index, dtype=float)
+
+
+def by_privacy(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs a figure may show, ``epsilon`` the ε each is shown under (``privacy_epsilon``)
+    and ``achieved_epsilon`` its achieved one; a run whose achieved ε exceeds its target is left
+    out (it is not private at that target, and grouping it under another ε would mix it with
+    runs calibrated to it)."""
+    out = runs.assign(epsilon=privacy_epsilon(runs), achieved_epsilon=runs["epsilon"].astype(float))
+    return out[out["epsilon"].notna()].drop(columns="target_epsilon")
 
 
 def _sort_keys(df: pd.DataFrame) -> list[str]:

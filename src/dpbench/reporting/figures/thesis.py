@@ -18,7 +18,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from dpbench.reporting.figures.selection import CONFIG_KEYS, scored, select_best, select_runs, target_as_epsilon
+from dpbench.reporting.figures.selection import CONFIG_KEYS, by_privacy, scored, select_best, select_runs
 from dpbench.reporting.figures.style import (AXIS_LABELS, DATASETS, empty_figure, fmt_tick, label, legend_labels,
                                              ordered, palette)
 
@@ -37,13 +37,12 @@ THESIS_FILTERS = {
 # ---------------------------------------------------------------------------- data functions
 
 def best_per_setting(runs: pd.DataFrame, select_by: str = "test") -> pd.DataFrame:
-    """Figs. 5.1, 5.2: per (problem, optimizer, target ε) the best run over all other settings.
-    Columns: problem, dataset, optimizer, epsilon (target; inf for non-private), private,
-    value, metric, lower_is_better, diverged, n_runs, and the chosen run's run_id, lr,
-    batch_size, epochs, seed, achieved_epsilon."""
-    r = target_as_epsilon(runs)
-    r["epsilon"] = r["epsilon"].astype(float).fillna(np.inf)
-    best = select_best(r, ["problem", "optimizer", "epsilon"], select_by)
+    """Figs. 5.1, 5.2: per (problem, optimizer, ε) the best run over all other settings, ε the
+    one each run is shown under (``selection.by_privacy``). Columns: problem, dataset,
+    optimizer, epsilon (the target met, the achieved ε of a run given σ alone; inf for
+    non-private), private, value, metric, lower_is_better, diverged, n_runs, and the chosen
+    run's run_id, lr, batch_size, epochs, seed, achieved_epsilon."""
+    best = select_best(by_privacy(runs), ["problem", "optimizer", "epsilon"], select_by)
     best["private"] = best["private"].astype(bool)
     cols = ["problem", "dataset", "optimizer", "epsilon", "private", "value", "metric", "lower_is_better",
             "diverged", "n_runs", "run_id", "lr", "batch_size", "epochs", "seed", "achieved_epsilon"]
@@ -58,7 +57,7 @@ def seed_sensitivity_data(runs: pd.DataFrame, select_by: str = "test", min_seeds
     A seed that diverged gives its configuration a score of -inf (a configuration that
     diverges on some seed is not chosen while another is available); mean and std are over
     the seeds with a finite value (`n_finite` of `n_seeds`)."""
-    s = scored(runs, select_by)
+    s = scored(by_privacy(runs), select_by)
     keys = [k for k in CONFIG_KEYS if k in s.columns]
     columns = [*keys, "n_seeds", "n_finite", "mean", "std", "metric"]
     if s.empty:
@@ -83,9 +82,9 @@ def heatmap_data(runs: pd.DataFrame, problem: str, y: str = "batch_size", x: str
     diverged, is_best (the best finite cell of each (optimizer, ε) panel: highest accuracy or
     lowest loss; one per panel), n_runs, run_id, metric, lower_is_better."""
     eps = [float(e) for e in epsilons]
-    r = runs[(runs["problem"] == problem) & runs["private"].astype(bool)
-             & runs["target_epsilon"].astype(float).isin(eps)]
-    best = target_as_epsilon(select_best(r, ["optimizer", "target_epsilon", y, x], select_by))
+    r = by_privacy(runs[runs["problem"] == problem])
+    r = r[r["private"].astype(bool) & r["epsilon"].isin(eps)]
+    best = select_best(r, ["optimizer", "epsilon", y, x], select_by)
     cols = ["problem", "optimizer", "epsilon", x, y, "value", "diverged", "is_best", "n_runs", "run_id",
             "metric", "lower_is_better"]
     if best.empty:
@@ -103,10 +102,11 @@ def best_settings_data(runs: pd.DataFrame, problem: str, epsilons: Iterable[floa
     """Figs. 5.5, B.2: per (optimizer, ε, batch size) of one problem, the epochs and learning
     rate of the best run over all other settings. Columns: problem, optimizer, epsilon,
     batch_size, epochs, lr, value, metric, diverged, run_id."""
-    r = runs[(runs["problem"] == problem) & runs["private"].astype(bool)]
+    r = by_privacy(runs[runs["problem"] == problem])
+    r = r[r["private"].astype(bool) & np.isfinite(r["epsilon"])]
     if epsilons is not None:
-        r = r[r["target_epsilon"].astype(float).isin([float(e) for e in epsilons])]
-    best = target_as_epsilon(select_best(r, ["optimizer", "target_epsilon", "batch_size"], select_by))
+        r = r[r["epsilon"].isin([float(e) for e in epsilons])]
+    best = select_best(r, ["optimizer", "epsilon", "batch_size"], select_by)
     cols = ["problem", "optimizer", "epsilon", "batch_size", "epochs", "lr", "value", "metric", "diverged", "run_id"]
     if best.empty:
         return pd.DataFrame(columns=cols)
@@ -120,9 +120,10 @@ def best_settings_data(runs: pd.DataFrame, problem: str, epsilons: Iterable[floa
 
 def draw_comparison(best: pd.DataFrame, problems: list[str] | None = None,
                     optimizers: list[str] | None = None, labels: dict[str, str] | None = None) -> Figure:
-    """Bars: best metric per optimizer (hue) and target ε (x), one panel per problem (in the
-    order given, panels lettered (a), (b), ... when several); non-private optimizers as dashed
-    horizontal lines. Groups whose runs all diverged have no bar."""
+    """Bars: best metric per optimizer (hue) and ε (x: the target met, or the achieved ε of runs
+    given σ alone), one panel per problem (in the order given, panels lettered (a), (b), ...
+    when several); non-private optimizers as dashed horizontal lines. Groups whose runs all
+    diverged have no bar."""
     import seaborn as sns
 
     present = list(best["problem"].unique())
@@ -152,7 +153,7 @@ def draw_comparison(best: pd.DataFrame, problems: list[str] | None = None,
         metric = here["metric"].iloc[0]
         dataset = f" · {DATASETS.get(here['dataset'].iloc[0], here['dataset'].iloc[0])}" if "dataset" in here else ""
         letter = f"({chr(ord('a') + i)}) " if len(problems) > 1 else ""
-        ax.set(title=f"{letter}{problem}{dataset}", ylabel=metric, xlabel="target ε")
+        ax.set(title=f"{letter}{problem}{dataset}", ylabel=metric, xlabel="ε")
         if not here["lower_is_better"].iloc[0]:
             ax.set_ylim(0, 1)
         if ax.get_legend_handles_labels()[0]:
