@@ -128,7 +128,7 @@ def test_padded_steps_update_as_the_eager_step_to_1e12_in_float64(optimizer, noi
                        torch.as_tensor(padded.ctx.noise.state_dict().get("step", 0)))
     if hasattr(eager.ctx.noise, "generator"):
         assert torch.equal(eager.ctx.noise.generator.get_state(), padded.ctx.noise.generator.get_state())
-    assert runner.counts == {"graph_steps": 9, "padded_eager_steps": 2, "eager_steps": 3, "overflow_steps": 2,
+    assert runner.counts == {"captured_steps": 9, "padded_eager_steps": 2, "eager_steps": 3, "overflow_steps": 2,
                              "empty_steps": 1, "captures": 0}
     assert eager.ctx.noise is not padded.ctx.noise and isinstance(padded.ctx.noise, type(eager.ctx.noise))
 
@@ -182,7 +182,7 @@ def test_a_batch_past_the_largest_bucket_runs_the_eager_step_uncut():
     assert b.losses.shape == (40,) and torch.equal(a.losses, b.losses)  # every row, none cut
     assert all(torch.equal(p, q) for p, q in zip(eager_model.parameters(), padded_model.parameters()))
     assert runner.counts["overflow_steps"] == runner.counts["eager_steps"] == 1
-    assert runner.counts["graph_steps"] == runner.counts["padded_eager_steps"] == 0
+    assert runner.counts["captured_steps"] == runner.counts["padded_eager_steps"] == 0
 
 
 # -- what is captured, and the option on a CPU ------------------------------------------------------
@@ -242,8 +242,8 @@ def test_a_padded_run_records_the_same_privacy_and_metrics(tiny_fmnist, monkeypa
     assert _privacy(off) == _privacy(on)
     assert on.meta["privacy"]["sensitivity"] == 1.0 and on.meta["privacy"]["noise_multiplier"] > 0
     record = on.meta["timing"]["cuda_graphs"]
-    assert record["graph_steps"] + record["padded_eager_steps"] + record["eager_steps"] == 8
-    assert record["graph_steps"] >= 4 and record["capacities"] == [64]
+    assert record["captured_steps"] + record["padded_eager_steps"] + record["eager_steps"] == 8
+    assert record["captured_steps"] >= 4 and record["capacities"] == [64]
     a, b = off.metrics, on.metrics
     assert a[["split", "step", "epoch", "batch_size"]].equals(b[["split", "step", "epoch", "batch_size"]])
     assert np.allclose(a["loss"], b["loss"], rtol=1e-4, atol=0) and np.allclose(a["accuracy"], b["accuracy"], equal_nan=True)
@@ -273,7 +273,7 @@ def test_graph_replays_update_as_the_eager_step_on_a_gpu(optimizer, noise):
         assert torch.allclose(a.losses, b.losses, rtol=0, atol=1e-10)
         assert (a.correct is None and b.correct is None) or torch.equal(a.correct, b.correct)
     assert runner.stopped is None, runner.stopped
-    assert runner.counts["captures"] == 2 and runner.counts["graph_steps"] == 9
+    assert runner.counts["captures"] == 2 and runner.counts["captured_steps"] == 9
     if hasattr(eager.ctx.noise, "generator"):  # the graph drew no noise of its own: the stream is the eager one
         assert torch.equal(eager.ctx.noise.generator.get_state(), graphed.ctx.noise.generator.get_state())
 
@@ -289,7 +289,7 @@ def test_a_replayed_graph_draws_fresh_noise_every_step():
         before = params_of(model)
         runner(x, y)
         updates.append(torch.cat([(p - b).flatten() for p, b in zip(params_of(model), before)]))
-    assert runner.counts["graph_steps"] == 3 and runner.stopped is None
+    assert runner.counts["captured_steps"] == 3 and runner.stopped is None
     assert not torch.allclose(updates[2], updates[3])  # same batch, same parameters nearly: other noise
 
 
@@ -299,7 +299,18 @@ def test_a_captured_run_on_a_gpu_records_the_same_privacy_and_metrics(tiny_fmnis
     off, on = run_cell(_cell(device="cuda")), run_cell(_cell(device="cuda", cuda_graphs=True))
     assert _privacy(off) == _privacy(on)
     record = on.meta["timing"]["cuda_graphs"]
-    assert record["enabled"] and record["stopped"] is None and record["graph_steps"] >= 4, record
+    assert record["enabled"] and record["stopped"] is None and record["captured_steps"] >= 4, record
     a, b = off.metrics, on.metrics
     assert a[["split", "step", "epoch", "batch_size"]].equals(b[["split", "step", "epoch", "batch_size"]])
     assert np.allclose(a["loss"], b["loss"], rtol=1e-4, atol=0)
+
+
+def test_the_config_key_becomes_the_train_option():
+    from dpbench import cli
+    from dpbench.pipeline.grid import Cell
+
+    cell = Cell("P2", "dpsgd", 256, 2, 1.0, 0.001, 0, 99, ())
+    assert "--cuda-graphs" not in cell.train_args({}) and "--cuda-graphs" not in cell.train_args({"cuda_graphs": False})
+    args = cell.train_args({"cuda_graphs": True})
+    assert "--cuda-graphs" in args
+    assert cli.build_parser().parse_args(["train", *args, "--out", "x.parquet"]).cuda_graphs is True

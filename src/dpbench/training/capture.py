@@ -197,7 +197,9 @@ class CapturedStep:
     """Calls like the step it wraps, ``(x, y) -> StepOutput``: a batch that fits a bucket runs
     padded (eagerly for its bucket's first ``warmup`` steps, then as the bucket's CUDA graph
     where ``graphs``), any other batch runs the step itself. ``counts`` says how many steps ran
-    which way."""
+    which way: ``captured_steps`` replayed a graph (without ``graphs``: ran what a replay runs,
+    eagerly), ``padded_eager_steps`` were warm-ups, ``eager_steps`` the step itself (empty
+    batches, batches past the largest bucket, every step after a failed capture)."""
 
     def __init__(self, step, capacities: tuple[int, ...], *, graphs: bool, warmup: int = WARMUP_STEPS):
         reason = refusal(step)
@@ -207,7 +209,7 @@ class CapturedStep:
         self.buckets: dict[int, _Bucket] = {}
         self.stopped: str | None = None  # why capture stopped (a failed capture)
         self.pool = None
-        self.counts = {"graph_steps": 0, "padded_eager_steps": 0, "eager_steps": 0, "overflow_steps": 0,
+        self.counts = {"captured_steps": 0, "padded_eager_steps": 0, "eager_steps": 0, "overflow_steps": 0,
                        "empty_steps": 0, "captures": 0}
 
     def capacity(self, n: int) -> int | None:
@@ -236,7 +238,7 @@ class CapturedStep:
             self.counts["padded_eager_steps"] += 1
             return _cut(self._padded(bucket), n)
         bucket.noise.fill()
-        self.counts["graph_steps"] += 1
+        self.counts["captured_steps"] += 1
         if self.graphs:
             bucket.graph.replay()
             return _cut(bucket.out, n)
