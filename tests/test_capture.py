@@ -67,7 +67,7 @@ def batches(sizes, device="cpu", dtype=torch.float64, seed=0):
              torch.randint(0, 10, (n,), generator=gen).to(device)) for n in sizes]
 
 
-# batch sizes: warm-ups and replays of both buckets (32, 64), an empty batch and two past the largest
+# batch sizes: replays of both buckets (32, 64), an empty batch and two past the largest
 SIZES = [20, 30, 50, 0, 17, 64, 70, 33, 1, 45, 29, 90, 63, 24]
 
 
@@ -128,7 +128,7 @@ def test_padded_steps_update_as_the_eager_step_to_1e12_in_float64(optimizer, noi
                        torch.as_tensor(padded.ctx.noise.state_dict().get("step", 0)))
     if hasattr(eager.ctx.noise, "generator"):
         assert torch.equal(eager.ctx.noise.generator.get_state(), padded.ctx.noise.generator.get_state())
-    assert runner.counts == {"captured_steps": 9, "padded_eager_steps": 2, "eager_steps": 3, "overflow_steps": 2,
+    assert runner.counts == {"captured_steps": 11, "warmup_steps": 2, "eager_steps": 3, "overflow_steps": 2,
                              "empty_steps": 1, "captures": 0}
     assert eager.ctx.noise is not padded.ctx.noise and isinstance(padded.ctx.noise, type(eager.ctx.noise))
 
@@ -156,6 +156,20 @@ def test_what_padding_rows_hold_changes_nothing_bit_for_bit(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(l0, l1))
 
 
+def test_warm_up_steps_leave_no_trace():
+    """The throwaway steps before a capture put the parameters back bit for bit and draw no noise."""
+    results = []
+    for warmup in (1, 3):
+        step, model = make_step("dpsgd")
+        runner = capture.CapturedStep(step, (64,), graphs=False, warmup=warmup)
+        for x, y in batches([10, 40, 25]):
+            runner(x, y)
+        assert runner.counts["warmup_steps"] == warmup and runner.counts["captured_steps"] == 3
+        results.append((params_of(model), step.ctx.noise.generator.get_state()))
+    (p0, g0), (p1, g1) = results
+    assert all(torch.equal(a, b) for a, b in zip(p0, p1)) and torch.equal(g0, g1)
+
+
 def test_padding_rows_have_zero_weight_in_the_clipped_sum():
     step, _ = make_step("dpsgd")
     seen = {}
@@ -176,13 +190,32 @@ def test_padding_rows_have_zero_weight_in_the_clipped_sum():
 def test_a_batch_past_the_largest_bucket_runs_the_eager_step_uncut():
     eager, eager_model = make_step("dpsgd")
     padded, padded_model = make_step("dpsgd")
-    runner = capture.CapturedStep(padded, (16,), graphs=False, warmup=0)
+    runner = capture.CapturedStep(padded, (16,), graphs=False, warmup=1)
     x, y = batches([40])[0]
     a, b = eager(x, y), runner(x, y)
     assert b.losses.shape == (40,) and torch.equal(a.losses, b.losses)  # every row, none cut
     assert all(torch.equal(p, q) for p, q in zip(eager_model.parameters(), padded_model.parameters()))
     assert runner.counts["overflow_steps"] == runner.counts["eager_steps"] == 1
-    assert runner.counts["captured_steps"] == runner.counts["padded_eager_steps"] == 0
+    assert runner.counts["captured_steps"] == runner.counts["warmup_steps"] == 0
+
+
+def test_a_failed_capture_falls_back_to_the_eager_step_for_the_rest_of_the_run(capsys):
+    """A step found not capturable only when it runs (here: it returns a host-side statistic)
+    stops capture with the reason; the warm-up's effect is undone and the eager step runs."""
+    eager, eager_model = make_step("dpsgd")
+    padded, padded_model = make_step("dpsgd")
+    for step in (eager, padded):
+        update = step.rule.update
+        step.rule.update = lambda params, grads, update=update: update(params, grads) or {"norm": 1.0}
+    runner = capture.CapturedStep(padded, (64,), graphs=False, warmup=2)
+    for x, y in batches([30, 40]):
+        a, b = eager(x, y), runner(x, y)
+        assert torch.equal(a.losses, b.losses) and a.stats == b.stats == {"norm": 1.0}
+    assert all(torch.equal(p, q) for p, q in zip(eager_model.parameters(), padded_model.parameters()))
+    assert runner.stopped.startswith("capture failed (RuntimeError: the step returns host-side statistics (norm))")
+    assert runner.counts["eager_steps"] == 2 and runner.counts["captured_steps"] == 0
+    assert "the eager step runs from now on" in capsys.readouterr().err
+    assert torch.equal(eager.ctx.noise.generator.get_state(), padded.ctx.noise.generator.get_state())
 
 
 # -- what is captured, and the option on a CPU ------------------------------------------------------
@@ -242,11 +275,46 @@ def test_a_padded_run_records_the_same_privacy_and_metrics(tiny_fmnist, monkeypa
     assert _privacy(off) == _privacy(on)
     assert on.meta["privacy"]["sensitivity"] == 1.0 and on.meta["privacy"]["noise_multiplier"] > 0
     record = on.meta["timing"]["cuda_graphs"]
-    assert record["captured_steps"] + record["padded_eager_steps"] + record["eager_steps"] == 8
+    assert record["captured_steps"] + record["eager_steps"] == 8
     assert record["captured_steps"] >= 4 and record["capacities"] == [64]
     a, b = off.metrics, on.metrics
     assert a[["split", "step", "epoch", "batch_size"]].equals(b[["split", "step", "epoch", "batch_size"]])
     assert np.allclose(a["loss"], b["loss"], rtol=1e-4, atol=0) and np.allclose(a["accuracy"], b["accuracy"], equal_nan=True)
+
+
+def _killed_and_resumed_is_uninterrupted(tmp_path, monkeypatch, device: str):
+    """A captured run interrupted twice mid-epoch (after checkpoints) and resumed ends with the
+    metrics of the uninterrupted captured run: capture keeps no state a checkpoint must hold
+    (graphs are captured again after a resume; the noise source's state is its own)."""
+    import pandas as pd
+    from test_train import FlakySampler, Interrupt
+
+    from dpbench.optimizers import get_optimizer
+
+    cfg = RunConfig(problem="P2", optimizer="dpsgd", lr=0.05, batch_size=60, epochs=2, seed=4, epsilon=3.0,
+                    progress_every_s=1e9, device=device, cuda_graphs=True)
+    reference = run_cell(cfg)
+    mechanism = get_optimizer("dpsgd").mechanism
+    original = type(mechanism).sampler
+    monkeypatch.setattr(type(mechanism), "sampler", lambda self, *a, **k: FlakySampler(original(self, *a, **k)))
+    monkeypatch.setattr(FlakySampler, "calls", 0)
+    monkeypatch.setattr(FlakySampler, "fail_at", (7, 14))
+    ckpt = tmp_path / "run.ckpt"
+    for _ in range(2):
+        with pytest.raises(Interrupt):
+            run_cell(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
+    resumed = run_cell(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
+    pd.testing.assert_frame_equal(resumed.metrics, reference.metrics)
+    assert _privacy(resumed) == _privacy(reference) and resumed.meta["timing"]["resumes"] == 2
+    return reference.meta["timing"]["cuda_graphs"]
+
+
+def test_a_padded_run_killed_and_resumed_ends_as_the_uninterrupted_one(tiny_fmnist, tmp_path, monkeypatch):
+    real = capture.CapturedStep
+    monkeypatch.setattr(capture, "CapturedStep", lambda step, caps, graphs: real(step, caps, graphs=False))
+    monkeypatch.setattr(capture, "_graph_device", lambda device: True)
+    record = _killed_and_resumed_is_uninterrupted(tmp_path, monkeypatch, "cpu")
+    assert record["captured_steps"] > 0
 
 
 # -- graphs on a GPU ----------------------------------------------------------------------------------
@@ -273,7 +341,7 @@ def test_graph_replays_update_as_the_eager_step_on_a_gpu(optimizer, noise):
         assert torch.allclose(a.losses, b.losses, rtol=0, atol=1e-10)
         assert (a.correct is None and b.correct is None) or torch.equal(a.correct, b.correct)
     assert runner.stopped is None, runner.stopped
-    assert runner.counts["captures"] == 2 and runner.counts["captured_steps"] == 9
+    assert runner.counts["captures"] == 2 and runner.counts["captured_steps"] == 11
     if hasattr(eager.ctx.noise, "generator"):  # the graph drew no noise of its own: the stream is the eager one
         assert torch.equal(eager.ctx.noise.generator.get_state(), graphed.ctx.noise.generator.get_state())
 
@@ -289,7 +357,7 @@ def test_a_replayed_graph_draws_fresh_noise_every_step():
         before = params_of(model)
         runner(x, y)
         updates.append(torch.cat([(p - b).flatten() for p, b in zip(params_of(model), before)]))
-    assert runner.counts["captured_steps"] == 3 and runner.stopped is None
+    assert runner.counts["captured_steps"] == 4 and runner.stopped is None
     assert not torch.allclose(updates[2], updates[3])  # same batch, same parameters nearly: other noise
 
 
@@ -314,3 +382,12 @@ def test_the_config_key_becomes_the_train_option():
     args = cell.train_args({"cuda_graphs": True})
     assert "--cuda-graphs" in args
     assert cli.build_parser().parse_args(["train", *args, "--out", "x.parquet"]).cuda_graphs is True
+
+
+@pytest.mark.cuda
+def test_a_captured_run_killed_and_resumed_ends_as_the_uninterrupted_one(tiny_fmnist, tmp_path, monkeypatch):
+    """After a resume the graphs are captured again (fresh warm-ups, new memory): equal metrics
+    need every replay to compute the same bits as the uninterrupted run's."""
+    _gpu()
+    record = _killed_and_resumed_is_uninterrupted(tmp_path, monkeypatch, "cuda")
+    assert record["captures"] > 0 and record["stopped"] is None, record

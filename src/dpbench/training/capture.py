@@ -35,21 +35,25 @@ D2P2's projection seed per step, Opacus's hooks; the VAE draws its latent noise 
 loss generator per step, and the language model cuts each batch to its longest record (a host
 sync and a data-dependent shape). They run eagerly, unchanged.
 
-Capture: per bucket, ``WARMUP_STEPS`` real steps run the padded step eagerly on a side stream
-(lazy initialisation: cuBLAS handles, the noise file, autograd's buffers), then the next step of
-that bucket is captured and replayed. All buckets' graphs share one memory pool: replays are
-never concurrent (one stream) and each replay's outputs are copied out before the next one.
-Numerics stay as configured (``dpbench.training.cuda``: no TF32, deterministic kernels). A
-capture that fails (an operation that syncs with the host) stops capture for the run with the
-reason, and the eager step runs from then on.
+Capture: per bucket, ``WARMUP_STEPS`` throwaway padded steps run on a side stream (lazy
+initialisation: cuBLAS handles, autograd's buffers), reading zero noise buffers (the noise source
+is not drawn) and with the parameters put back bit for bit afterwards; then the step is captured,
+and every real step of that bucket, the first included, is a replay (so a run resumed from a
+checkpoint computes exactly what the uninterrupted run computed). All buckets' graphs share one
+memory pool: replays are never concurrent (one stream) and each replay's outputs are copied out
+before the next one. Numerics stay as configured (``dpbench.training.cuda``: no TF32,
+deterministic kernels). A capture that fails (an operation that syncs with the host, a step that
+returns host-side statistics) stops capture for the run with the reason, and the eager step runs
+from then on.
 
-On a CPU there are no graphs: ``CapturedStep(..., graphs=False)`` runs the same padded step and
+On a CPU there are no graphs: ``CapturedStep(..., graphs=False)`` runs the same padded step on
 the same static noise buffers eagerly (the tests compare it with the eager step there), and the
 run option ``cuda_graphs`` is a no-op with a message (``for_run``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from typing import Callable
@@ -64,7 +68,7 @@ from dpbench.problems.tasks import Classification
 GRANULARITY = 64  # bucket sizes are multiples of this
 OVERFLOW_PROBABILITY = 1e-6  # per step: a batch above the largest bucket (runs eagerly)
 MAX_BUCKETS = 4  # graphs per run
-WARMUP_STEPS = 3  # eager padded steps per bucket before its capture
+WARMUP_STEPS = 3  # throwaway padded steps per bucket before its capture
 CAPTURED_STEPS = (DPStep, NonPrivateStep)  # exact types: their host state is fixed between steps
 SHAPE_ONLY_NOISE = (GaussianNoise, CorrelatedNoise, BandedNoise, BLTNoise)  # sample(like) reads shapes only
 
@@ -136,15 +140,13 @@ def refusal(step, problem=None, sampler=None) -> str | None:
 
 
 class StaticNoise:
-    """A noise source standing in for ``source`` while the step runs padded. ``live``: each
-    ``sample`` draws from the source (as the eager step would); otherwise ``sample`` returns
-    the static buffers, which ``fill`` loads from the source before the step (a replay) runs.
-    ``draws``: how many times the last live step drew (0 without noise: sigma = 0)."""
+    """The noise source a padded step sees: ``sample`` returns static buffers (what a graph
+    reads), which ``fill`` loads from the run's real source before the step runs. ``draws``:
+    how many times the step draws (0 without noise: sigma = 0), known after its first run."""
 
     def __init__(self, source, like: list[torch.Tensor]):
         self.source = source
-        self.buffers = [torch.empty_like(t) for t in like]
-        self.live = True
+        self.buffers = [torch.zeros_like(t) for t in like]
         self.calls = 0  # sample() calls of the step running now
         self.draws: int | None = None
 
@@ -152,10 +154,10 @@ class StaticNoise:
         if [t.shape for t in like] != [b.shape for b in self.buffers]:
             raise ValueError("the step asked for noise of other shapes than its parameters'")
         self.calls += 1
-        return self.source.sample(like) if self.live else self.buffers
+        return self.buffers
 
     def fill(self) -> None:
-        """The next step's noise, drawn eagerly by the real source into the buffers."""
+        """The next step's noise, drawn eagerly by the real source (as the eager step would)."""
         if self.draws:
             torch._foreach_copy_(self.buffers, self.source.sample(self.buffers))
 
@@ -170,8 +172,7 @@ class _Bucket:
         self.mask = torch.zeros(capacity, dtype=torch.bool, device=x.device)
         self.weights = torch.zeros(capacity, dtype=step.params[0].dtype, device=x.device)
         self.noise = StaticNoise(step.ctx.noise, step.params)
-        self.warm = 0  # padded steps run so far
-        self.ready = False  # captured (without graphs: checked)
+        self.ready = False  # warmed up and captured (without graphs: warmed up)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: StepOutput | None = None  # the graph's static output
 
@@ -195,22 +196,24 @@ def _cut(out: StepOutput, n: int) -> StepOutput:
 
 class CapturedStep:
     """Calls like the step it wraps, ``(x, y) -> StepOutput``: a batch that fits a bucket runs
-    padded (eagerly for its bucket's first ``warmup`` steps, then as the bucket's CUDA graph
-    where ``graphs``), any other batch runs the step itself. ``counts`` says how many steps ran
-    which way: ``captured_steps`` replayed a graph (without ``graphs``: ran what a replay runs,
-    eagerly), ``padded_eager_steps`` were warm-ups, ``eager_steps`` the step itself (empty
-    batches, batches past the largest bucket, every step after a failed capture)."""
+    padded, as the bucket's CUDA graph where ``graphs`` (else the same padded step, eagerly);
+    any other batch runs the step itself. ``counts`` says how many steps ran which way:
+    ``captured_steps`` padded (graph replays), ``eager_steps`` the step itself (empty batches,
+    batches past the largest bucket, every step after a failed capture); ``warmup_steps`` are
+    the throwaway steps before each capture, whose effect on the parameters is undone."""
 
     def __init__(self, step, capacities: tuple[int, ...], *, graphs: bool, warmup: int = WARMUP_STEPS):
         reason = refusal(step)
         if reason is not None:
             raise ValueError(f"this step cannot be captured: {reason}")
+        if warmup < 1:  # a throwaway step tells whether the step draws noise at all (sigma = 0)
+            raise ValueError(f"warmup must be >= 1, got {warmup}")
         self.step, self.capacities, self.graphs, self.warmup = step, tuple(sorted(capacities)), graphs, warmup
         self.buckets: dict[int, _Bucket] = {}
         self.stopped: str | None = None  # why capture stopped (a failed capture)
         self.pool = None
-        self.counts = {"captured_steps": 0, "padded_eager_steps": 0, "eager_steps": 0, "overflow_steps": 0,
-                       "empty_steps": 0, "captures": 0}
+        self.counts = {"captured_steps": 0, "eager_steps": 0, "overflow_steps": 0, "empty_steps": 0,
+                       "warmup_steps": 0, "captures": 0}
 
     def capacity(self, n: int) -> int | None:
         """The smallest bucket holding n rows (None: n = 0 or above every bucket)."""
@@ -219,32 +222,24 @@ class CapturedStep:
     def __call__(self, x: torch.Tensor, y: torch.Tensor | None) -> StepOutput:
         n = x.shape[0]
         cap = self.capacity(n)
-        if cap is None or self.stopped:
-            self.counts["eager_steps"] += 1
-            if n == 0:
-                self.counts["empty_steps"] += 1
-            elif cap is None:
-                self.counts["overflow_steps"] += 1
-            return self.step(x, y)
-        bucket = self.buckets.get(cap)
-        if bucket is None:
-            bucket = self.buckets[cap] = _Bucket(cap, x, y, self.step)
-        bucket.load(x, y, n)
-        if bucket.warm < self.warmup:
-            bucket.warm += 1
-            self.counts["padded_eager_steps"] += 1
-            return _cut(self._side_stream(lambda: self._padded(bucket)), n)
-        if not bucket.ready and not self._capture(bucket):
-            self.counts["padded_eager_steps"] += 1
-            return _cut(self._padded(bucket), n)
-        bucket.noise.fill()
-        self.counts["captured_steps"] += 1
-        if self.graphs:
-            bucket.graph.replay()
-            return _cut(bucket.out, n)
-        return _cut(self._padded(bucket, live=False), n)  # what a replay runs, eagerly (the CPU)
+        if cap is not None and not self.stopped:
+            bucket = self.buckets.get(cap)
+            if bucket is None:
+                bucket = self.buckets[cap] = _Bucket(cap, x, y, self.step)
+            bucket.load(x, y, n)
+            if bucket.ready or self._prepare(bucket):
+                bucket.noise.fill()
+                self.counts["captured_steps"] += 1
+                if not self.graphs:
+                    return _cut(self._padded(bucket), n)  # what a replay runs, eagerly (the CPU)
+                bucket.graph.replay()
+                return _cut(bucket.out, n)
+        self.counts["eager_steps"] += 1
+        self.counts["empty_steps"] += n == 0
+        self.counts["overflow_steps"] += n > 0 and cap is None
+        return self.step(x, y)
 
-    def _padded(self, bucket: _Bucket, live: bool = True) -> StepOutput:
+    def _padded(self, bucket: _Bucket) -> StepOutput:
         """The step on the bucket's static buffers: padding rows masked out of the loss and
         the clipped sum, the noise from the bucket's ``StaticNoise``."""
         step, ctx = self.step, self.step.ctx
@@ -255,52 +250,63 @@ class CapturedStep:
             losses, correct = loss_fn(model, x, y)
             return torch.where(mask, losses, torch.zeros((), dtype=losses.dtype, device=losses.device)), correct
 
-        bucket.noise.live, bucket.noise.calls = live, 0
+        bucket.noise.calls = 0
         ctx.loss_fn, ctx.noise, step.sample_weights = masked_loss, bucket.noise, bucket.weights
         try:
             out = step(bucket.x, bucket.y)
         finally:
             ctx.loss_fn, ctx.noise, step.sample_weights = loss_fn, noise, None
-        if live:
+        if bucket.noise.draws is None:
             bucket.noise.draws = bucket.noise.calls
         elif bucket.noise.calls != bucket.noise.draws:
             raise RuntimeError(f"the step drew noise {bucket.noise.calls} times, {bucket.noise.draws} times before")
+        if out.stats:
+            raise RuntimeError(f"the step returns host-side statistics ({', '.join(out.stats)})")
         return out
 
-    def _side_stream(self, fn: Callable[[], StepOutput]) -> StepOutput:
-        """``fn()`` on a side stream on a GPU (warm-up before a capture, as torch.cuda.graphs asks)."""
-        if not (self.graphs and self.step.params[0].is_cuda):
-            return fn()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            out = fn()
-            out = StepOutput(out.losses.clone(), None if out.correct is None else out.correct.clone(), out.stats)
-        torch.cuda.current_stream().wait_stream(side)
-        return out
+    def _warm_up(self, bucket: _Bucket) -> None:
+        """``warmup`` throwaway padded steps on the loaded batch, on a side stream on a GPU (lazy
+        initialisation before a capture, as torch.cuda.graphs asks); the parameters are put
+        back bit for bit, and the noise source is not drawn (the steps read zero buffers), so
+        every real step of the bucket is a replay."""
+        params = self.step.params
+        with torch.no_grad():
+            saved = [p.detach().clone() for p in params]
+        side = torch.cuda.Stream() if self.graphs else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            try:
+                for _ in range(self.warmup):
+                    self._padded(bucket)
+                    self.counts["warmup_steps"] += 1
+            finally:
+                with torch.no_grad():
+                    torch._foreach_copy_(params, saved)
+        if side is not None:
+            torch.cuda.current_stream().wait_stream(side)
 
-    def _capture(self, bucket: _Bucket) -> bool:
-        """Captures the bucket's step (without ``graphs``: only checks that it could be); False
+    def _prepare(self, bucket: _Bucket) -> bool:
+        """Warms the bucket up and captures its step (without ``graphs``: warms up only); False
         (and capture stopped for the run, with the reason) where that fails. Capturing runs no
         kernel: the step runs when the graph is replayed."""
-        graph = out = None
         try:
+            self._warm_up(bucket)
             if (bucket.noise.draws or 0) > 1:
                 raise RuntimeError(f"the step draws noise {bucket.noise.draws} times (one buffer per step)")
             if self.graphs:
                 if self.pool is None:
                     self.pool = torch.cuda.graph_pool_handle()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    out = self._padded(bucket, live=False)
-            if out is not None and out.stats:
-                raise RuntimeError(f"the step returns host-side statistics ({', '.join(out.stats)})")
+                bucket.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(bucket.graph, pool=self.pool):
+                    bucket.out = self._padded(bucket)
+                self.counts["captures"] += 1
         except Exception as exc:  # noqa: BLE001: any failure leaves the eager step, which is correct
             self.stopped = f"capture failed ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]})"
             print(f"[cuda graphs] {self.stopped}; the eager step runs from now on", file=sys.stderr, flush=True)
+            bucket.graph = bucket.out = None
             return False
-        bucket.graph, bucket.out, bucket.ready = graph, out, True
-        self.counts["captures"] += int(self.graphs)
+        bucket.ready = True
         return True
 
     def record(self) -> dict:
