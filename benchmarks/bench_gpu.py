@@ -344,6 +344,10 @@ def cmd_throughput(args) -> None:
     out = Path(args.out)
     problems = args.problems.split(",")
     plan = throughput_plan(problems, args.quick, not args.no_opacus, args.cuda_graphs)
+    if args.methods:
+        plan = [c for c in plan if c[2] in args.methods.split(",")]
+    if args.batch_sizes:
+        plan = [c for c in plan if c[1] in {int(L) for L in args.batch_sizes.split(",")}]
     result = {"environment": environment(device), "rows": [], "eval_s_per_example": {}}
     data = {}
     t_start = time.perf_counter()
@@ -639,6 +643,8 @@ def main() -> None:
             s.add_argument("--no-opacus", action="store_true")
             s.add_argument("--cuda-graphs", action="store_true",
                            help="also time sgd, dpsgd, dpmatrix-se captured as CUDA graphs (training.capture)")
+            s.add_argument("--methods", help="only these methods, e.g. dpsgd,dpsgd+graphs")
+            s.add_argument("--batch-sizes", help="only these L, e.g. 64,256")
         if name == "concurrency":
             s.add_argument("--ks", default="1,2,4,8,16")
             s.add_argument("--cells", default="P2:256:dpsgd,P1:256:dpsgd", help="problem:L:optimizer,...")

@@ -127,7 +127,9 @@ def refusal(step, problem=None, sampler=None) -> str | None:
                 "(e.g. Adam's step count in the bias correction): a graph would freeze it")
     if step.ctx.lanes != 1:
         return f"it runs {step.ctx.lanes} lanes (the audit's replicas)"
-    if step.private and step.noise_std != 0 and type(step.ctx.noise) not in SHAPE_ONLY_NOISE:
+    # a subclass that keeps its built-in parent's sample (e.g. another row store) reads shapes only too
+    if step.private and step.noise_std != 0 and \
+            getattr(type(step.ctx.noise), "sample", None) not in {c.sample for c in SHAPE_ONLY_NOISE}:
         return f"its noise source {type(step.ctx.noise).__name__} is not one known to draw from shapes alone"
     if problem is not None and type(problem.task) is not Classification:
         why = {"vae": "draws its latent noise from the run's loss generator at every step",
