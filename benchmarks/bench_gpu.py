@@ -18,6 +18,10 @@ Every subcommand writes JSON (and a Markdown table naming the device) and runs o
     block is reported (min and max too). Data are synthetic images of each problem's shape (the
     cost of a step does not depend on pixel values). Also the forward-only evaluation cost per
     test example.
+    With ``--cuda-graphs`` also ``sgd+graphs``, ``dpsgd+graphs`` and ``dpmatrix-se+graphs``: the
+    same steps captured as CUDA graphs on Poisson batches padded to bucket sizes
+    (``dpbench.training.capture``; its record, with how many steps replayed a graph, is kept in
+    the row); on a CPU the padded step runs without graphs.
 ``concurrency`` K processes (K in 1, 2, 4, 8, 16) each training the same cell on one GPU:
     aggregate steps/s over a common time window, and the SHA-256 of the parameters after the
     first M steps of each process, which must be the same for every process and every K
@@ -29,7 +33,7 @@ Every subcommand writes JSON (and a Markdown table naming the device) and runs o
     gain of K processes there is their aggregate steps/s over one process's steady-state
     steps/s from the throughput run (see ``cmd_costs``).
 
-Usage:  python benchmarks/bench_gpu.py throughput --out DIR [--device cuda] [--budget-s 200] [--quick]
+Usage:  python benchmarks/bench_gpu.py throughput --out DIR [--device cuda] [--budget-s 200] [--quick] [--cuda-graphs]
         python benchmarks/bench_gpu.py concurrency --out DIR [--ks 1,2,4,8,16] [--window-s 5]
         python benchmarks/bench_gpu.py determinism --out DIR
         python benchmarks/bench_gpu.py costs --out DIR [--startup-s S]
@@ -53,7 +57,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpbench.training import cuda
+from dpbench.training import capture, cuda
 from dpbench.privacy.clipping import Clipping, NoClipping
 from dpbench.mechanisms.noise import CorrelatedNoise
 from dpbench.mechanisms.noise import GaussianNoise
@@ -71,6 +75,7 @@ BATCH_SIZES = {"P1": [256, 512, 1024, 2048], "P2": [32, 64, 256, 512, 1024, 2048
 OURS = ["sgd", "dpsgd", "dpadambc", "dpdice", "dpdisk", "dpmatrix-se", "dpsgd-unfold"]
 OPACUS = ["opacus-hooks", "opacus-ghost", "opacus-functorch"]
 SETUP2_METHODS = {"sgd", "dpsgd", "dpmatrix-se"}  # what Setup 2 runs at L = 32, 64
+GRAPHED = ["sgd+graphs", "dpsgd+graphs", "dpmatrix-se+graphs"]  # --cuda-graphs: captured steps
 SIGMA, LR = 1.0, 0.01
 LR_OF = {"dpadambc": 1e-5}  # Adam's steps are lr-sized whatever the gradient: keep the model finite
 
@@ -164,9 +169,15 @@ def build_model(problem_id: str, device, seed: int = 0):
     return model.to(device).train()
 
 
-def our_step(problem_id: str, name: str, L: int, device, steps: int):
+def our_step(problem_id: str, name: str, L: int, device, steps: int, n: int | None = None):
     """(step(x, y), model) of one of our optimizers, built as the harness builds it
-    (``NAME-unfold``: with ``unfold_materialised``)."""
+    (``NAME-unfold``: with ``unfold_materialised``; ``NAME+graphs``: captured as CUDA graphs on
+    Poisson batches of q = L / n padded to ``capture.capacities``, a ``capture.CapturedStep``)."""
+    if name.endswith("+graphs"):
+        inner, model = our_step(problem_id, name.removesuffix("+graphs"), L, device, steps, n)
+        n = n or N_TRAIN[problem_id]
+        caps = capture.capacities(PoissonSampler(n, L / n, seed=0))
+        return capture.CapturedStep(inner.__self__, caps, graphs=torch.device(device).type == "cuda"), model
     if name.endswith("-unfold"):
         inner, model = our_step(problem_id, name.removesuffix("-unfold"), L, device, steps)
 
@@ -186,7 +197,7 @@ def our_step(problem_id: str, name: str, L: int, device, steps: int):
                   clipping=Clipping(1.0) if spec.private else NoClipping(), noise=noise, steps=steps,
                   hyperparameters=spec.hyperparameters(None))
     step = spec.build(ctx)
-    return (lambda x, y: step(x, y)), model
+    return step.__call__, model
 
 
 def opacus_step(problem_id: str, mode: str, L: int, n: int, device):
@@ -238,7 +249,7 @@ def opacus_step(problem_id: str, mode: str, L: int, n: int, device):
 def make_step(problem_id: str, method: str, L: int, n: int, device, steps: int):
     if method.startswith("opacus-"):
         return opacus_step(problem_id, method.removeprefix("opacus-"), L, n, device)
-    return our_step(problem_id, method, L, device, steps)
+    return our_step(problem_id, method, L, device, steps, n)
 
 
 def time_method(step, x, y, L: int, device, target_s: float, warmup: int = 3, repeats: int = 3,
@@ -289,11 +300,13 @@ def eval_seconds_per_example(problem_id: str, x, y, device, batch: int = 1000) -
 
 # -- throughput -------------------------------------------------------------------------------
 
-def throughput_plan(problems, quick: bool, with_opacus: bool) -> list[tuple[str, int, str]]:
-    """(problem, L, method) in order of importance: ours everywhere first (the cost model),
-    then Opacus, so that a run cut short by its time budget still has the cost model."""
-    ours = [(p, L, m) for p in problems for L in ([64] if quick else BATCH_SIZES[p]) for m in OURS
-            if quick or L >= 256 or m in SETUP2_METHODS]
+def throughput_plan(problems, quick: bool, with_opacus: bool, graphs: bool = False) -> list[tuple[str, int, str]]:
+    """(problem, L, method) in order of importance: ours everywhere first (the cost model; with
+    ``graphs`` their captured forms next to them), then Opacus, so that a run cut short by its
+    time budget still has the cost model."""
+    methods = OURS + (GRAPHED if graphs else [])
+    ours = [(p, L, m) for p in problems for L in ([64] if quick else BATCH_SIZES[p]) for m in methods
+            if quick or L >= 256 or m.removesuffix("+graphs") in SETUP2_METHODS]
     opacus = [(p, L, m) for p in problems for L in ([64] if quick else BATCH_SIZES[p]) for m in OPACUS
               if quick or L >= 256] if with_opacus else []
     return ours + sorted(opacus, key=lambda c: c[1])  # Opacus's largest batches (its slowest steps) last
@@ -330,7 +343,11 @@ def cmd_throughput(args) -> None:
     torch.manual_seed(0)
     out = Path(args.out)
     problems = args.problems.split(",")
-    plan = throughput_plan(problems, args.quick, not args.no_opacus)
+    plan = throughput_plan(problems, args.quick, not args.no_opacus, args.cuda_graphs)
+    if args.methods:
+        plan = [c for c in plan if c[2] in args.methods.split(",")]
+    if args.batch_sizes:
+        plan = [c for c in plan if c[1] in {int(L) for L in args.batch_sizes.split(",")}]
     result = {"environment": environment(device), "rows": [], "eval_s_per_example": {}}
     data = {}
     t_start = time.perf_counter()
@@ -348,6 +365,8 @@ def cmd_throughput(args) -> None:
                 step, _ = make_step(p, method, L, x.shape[0], device, steps=1000)
                 row.update(time_method(step, x, y, L, device, target_s=args.target_s, warmup=2 if args.quick else 3,
                                        repeats=2 if args.quick else 3, max_block=3 if args.quick else 200))
+                if isinstance(step, capture.CapturedStep):  # how its steps ran: graphs, padded, eager
+                    row["capture"] = step.record()
             except torch.OutOfMemoryError:
                 row["error"] = "out of GPU memory"
             except Exception as e:  # one failing method must not lose the others' numbers
@@ -399,7 +418,7 @@ def worker(args) -> None:
                 state["data_key"] = (p, cmd["n"])
             state["cmd"] = cmd
             x, y = state["data"]
-            step, _ = our_step(p, cmd["optimizer"], L, device, steps=10**6)
+            step, _ = our_step(p, cmd["optimizer"], L, device, steps=10**6, n=x.shape[0])
             sampler = PoissonSampler(x.shape[0], L / x.shape[0], seed=3, device=device)
             for _ in range(3):
                 idx = sampler.sample()
@@ -409,7 +428,7 @@ def worker(args) -> None:
         else:  # go
             c = state["cmd"]
             x, y = state["data"]
-            step, model = our_step(c["problem"], c["optimizer"], c["L"], device, steps=10**6)
+            step, model = our_step(c["problem"], c["optimizer"], c["L"], device, steps=10**6, n=x.shape[0])
             sampler = PoissonSampler(x.shape[0], c["L"] / x.shape[0], seed=3, device=device)
             time.sleep(max(0.0, cmd["start"] - time.time()))
             t0, steps, digest = time.perf_counter(), 0, None
@@ -544,7 +563,7 @@ def cmd_determinism(args) -> None:
             for name, kw in variants.items():
                 if device.type == "cuda":
                     cuda.configure(**kw)
-                step, _ = our_step(problem, optimizer, L, device, steps=10**6)
+                step, _ = our_step(problem, optimizer, L, device, steps=10**6, n=x.shape[0])
                 times[name].append(time_method(step, x, y, L, device, target_s=args.target_s)["s_per_step"])
         if device.type == "cuda":
             cuda.configure()
@@ -622,6 +641,10 @@ def main() -> None:
         if name == "throughput":
             s.add_argument("--problems", default="P1,P2,P3")
             s.add_argument("--no-opacus", action="store_true")
+            s.add_argument("--cuda-graphs", action="store_true",
+                           help="also time sgd, dpsgd, dpmatrix-se captured as CUDA graphs (training.capture)")
+            s.add_argument("--methods", help="only these methods, e.g. dpsgd,dpsgd+graphs")
+            s.add_argument("--batch-sizes", help="only these L, e.g. 64,256")
         if name == "concurrency":
             s.add_argument("--ks", default="1,2,4,8,16")
             s.add_argument("--cells", default="P2:256:dpsgd,P1:256:dpsgd", help="problem:L:optimizer,...")

@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(default $DPBENCH_CACHE_DIR or <tmp>/dpbench-cache)")
     t.add_argument("--device", type=device, default="auto", help="auto, cpu, cuda, cuda:1, ...")
     t.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    t.add_argument("--cuda-graphs", action="store_true",
+                   help="replay each step as a CUDA graph on padded batches (a GPU only; docs/gpu.md)")
     t.add_argument("--progress-every", type=positive_float, default=10.0, help="seconds between progress lines")
     t.set_defaults(func=cmd_train)
 

@@ -38,7 +38,7 @@ def cmd_train(args) -> int:
         train_subset=args.train_subset, test_subset=args.test_subset, validation_size=args.validation_size,
         data_dir=args.data_dir,
         factorization=args.factorization, noise_file=args.noise_file, cache_dir=args.cache_dir,
-        device=args.device, progress_every_s=args.progress_every,
+        device=args.device, progress_every_s=args.progress_every, cuda_graphs=args.cuda_graphs,
     )
     checkpoint = args.checkpoint or f"{args.out}.ckpt"
     # the optimizer and the hash of the code that trains it (a checkpoint of other code is stale)

@@ -74,6 +74,9 @@ class DPStep:
     """One differentially private step, stage by stage."""
 
     private = True
+    # Weights of the batch's rows in the clipped sum, (B,): None gives every row weight 1; a
+    # padded batch (dpbench.training.capture) gives its padding rows 0.
+    sample_weights: torch.Tensor | None = None
 
     def __init__(self, ctx: Context, rule: UpdateRule):
         self.ctx = ctx
@@ -109,6 +112,8 @@ class DPStep:
         if psg is None:
             return [torch.zeros_like(p) for p in self.params]
         coef = self.ctx.clipping.coefficients(psg.norms())
+        if self.sample_weights is not None:
+            coef = coef * self.sample_weights
         summed = psg.weighted_sum(coef)
         return [summed[p] for p in self.params]
 

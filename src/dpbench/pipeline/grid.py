@@ -122,6 +122,8 @@ class Cell:
                 args += [flag, str(train[key])]
         if train.get("normalize_clipping") is False:
             args.append("--flat-clipping")
+        if train.get("cuda_graphs"):
+            args.append("--cuda-graphs")
         return args
 
 

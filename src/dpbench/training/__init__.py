@@ -2,5 +2,5 @@
 stages: ``config`` (RunConfig, the run's device), ``splits`` (the data), ``calibration`` (the
 plan request and sigma), ``checkpoint`` (the trace and resuming a killed run); ``harness`` (the
 DP step built one way for runs and audits), ``cuda`` (full-precision, deterministic GPU
-numerics). A run's random streams are ``dpbench.seeds``, on the ground floor: the matrix
+numerics), ``capture`` (steps on padded batches replayed as CUDA graphs). A run's random streams are ``dpbench.seeds``, on the ground floor: the matrix
 mechanisms' noise files are keyed by them too."""

@@ -41,6 +41,9 @@ class RunConfig:
     device: str = "auto"
     eval_batch_size: int = 1000
     progress_every_s: float = 10.0
+    # replay each step as a CUDA graph on Poisson batches padded to a few sizes (training.capture);
+    # off until measured on a GPU; a no-op, with a message, on a CPU
+    cuda_graphs: bool = False
 
     def validate(self, spec: OptimizerSpec) -> None:
         """Raises ValueError naming the first bad setting; ``spec`` is this run's optimizer."""

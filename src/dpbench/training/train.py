@@ -30,7 +30,7 @@ from dpbench.problems import Problem, get_problem
 from dpbench.problems.catalog import TaskFacts
 from dpbench.reporting.results import provenance
 from dpbench.seeds import stream_seeds
-from dpbench.training import cuda
+from dpbench.training import capture, cuda
 from dpbench.training.calibration import Calibration, plan_request, timed_noise_multiplier
 from dpbench.training.checkpoint import Checkpoint, Trace, checkpoint_state, restore
 from dpbench.training.config import RunConfig, resolve_device
@@ -95,11 +95,13 @@ def diverged(model: nn.Module, trace: Trace) -> bool:
 
 def train_loop(parts: Assembly, splits: Splits, trace: Trace, ends: list[int],
                evaluate_epoch: Callable[[int, bool], dict], save: Callable[[], None],
-               checkpoint_every_s: float, progress: Progress) -> str:
+               checkpoint_every_s: float, progress: Progress, step: Callable | None = None) -> str:
     """Steps from ``trace.step`` to the last epoch end, evaluating at each epoch end; saves
     (``save``) at every epoch end but the last and every ``checkpoint_every_s`` seconds.
     Returns the status: "completed", or "diverged" at the first epoch end with a non-finite
-    loss or parameter (the run stops there and saves nothing more)."""
+    loss or parameter (the run stops there and saves nothing more). ``step`` stands in for
+    ``parts.step`` (its captured form, ``training.capture``)."""
+    step = step or parts.step
     trace.start_session()
     last_save = time.perf_counter()
     for epoch, end in enumerate(ends, start=1):
@@ -107,7 +109,7 @@ def train_loop(parts: Assembly, splits: Splits, trace: Trace, ends: list[int],
             continue  # finished before the checkpoint
         while trace.step < end:
             idx = parts.sampler.sample()
-            trace.record(idx.numel(), parts.step(splits.x_train[idx], splits.y_train[idx]))
+            trace.record(idx.numel(), step(splits.x_train[idx], splits.y_train[idx]))
             if progress.due():
                 progress(trace.step, f"epoch {epoch}/{len(ends)} loss {trace.train_loss[trace.step - 1].item():.4g}")
             if trace.step < end and time.perf_counter() - last_save > checkpoint_every_s:
@@ -264,6 +266,7 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     if saved:
         restore(saved, parts, loss_gen, trace)
 
+    stepper, capture_record = capture.for_run(cfg.cuda_graphs, parts.step, problem, parts.sampler, device)
     ends = epoch_ends(plan.steps, cfg.epochs, steps)
     label = f"{cfg.problem} {cfg.optimizer} lr={cfg.lr:g} L={plan.batch_size} eps={cfg.epsilon} seed={cfg.seed}"
     print(f"[{label}] N={n_train} q={plan.sample_rate} T={plan.steps} steps={steps} sigma={calibration.sigma:.6g} "
@@ -274,7 +277,7 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
         evaluate_epoch=lambda epoch, is_diverged: evaluate_splits(problem, model, splits, trace, epoch, is_diverged,
                                                                   cfg.eval_batch_size, seeds["eval"]),
         save=lambda: ckpt.save(checkpoint_state(calibration, parts, loss_gen, trace)),
-        checkpoint_every_s=checkpoint_every_s, progress=Progress(label, steps, cfg.progress_every_s))
+        checkpoint_every_s=checkpoint_every_s, progress=Progress(label, steps, cfg.progress_every_s), step=stepper)
     train_s = trace.train_time()
 
     metrics = metrics_table(trace, ends, problem.task.facts)
@@ -294,6 +297,8 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
         "steps_per_second": trace.step / train_s if train_s > 0 else math.nan,
         "resumes": trace.resumes,
     }
+    if cfg.cuda_graphs:  # how the steps ran: captured, padded or eager (and why)
+        timing["cuda_graphs"] = capture_record()
     record = run_record(setup, parts, trace, metrics, status, timing)
     if memorisation is not None:
         record["memorisation"] = memorisation
