@@ -18,7 +18,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from dpbench.problems.catalog import CANARY_REPEATS
+from dpbench.reporting.figures.intervals import INTERVAL, t_interval, tied_with_above
 from dpbench.reporting.figures.selection import CONFIG_KEYS, select_runs, target_as_epsilon
+from dpbench.reporting.figures.spent import selection_privacy
 from dpbench.reporting.figures.style import empty_figure, fmt_tick, label, legend_labels, ordered, palette
 
 LM_REPEATS = CANARY_REPEATS  # canary repetitions k (0: never seen in training): the aggregated columns' k
@@ -85,24 +87,41 @@ def lm_exposure_data(runs: pd.DataFrame, problem: str = "P4", repeats: Iterable[
 def lm_ranking_data(runs: pd.DataFrame, problem: str = "P4", k: int = 25) -> pd.DataFrame:
     """The paper's ranking: per ε (inf: the non-private runs), the optimizers by mean
     validation perplexity exp(best_val_loss) over the chosen configuration's seeds (rank 1:
-    lowest; diverged last), with its std, the exposure at k and the share extracted.
-    Columns: epsilon, rank, optimizer, private, val_perplexity, val_perplexity_std, n_seeds,
-    lr, exposure, exposure_std, extracted."""
+    lowest; diverged last), with its std and 95 % t interval over seeds (``intervals``), `tied`
+    (its interval overlaps the one ranked just above), the exposure at k and the share
+    extracted, and what the choice spent: `n_runs` (k candidate runs of the optimizer at that ε,
+    every configuration and seed the validation split chose among), `n_configs`,
+    `selection_epsilon` (those runs composed, ``spent``).
+    Columns: epsilon, rank, optimizer, private, val_perplexity, val_perplexity_std, ci_low,
+    ci_high, tied, n_seeds, lr, exposure, exposure_std, extracted, n_runs, n_configs,
+    selection_epsilon."""
     chosen = lm_configurations(runs, problem)
     exposure = lm_exposure_data(runs, problem, (k,)).set_index(["optimizer", "epsilon"])
+    everything = target_as_epsilon(runs[runs["problem"] == problem])
+    everything["epsilon"] = everything["epsilon"].astype(float).fillna(np.inf)
     rows = []
     for (opt, eps), g in chosen.groupby(["optimizer", "epsilon"], sort=True):
         ppl = np.exp(g["best_val_loss"].astype(float))
         mean, std, n = _mean_std(ppl)
+        _, low, high, _ = t_interval(ppl.to_numpy())
         e = exposure.loc[(opt, eps)]
+        spent = selection_privacy(everything[(everything["optimizer"] == opt) & (everything["epsilon"] == eps)],
+                                  [c for c in CONFIG_KEYS if c != "target_epsilon"])
         rows.append({"epsilon": eps, "optimizer": opt, "private": bool(g["private"].iloc[0]),
-                     "val_perplexity": mean, "val_perplexity_std": std, "n_seeds": n, "lr": float(g["lr"].iloc[0]),
-                     "exposure": e["mean"], "exposure_std": e["std"], "extracted": e["extracted"]})
+                     "val_perplexity": mean, "val_perplexity_std": std, "ci_low": low, "ci_high": high,
+                     "n_seeds": n, "lr": float(g["lr"].iloc[0]),
+                     "exposure": e["mean"], "exposure_std": e["std"], "extracted": e["extracted"],
+                     "n_runs": spent["k"], "n_configs": spent["n_configs"],
+                     "selection_epsilon": spent["selection_epsilon"]})
     out = pd.DataFrame(rows, columns=["epsilon", "optimizer", "private", "val_perplexity", "val_perplexity_std",
-                                      "n_seeds", "lr", "exposure", "exposure_std", "extracted"])
+                                      "ci_low", "ci_high", "n_seeds", "lr", "exposure", "exposure_std", "extracted",
+                                      "n_runs", "n_configs", "selection_epsilon"])
     out["_key"] = out["val_perplexity"].fillna(np.inf)
     out = out.sort_values(["epsilon", "_key", "optimizer"], kind="stable").drop(columns="_key")
     out.insert(1, "rank", out.groupby("epsilon").cumcount() + 1)
+    out.insert(list(out.columns).index("n_seeds"), "tied", False)
+    for _, g in out.groupby("epsilon", sort=False):
+        out.loc[g.index, "tied"] = tied_with_above(g)
     return out.reset_index(drop=True)
 
 
@@ -194,24 +213,42 @@ def _pm(mean: float, std: float, fmt: str) -> str:
     return format(mean, fmt) + ("" if not np.isfinite(std) else " ± " + format(std, fmt))
 
 
+def _interval(r) -> str:
+    """'± half-width' of the 95 % t interval (symmetric), or '' for one seed."""
+    if r["n_seeds"] < 2 or not np.isfinite(r["ci_high"]):
+        return ""
+    return f" (± {r['ci_high'] - r['val_perplexity']:.2f})"
+
+
 def draw_lm_ranking(data: pd.DataFrame, k: int = 25, labels: dict[str, str] | None = None) -> str:
-    """The ranking as Markdown: one table per ε (non-private last)."""
+    """The ranking as Markdown: one table per ε (non-private last); a rank whose interval
+    overlaps the one above it is marked tied (=)."""
     if data.empty:
         return "# Language model: ranking\n\nNo language-model runs.\n"
+    seeds = int(data["n_seeds"].max())
     lines = ["# Language model: optimizers ranked by validation perplexity", "",
-             "Per target ε, the configuration of each optimizer with the lowest mean validation loss; "
-             f"perplexity exp(best validation loss), mean ± std over seeds; exposure of the canaries "
-             f"inserted k = {k} times (bits), mean ± std over seeds and canaries.", ""]
+             "Per target ε, the configuration of each optimizer with the lowest mean validation loss, chosen on the "
+             "validation split (never on test or canaries); perplexity exp(best validation loss), mean ± std over "
+             + ("one seed (no interval)" if seeds < 2 else
+                f"seeds, in brackets ± the half-width of the {INTERVAL}; a rank marked = is tied with the one above "
+                "(their intervals overlap)")
+             + f"; exposure of the canaries inserted k = {k} times (bits), mean ± std over seeds and canaries. "
+             "k runs: the candidate runs of the optimizer at that ε that the choice looked at (its configurations "
+             "× seeds in this table; rates chosen on pilot runs before it are not counted); ε_sel: those runs "
+             "composed on the same data (PLD, at the runs' δ), the privacy the row's number spent.", ""]
     for eps, g in data.groupby("epsilon", sort=True):
         lines += [f"## ε = {fmt_tick(eps)}" if np.isfinite(eps) else "## non-private (ε = ∞)", "",
-                  f"| rank | optimizer | validation perplexity | exposure (k = {k}) | extracted (k = {k}) | lr | seeds |",
-                  "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+                  f"| rank | optimizer | validation perplexity | exposure (k = {k}) | extracted (k = {k}) | lr | seeds "
+                  "| k runs | ε_sel |",
+                  "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for _, r in g.iterrows():
             extracted = "–" if not np.isfinite(r["extracted"]) else f"{r['extracted']:.0%}"
-            lines.append(f"| {r['rank']} | {label(r['optimizer'], labels)} | "
-                         f"{_pm(r['val_perplexity'], r['val_perplexity_std'], '.2f')} | "
+            rank = f"= {r['rank']}" if r["tied"] else f"{r['rank']}"
+            sel = "–" if not np.isfinite(r["selection_epsilon"]) else f"{r['selection_epsilon']:.3g}"
+            lines.append(f"| {rank} | {label(r['optimizer'], labels)} | "
+                         f"{_pm(r['val_perplexity'], r['val_perplexity_std'], '.2f')}{_interval(r)} | "
                          f"{_pm(r['exposure'], r['exposure_std'], '.2f')} | {extracted} | {fmt_tick(r['lr'])} | "
-                         f"{r['n_seeds']} |")
+                         f"{r['n_seeds']} | {r['n_runs']} | {sel} |")
         lines.append("")
     return "\n".join(lines)
 
