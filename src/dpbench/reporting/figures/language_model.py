@@ -50,15 +50,19 @@ def _mean_std(values: pd.Series) -> tuple[float, float, int]:
 
 def lm_loss_data(runs: pd.DataFrame, problem: str = "P4") -> pd.DataFrame:
     """Per (optimizer, ε) of the chosen configuration and split (train: ``final_train_loss``,
-    val: ``best_val_loss``): mean and std (ddof = 1) over its seeds with a finite loss.
-    Columns: optimizer, private, epsilon (inf: non-private), split, mean, std, n_seeds, lr."""
+    val: ``best_val_loss``): mean, std (ddof = 1) and 95 % t interval (``intervals``) over its
+    seeds with a finite loss. Columns: optimizer, private, epsilon (inf: non-private), split,
+    mean, std, ci_low, ci_high, n_seeds, lr."""
     rows = []
     for (opt, eps), g in lm_configurations(runs, problem).groupby(["optimizer", "epsilon"], sort=True):
         for split, column in (("train", "final_train_loss"), ("val", "best_val_loss")):
             mean, std, n = _mean_std(g[column])
+            _, low, high, _ = t_interval(g[column].to_numpy(dtype=float))
             rows.append({"optimizer": opt, "private": bool(g["private"].iloc[0]), "epsilon": eps, "split": split,
-                         "mean": mean, "std": std, "n_seeds": n, "lr": float(g["lr"].iloc[0])})
-    return pd.DataFrame(rows, columns=["optimizer", "private", "epsilon", "split", "mean", "std", "n_seeds", "lr"])
+                         "mean": mean, "std": std, "ci_low": low, "ci_high": high, "n_seeds": n,
+                         "lr": float(g["lr"].iloc[0])})
+    return pd.DataFrame(rows, columns=["optimizer", "private", "epsilon", "split", "mean", "std", "ci_low", "ci_high",
+                                       "n_seeds", "lr"])
 
 
 def lm_exposure_data(runs: pd.DataFrame, problem: str = "P4", repeats: Iterable[int] = LM_REPEATS) -> pd.DataFrame:
@@ -143,8 +147,9 @@ def _eps_axis(ax, pos: dict[float, float]) -> None:
 
 def draw_lm_loss(data: pd.DataFrame, optimizers: list[str] | None = None,
                  labels: dict[str, str] | None = None) -> Figure:
-    """Two panels (training, validation loss): mean ± std over seeds against target ε (log x),
-    one line per private optimizer; non-private optimizers as dashed lines with a ± std band."""
+    """Two panels (training, validation loss): mean and 95 % t interval over seeds against target
+    ε (log x), one line per private optimizer; non-private optimizers as dashed lines with their
+    interval as a band. One seed: the points alone, and the axis says so."""
     if data.empty:
         return empty_figure("no language-model runs")
     names = ordered(data["optimizer"], optimizers)
@@ -158,17 +163,21 @@ def draw_lm_loss(data: pd.DataFrame, optimizers: list[str] | None = None,
             if o.empty:
                 continue
             if o["private"].iloc[0]:
-                ax.errorbar([pos[e] for e in o["epsilon"]], o["mean"], yerr=o["std"].fillna(0), marker="o", ms=4,
+                err = [(o["mean"] - o["ci_low"]).fillna(0), (o["ci_high"] - o["mean"]).fillna(0)]
+                ax.errorbar([pos[e] for e in o["epsilon"]], o["mean"], yerr=err, marker="o", ms=4,
                             capsize=3, color=colours[opt], label=label(opt, labels))
             else:
-                m, sd = o["mean"].iloc[0], (0.0 if pd.isna(o["std"].iloc[0]) else o["std"].iloc[0])
+                m = o["mean"].iloc[0]
                 ax.axhline(m, ls="--", lw=1, color=colours[opt], label=label(opt, labels))
-                ax.axhspan(m - sd, m + sd, color=colours[opt], alpha=0.12, lw=0)
+                if np.isfinite(o["ci_low"].iloc[0]):
+                    ax.axhspan(o["ci_low"].iloc[0], o["ci_high"].iloc[0], color=colours[opt], alpha=0.12, lw=0)
         if pos:
             ax.set_xticks(list(pos.values()), [fmt_tick(e) for e in pos])
         ax.set_xlabel("target ε")
         ax.set_title(title)
-    axes[0].set_ylabel("cross-entropy (nats/token)\nmean ± std over seeds")
+    seeds = int(data["n_seeds"].max())
+    axes[0].set_ylabel("cross-entropy (nats/token)\n" + ("one seed" if seeds < 2 else f"mean, {INTERVAL}"),
+                       fontsize=8)
     axes[1].legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig

@@ -33,8 +33,8 @@ from dpbench.privacy import accounting, selection
 POISSON_HISTORY = frozenset({"dpsgd", "opacus-dpsgd", "dpadam", "dpadambc", "dpadamw", "dpadamw-bc", "dpdisk",
                              "dpdice"})
 CYCLIC_POISSON = frozenset({"dpmatrix-band-amp"})
-# Beyond this many composed steps the PLD (a few seconds per 10^4 steps) gives way to RDP.
-PLD_MAX_STEPS = 50_000
+# Beyond this many composed steps the PLD (about a minute per 10^4 steps on 2 busy cores) gives way to RDP.
+PLD_MAX_STEPS = 20_000
 EPS_ERROR = 0.05  # the PLD's rounding adds at most this much to a composed epsilon (pessimistic)
 
 
