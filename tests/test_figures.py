@@ -425,3 +425,20 @@ def test_every_optimizer_has_its_own_colour():
     colours = figures.palette(names)
     assert set(names) <= set(colours)
     assert len({tuple(colours[n]) for n in names}) == len(names)
+
+
+def test_comparison_draws_intervals_over_seeds_and_says_what_chose():
+    runs = classification_runs()
+    fig = figures.build("fig5_1", runs)
+    caption = next(t.get_text() for t in fig.texts if t.get_gid() == "caption")
+    assert "3 seeds" in caption and "TEST split" in caption and "95 % t interval" in caption
+    intervals = [c for ax in fig.axes for c in ax.collections if c.get_gid() == "interval"]
+    # DP-SGD and DP-AdamBC at two epsilons; DP-DiSK has one seed: no interval
+    assert len(intervals) == 2 * 2
+    figures.plt.close(fig)
+    one = runs[runs.seed == 0]
+    fig = figures.build("fig5_1", one, select_by="val")
+    caption = next(t.get_text() for t in fig.texts if t.get_gid() == "caption")
+    assert "one seed" in caption and "validation split" in caption
+    assert not [c for ax in fig.axes for c in ax.get_children() if c.get_gid() == "interval"]
+    figures.plt.close(fig)
