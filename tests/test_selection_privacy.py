@@ -126,3 +126,22 @@ def test_t_interval_and_ties():
     assert intervals.tied_with_above(ranked) == [False, True, False, True]
     one_seed = pd.DataFrame({"ci_low": [1.0, 1.0], "ci_high": [1.0, 1.0]})
     assert intervals.tied_with_above(one_seed) == [False, False]  # equal points without intervals
+
+
+def test_audit_figure_takes_several_seeds():
+    from dpbench.reporting import figures
+    from dpbench.reporting.figures.audit import over_seeds
+
+    audits = pd.read_parquet(RESULTS / "audit" / "audits.parquet")
+    one, n = over_seeds(audits)
+    assert n == 1 and (one.ci_low == one.epsilon_lower).all()
+    shifted = [audits.assign(epsilon_lower=audits.epsilon_lower + d) for d in (-0.1, 0.0, 0.1)]
+    three, n = over_seeds(pd.concat(shifted))
+    assert n == 3 and len(three) == len(audits)
+    row = three[(three.optimizer == "dpsgd") & (three.epsilon_claimed == 8)].iloc[0]
+    base = audits[(audits.optimizer == "dpsgd") & (audits.epsilon_claimed == 8)].epsilon_lower.iloc[0]
+    half = 4.302652729749464 * 0.1 / math.sqrt(3)
+    assert row.epsilon_lower == pytest.approx(base) and row.ci_high == pytest.approx(base + half)
+    fig = figures.build("audit", pd.concat(shifted))
+    assert "3 seeds" in fig.legends[0].get_title().get_text()
+    figures.plt.close(fig)
