@@ -56,7 +56,8 @@ def best_per_setting(runs: pd.DataFrame, select_by: str = "test", privacy: bool 
     best["selection_epsilon"] = np.nan
     if privacy and not best.empty:
         for i, b in best.iterrows():
-            group = r[(r["problem"] == b["problem"]) & (r["optimizer"] == b["optimizer"]) & (r["epsilon"] == b["epsilon"])]
+            group = r[(r["problem"] == b["problem"]) & (r["optimizer"] == b["optimizer"])
+                      & (r["epsilon"] == b["epsilon"])]
             best.loc[i, "selection_epsilon"] = selection_privacy(group, list(CONFIG_KEYS))["selection_epsilon"]
     cols = ["problem", "dataset", "optimizer", "epsilon", "private", "value", "ci_low", "ci_high", "n_seeds",
             "metric", "lower_is_better", "diverged", "n_runs", "n_configs", "run_id", "lr", "batch_size", "epochs",
