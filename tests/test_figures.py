@@ -199,10 +199,15 @@ def test_validation_selection_picks_another_configuration(runs):
     by_test = figures.best_per_setting(runs).set_index(["problem", "optimizer", "epsilon"])
     by_val = figures.best_per_setting(runs, select_by="val").set_index(["problem", "optimizer", "epsilon"])
     t, v = by_test.loc[("P1", "dpsgd", 1.0)], by_val.loc[("P1", "dpsgd", 1.0)]
-    assert t.lr == 0.1 and t.value == pytest.approx(0.5 + 0.1 + 0.02 + 0.01 + 0.04)
-    # validation chose the trap run; what is reported is that run's test accuracy at the epoch
-    # validation chose, not its best test accuracy (0.5)
-    assert v.run_id == "P1/dpsgd/L256-E250-eps1.0-lr0.01-s0" and v.value == pytest.approx(0.45)
+    # the configuration with the best mean over its three seeds (seed terms 0, 0.01, 0.04)
+    assert t.lr == 0.1 and t.value == pytest.approx(0.5 + 0.1 + 0.02 + 0.01 + 0.05 / 3)
+    # k: 3 learning rates x 2 batch sizes x 2 epochs x 3 seeds, the diverged runs among them
+    assert t.n_seeds == 3 and t.n_runs == 36 and t.n_configs == 12
+    # validation chose the trap run's configuration (mean validation (0.99 + 0.51 + 0.54) / 3);
+    # what is reported is its seeds' test accuracy at the epoch validation chose, not their
+    # best test accuracy (0.5 on seed 0)
+    assert v.run_id == "P1/dpsgd/L256-E250-eps1.0-lr0.01-s0" and v.value == pytest.approx((0.45 + 0.51 + 0.54) / 3)
+    assert t.select_by == "test" and v.select_by == "val"
     assert "best_val_accuracy" in v.metric
     # elsewhere validation equals test, so the choice is the same
     assert (by_val.drop(("P1", "dpsgd", 1.0)).run_id == by_test.drop(("P1", "dpsgd", 1.0)).run_id).all()
@@ -216,9 +221,17 @@ def test_validation_selection_picks_another_configuration(runs):
 def test_best_per_setting_keeps_fig_5_1_numbers(runs):
     best = figures.best_per_setting(runs).set_index(["problem", "optimizer", "epsilon"])
     assert best.loc[("P1", "sgd", np.inf)].value == pytest.approx(0.9) and not best.loc[("P1", "sgd", np.inf)].private
-    assert best.loc[("P1", "dpsgd", 10.0)].value == pytest.approx(0.82)
-    assert best.loc[("P3", "dpsgd", 1.0)].value == pytest.approx(math.log10(290))
-    assert best.loc[("P3", "dpmatrix-me", 10.0)].value == pytest.approx(math.log10(240))
+    # means over seeds (seed terms 0, 0.01, 0.04); the VAE's of the log10 losses of its two seeds
+    dpsgd = best.loc[("P1", "dpsgd", 10.0)]
+    assert dpsgd.value == pytest.approx(0.78 + 0.05 / 3)
+    seeds = [0.78, 0.79, 0.82]
+    half = 4.302652729749464 * statistics.stdev(seeds) / math.sqrt(3)  # t_{0.975, 2}
+    assert (dpsgd.ci_low, dpsgd.ci_high) == (pytest.approx(np.mean(seeds) - half), pytest.approx(np.mean(seeds) + half))
+    assert best.loc[("P3", "dpsgd", 1.0)].value == pytest.approx(np.mean(np.log10([290, 297])))
+    assert best.loc[("P3", "dpmatrix-me", 10.0)].value == pytest.approx(np.mean(np.log10([240, 247])))
+    # DP-DiSK has one seed: no interval
+    disk = best.loc[("P1", "dpdisk", 10.0)]
+    assert disk.n_seeds == 1 and disk.ci_low == disk.ci_high == disk.value
 
 
 def test_best_settings_per_batch_size(runs):
@@ -370,8 +383,23 @@ def test_lm_ranking_orders_by_validation_perplexity():
     assert "## ε = 1" in md and "## non-private (ε = ∞)" in md
     assert md.index("## ε = 1") < md.index("## ε = 10") < md.index("## non-private")
     # exp(4.1), exp(4.11), exp(4.12): 60.95 +- 0.61; k = 25: 1 + 0.3 * 5 * (1, 1.1) + 0.5 s: 3.075
-    assert "| 1 | DP-AdamW | 60.95 ± 0.61 | 3.08 ± 0.45 | 0% | 0.5 | 3 |" in md
-    assert "| 1 | SGD (non-private) | 20.29 ± 0.20 | 17.25 ± 0.94 | 50% | 0.5 | 3 |" in md
+    # ± std, then ± the t interval's half-width: 4.303 x 0.61 / sqrt(3); k = 2 rates x 3 seeds looked at
+    assert "| 1 | DP-AdamW | 60.95 ± 0.61 (± 1.51) | 3.08 ± 0.45 | 0% | 0.5 | 3 | 6 | – |" in md
+    assert "| 1 | SGD (non-private) | 20.29 ± 0.20 (± 0.50) | 17.25 ± 0.94 | 50% | 0.5 | 3 | 6 | – |" in md
+    assert not d.tied.any() and "chosen on the validation split" in md
+
+
+def test_lm_ranking_marks_overlapping_intervals_as_tied():
+    runs = lm_runs()
+    # DP-SGD at eps 1 moved to DP-AdamW's validation losses plus 0.005: the intervals overlap
+    adamw = runs[(runs.optimizer == "dpadamw") & (runs.target_epsilon == 1.0)].best_val_loss.to_numpy()
+    mask = (runs.optimizer == "dpsgd") & (runs.target_epsilon == 1.0)
+    runs.loc[mask, "best_val_loss"] = np.tile(adamw[:3], 2) + 0.005 if mask.sum() == 6 else np.nan
+    d = figures.lm_ranking_data(runs)
+    eps1 = d[d.epsilon == 1.0]
+    assert list(eps1.optimizer) == ["dpadamw", "dpsgd"] and list(eps1.tied) == [False, True]
+    assert "| = 2 | DP-SGD |" in figures.draw_lm_ranking(d)
+    assert not d[d.epsilon == 10.0].tied.any()
 
 
 @pytest.mark.parametrize("figure_id", figures.LM_FIGURES)
@@ -397,3 +425,20 @@ def test_every_optimizer_has_its_own_colour():
     colours = figures.palette(names)
     assert set(names) <= set(colours)
     assert len({tuple(colours[n]) for n in names}) == len(names)
+
+
+def test_comparison_draws_intervals_over_seeds_and_says_what_chose():
+    runs = classification_runs()
+    fig = figures.build("fig5_1", runs)
+    caption = next(t.get_text() for t in fig.texts if t.get_gid() == "caption")
+    assert "3 seeds" in caption and "TEST split" in caption and "95 % t interval" in caption
+    intervals = [c for ax in fig.axes for c in ax.collections if c.get_gid() == "interval"]
+    # DP-SGD and DP-AdamBC at two epsilons; DP-DiSK has one seed: no interval
+    assert len(intervals) == 2 * 2
+    figures.plt.close(fig)
+    one = runs[runs.seed == 0]
+    fig = figures.build("fig5_1", one, select_by="val")
+    caption = next(t.get_text() for t in fig.texts if t.get_gid() == "caption")
+    assert "one seed" in caption and "validation split" in caption
+    assert not [c for ax in fig.axes for c in ax.get_children() if c.get_gid() == "interval"]
+    figures.plt.close(fig)

@@ -21,7 +21,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from dpbench.problems.catalog import CANARY_REPEATS
+from dpbench.reporting.figures.intervals import INTERVAL, t_interval, tied_with_above
 from dpbench.reporting.figures.selection import CONFIG_KEYS, by_privacy, select_runs
+from dpbench.reporting.figures.spent import selection_privacy
 from dpbench.reporting.figures.style import empty_figure, fmt_tick, label, legend_labels, ordered, palette
 
 LM_REPEATS = CANARY_REPEATS  # canary repetitions k (0: never seen in training): the aggregated columns' k
@@ -51,15 +53,19 @@ def _mean_std(values: pd.Series) -> tuple[float, float, int]:
 
 def lm_loss_data(runs: pd.DataFrame, problem: str = "P4") -> pd.DataFrame:
     """Per (optimizer, ε) of the chosen configuration and split (train: ``final_train_loss``,
-    val: ``best_val_loss``): mean and std (ddof = 1) over its seeds with a finite loss.
-    Columns: optimizer, private, epsilon (inf: non-private), split, mean, std, n_seeds, lr."""
+    val: ``best_val_loss``): mean, std (ddof = 1) and 95 % t interval (``intervals``) over its
+    seeds with a finite loss. Columns: optimizer, private, epsilon (inf: non-private), split,
+    mean, std, ci_low, ci_high, n_seeds, lr."""
     rows = []
     for (opt, eps), g in lm_configurations(runs, problem).groupby(["optimizer", "epsilon"], sort=True):
         for split, column in (("train", "final_train_loss"), ("val", "best_val_loss")):
             mean, std, n = _mean_std(g[column])
+            _, low, high, _ = t_interval(g[column].to_numpy(dtype=float))
             rows.append({"optimizer": opt, "private": bool(g["private"].all()), "epsilon": eps, "split": split,
-                         "mean": mean, "std": std, "n_seeds": n, "lr": float(g["lr"].iloc[0])})
-    return pd.DataFrame(rows, columns=["optimizer", "private", "epsilon", "split", "mean", "std", "n_seeds", "lr"])
+                         "mean": mean, "std": std, "ci_low": low, "ci_high": high, "n_seeds": n,
+                         "lr": float(g["lr"].iloc[0])})
+    return pd.DataFrame(rows, columns=["optimizer", "private", "epsilon", "split", "mean", "std", "ci_low", "ci_high",
+                                       "n_seeds", "lr"])
 
 
 def lm_exposure_data(runs: pd.DataFrame, problem: str = "P4", repeats: Iterable[int] = LM_REPEATS) -> pd.DataFrame:
@@ -88,24 +94,40 @@ def lm_exposure_data(runs: pd.DataFrame, problem: str = "P4", repeats: Iterable[
 def lm_ranking_data(runs: pd.DataFrame, problem: str = "P4", k: int = 25) -> pd.DataFrame:
     """The paper's ranking: per ε (inf: the non-private runs), the optimizers by mean
     validation perplexity exp(best_val_loss) over the chosen configuration's seeds (rank 1:
-    lowest; diverged last), with its std, the exposure at k and the share extracted.
-    Columns: epsilon, rank, optimizer, private, val_perplexity, val_perplexity_std, n_seeds,
-    lr, exposure, exposure_std, extracted."""
+    lowest; diverged last), with its std and 95 % t interval over seeds (``intervals``), `tied`
+    (its interval overlaps the one ranked just above), the exposure at k and the share
+    extracted, and what the choice spent: `n_runs` (k candidate runs of the optimizer at that ε,
+    every configuration and seed the validation split chose among), `n_configs`,
+    `selection_epsilon` (those runs composed, ``spent``).
+    Columns: epsilon, rank, optimizer, private, val_perplexity, val_perplexity_std, ci_low,
+    ci_high, tied, n_seeds, lr, exposure, exposure_std, extracted, n_runs, n_configs,
+    selection_epsilon."""
     chosen = lm_configurations(runs, problem)
     exposure = lm_exposure_data(runs, problem, (k,)).set_index(["optimizer", "epsilon"])
+    everything = by_privacy(runs[runs["problem"] == problem])
     rows = []
     for (opt, eps), g in chosen.groupby(["optimizer", "epsilon"], sort=True):
         ppl = np.exp(g["best_val_loss"].astype(float))
         mean, std, n = _mean_std(ppl)
+        _, low, high, _ = t_interval(ppl.to_numpy())
         e = exposure.loc[(opt, eps)]
+        spent = selection_privacy(everything[(everything["optimizer"] == opt) & (everything["epsilon"] == eps)],
+                                  list(CONFIG_KEYS))
         rows.append({"epsilon": eps, "optimizer": opt, "private": bool(g["private"].all()),
-                     "val_perplexity": mean, "val_perplexity_std": std, "n_seeds": n, "lr": float(g["lr"].iloc[0]),
-                     "exposure": e["mean"], "exposure_std": e["std"], "extracted": e["extracted"]})
+                     "val_perplexity": mean, "val_perplexity_std": std, "ci_low": low, "ci_high": high,
+                     "n_seeds": n, "lr": float(g["lr"].iloc[0]),
+                     "exposure": e["mean"], "exposure_std": e["std"], "extracted": e["extracted"],
+                     "n_runs": spent["k"], "n_configs": spent["n_configs"],
+                     "selection_epsilon": spent["selection_epsilon"]})
     out = pd.DataFrame(rows, columns=["epsilon", "optimizer", "private", "val_perplexity", "val_perplexity_std",
-                                      "n_seeds", "lr", "exposure", "exposure_std", "extracted"])
+                                      "ci_low", "ci_high", "n_seeds", "lr", "exposure", "exposure_std", "extracted",
+                                      "n_runs", "n_configs", "selection_epsilon"])
     out["_key"] = out["val_perplexity"].fillna(np.inf)
     out = out.sort_values(["epsilon", "_key", "optimizer"], kind="stable").drop(columns="_key")
     out.insert(1, "rank", out.groupby("epsilon").cumcount() + 1)
+    out.insert(list(out.columns).index("n_seeds"), "tied", False)
+    for _, g in out.groupby("epsilon", sort=False):
+        out.loc[g.index, "tied"] = tied_with_above(g)
     return out.reset_index(drop=True)
 
 
@@ -127,9 +149,10 @@ def _eps_axis(ax, pos: dict[float, float]) -> None:
 
 def draw_lm_loss(data: pd.DataFrame, optimizers: list[str] | None = None,
                  labels: dict[str, str] | None = None) -> Figure:
-    """Two panels (training, validation loss): mean ± std over seeds against ε (log x), one line
-    per private optimizer; non-private runs as dashed lines with a ± std band (a private
-    optimizer's σ = 0 runs too, named "(non-private)")."""
+    """Two panels (training, validation loss): mean and 95 % t interval over seeds against ε
+    (log x), one line per private optimizer; non-private runs as dashed lines with their
+    interval as a band (a private optimizer's σ = 0 runs too, named "(non-private)"). One seed:
+    the points alone, and the axis says so."""
     if data.empty:
         return empty_figure("no language-model runs")
     names = ordered(data["optimizer"], optimizers)
@@ -142,18 +165,23 @@ def draw_lm_loss(data: pd.DataFrame, optimizers: list[str] | None = None,
             o = d[d["optimizer"] == opt].sort_values("epsilon")
             private, reference = o[o["private"]], o[~o["private"]]
             if len(private):
-                ax.errorbar([pos[e] for e in private["epsilon"]], private["mean"], yerr=private["std"].fillna(0),
-                            marker="o", ms=4, capsize=3, color=colours[opt], label=label(opt, labels))
+                err = [(private["mean"] - private["ci_low"]).fillna(0), (private["ci_high"] - private["mean"]).fillna(0)]
+                ax.errorbar([pos[e] for e in private["epsilon"]], private["mean"], yerr=err, marker="o", ms=4,
+                            capsize=3, color=colours[opt], label=label(opt, labels))
             if len(reference):
-                m, sd = reference["mean"].iloc[0], reference["std"].fillna(0.0).iloc[0]
+                m = reference["mean"].iloc[0]
                 ax.axhline(m, ls="--", lw=1, color=colours[opt],
                            label=label(opt, labels) + (" (non-private)" if len(private) else ""))
-                ax.axhspan(m - sd, m + sd, color=colours[opt], alpha=0.12, lw=0)
+                if np.isfinite(reference["ci_low"].iloc[0]):
+                    ax.axhspan(reference["ci_low"].iloc[0], reference["ci_high"].iloc[0], color=colours[opt],
+                               alpha=0.12, lw=0)
         if pos:
             ax.set_xticks(list(pos.values()), [fmt_tick(e) for e in pos])
         ax.set_xlabel("ε")
         ax.set_title(title)
-    axes[0].set_ylabel("cross-entropy (nats/token)\nmean ± std over seeds")
+    seeds = int(data["n_seeds"].max())
+    axes[0].set_ylabel("cross-entropy (nats/token)\n" + ("one seed" if seeds < 2 else f"mean, {INTERVAL}"),
+                       fontsize=8)
     axes[1].legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig
@@ -200,25 +228,43 @@ def _pm(mean: float, std: float, fmt: str) -> str:
     return format(mean, fmt) + ("" if not np.isfinite(std) else " ± " + format(std, fmt))
 
 
+def _interval(r) -> str:
+    """'± half-width' of the 95 % t interval (symmetric), or '' for one seed."""
+    if r["n_seeds"] < 2 or not np.isfinite(r["ci_high"]):
+        return ""
+    return f" (± {r['ci_high'] - r['val_perplexity']:.2f})"
+
+
 def draw_lm_ranking(data: pd.DataFrame, k: int = 25, labels: dict[str, str] | None = None) -> str:
-    """The ranking as Markdown: one table per ε (non-private last)."""
+    """The ranking as Markdown: one table per ε (non-private last); a rank whose interval
+    overlaps the one above it is marked tied (=)."""
     if data.empty:
         return "# Language model: ranking\n\nNo language-model runs.\n"
+    seeds = int(data["n_seeds"].max())
     lines = ["# Language model: optimizers ranked by validation perplexity", "",
-             "Per ε (the target met; the achieved ε of runs given σ alone), the configuration of each "
-             "optimizer with the lowest mean validation loss; "
-             f"perplexity exp(best validation loss), mean ± std over seeds; exposure of the canaries "
-             f"inserted k = {k} times (bits), mean ± std over seeds and canaries.", ""]
+             "Per ε (the target met; the achieved ε of runs given σ alone), the configuration of each optimizer "
+             "with the lowest mean validation loss, chosen on the validation split (never on test or canaries); "
+             "perplexity exp(best validation loss), mean ± std over "
+             + ("one seed (no interval)" if seeds < 2 else
+                f"seeds, in brackets ± the half-width of the {INTERVAL}; a rank marked = is tied with the one above "
+                "(their intervals overlap)")
+             + f"; exposure of the canaries inserted k = {k} times (bits), mean ± std over seeds and canaries. "
+             "k runs: the candidate runs of the optimizer at that ε that the choice looked at (its configurations "
+             "× seeds in this table; rates chosen on pilot runs before it are not counted); ε_sel: those runs "
+             "composed on the same data (PLD, at the runs' δ), the privacy the row's number spent.", ""]
     for eps, g in data.groupby("epsilon", sort=True):
         lines += [f"## ε = {fmt_tick(eps)}" if np.isfinite(eps) else "## non-private (ε = ∞)", "",
-                  f"| rank | optimizer | validation perplexity | exposure (k = {k}) | extracted (k = {k}) | lr | seeds |",
-                  "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+                  f"| rank | optimizer | validation perplexity | exposure (k = {k}) | extracted (k = {k}) | lr | seeds "
+                  "| k runs | ε_sel |",
+                  "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for _, r in g.iterrows():
             extracted = "–" if not np.isfinite(r["extracted"]) else f"{r['extracted']:.0%}"
-            lines.append(f"| {r['rank']} | {label(r['optimizer'], labels)} | "
-                         f"{_pm(r['val_perplexity'], r['val_perplexity_std'], '.2f')} | "
+            rank = f"= {r['rank']}" if r["tied"] else f"{r['rank']}"
+            sel = "–" if not np.isfinite(r["selection_epsilon"]) else f"{r['selection_epsilon']:.3g}"
+            lines.append(f"| {rank} | {label(r['optimizer'], labels)} | "
+                         f"{_pm(r['val_perplexity'], r['val_perplexity_std'], '.2f')}{_interval(r)} | "
                          f"{_pm(r['exposure'], r['exposure_std'], '.2f')} | {extracted} | {fmt_tick(r['lr'])} | "
-                         f"{r['n_seeds']} |")
+                         f"{r['n_seeds']} | {r['n_runs']} | {sel} |")
         lines.append("")
     return "\n".join(lines)
 

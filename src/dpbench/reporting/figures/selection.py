@@ -134,3 +134,38 @@ def select_best(runs: pd.DataFrame, by: list[str], select_by: str = "test") -> p
     best.loc[best["diverged"] & best["lower_is_better"].astype(bool), "value"] = np.inf
     return best
 
+
+
+def select_best_config(runs: pd.DataFrame, by: list[str], select_by: str = "test") -> pd.DataFrame:
+    """One row per group of `by`: the configuration (the settings of ``CONFIG_KEYS``, all its
+    seeds) with the best mean selection score over its seeds (a seed that diverged makes the
+    mean -inf; ties: the first in config order), as the row of its first seed with `value` the
+    mean of its seeds' finite reported metrics, `ci_low`, `ci_high` (the 95 % t interval over
+    them: ``intervals``), `n_seeds` (finite), `n_runs` (the group's runs: every candidate the
+    choice looked at), `n_configs`, `diverged`. With one seed a configuration is its run, and
+    this is ``select_best``."""
+    from dpbench.reporting.figures.intervals import t_interval
+
+    s = scored(runs, select_by)
+    extra = ["ci_low", "ci_high", "n_seeds", "n_runs", "n_configs", "diverged"]
+    if s.empty:
+        return s.assign(**{c: pd.Series(dtype=float) for c in extra})
+    s = s.sort_values(_sort_keys(s), kind="stable").reset_index(drop=True)
+    keys = [k for k in CONFIG_KEYS if k in s.columns and k not in by]
+    rows = []
+    for _, group in s.groupby(list(by), dropna=False, sort=True):
+        configs = list(group.groupby(keys, dropna=False, sort=False)) if keys else [(None, group)]
+        means = [float(np.mean(c["score"])) for _, c in configs]
+        best = int(np.argmax(means))  # the first of equal means
+        chosen = configs[best][1]
+        row = chosen.iloc[0].copy()
+        mean, low, high, n = t_interval(chosen["value"].to_numpy(dtype=float))
+        row["value"], row["ci_low"], row["ci_high"], row["n_seeds"] = mean, low, high, n
+        row["n_runs"], row["n_configs"] = len(group), len(configs)
+        row["diverged"] = False
+        if not np.isfinite(means[best]):  # no configuration without a non-finite seed
+            row["diverged"] = bool(group["run_diverged"].any())
+            row["value"] = row["ci_low"] = row["ci_high"] = (np.inf if row["diverged"] and row["lower_is_better"]
+                                                             else np.nan)
+        rows.append(row)
+    return pd.DataFrame(rows).reset_index(drop=True)

@@ -18,7 +18,10 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from dpbench.reporting.figures.selection import CONFIG_KEYS, by_privacy, scored, select_best, select_runs
+from dpbench.reporting.figures.intervals import INTERVAL
+from dpbench.reporting.figures.selection import (CONFIG_KEYS, by_privacy, scored, select_best, select_best_config,
+                                                select_runs)
+from dpbench.reporting.figures.spent import caption, selection_privacy
 from dpbench.reporting.figures.style import (AXIS_LABELS, DATASETS, empty_figure, fmt_tick, label, legend_labels,
                                              ordered, palette)
 
@@ -36,16 +39,29 @@ THESIS_FILTERS = {
 
 # ---------------------------------------------------------------------------- data functions
 
-def best_per_setting(runs: pd.DataFrame, select_by: str = "test") -> pd.DataFrame:
-    """Figs. 5.1, 5.2: per (problem, optimizer, ε) the best run over all other settings, ε the
-    one each run is shown under (``selection.by_privacy``). Columns: problem, dataset,
-    optimizer, epsilon (the target met, the achieved ε of a run given σ alone; inf for
-    non-private), private, value, metric, lower_is_better, diverged, n_runs, and the chosen
-    run's run_id, lr, batch_size, epochs, seed, achieved_epsilon."""
-    best = select_best(by_privacy(runs), ["problem", "optimizer", "epsilon"], select_by)
+def best_per_setting(runs: pd.DataFrame, select_by: str = "test", privacy: bool = True) -> pd.DataFrame:
+    """Figs. 5.1, 5.2: per (problem, optimizer, ε) the best configuration over all other
+    settings, by its mean selection score over seeds (``select_best_config``), ε the one each
+    run is shown under (``selection.by_privacy``: the target met, the achieved ε of a run given
+    σ alone; inf for non-private). Columns: problem, dataset, optimizer, epsilon, private, value
+    (mean over seeds), ci_low, ci_high (95 % t interval; equal to value for one seed), n_seeds,
+    metric, lower_is_better, diverged, n_runs (= k, the candidate runs the choice looked at),
+    n_configs, the chosen configuration's run_id (first seed), lr, batch_size, epochs, seed,
+    achieved_epsilon, and with ``privacy``: selection_epsilon (the k runs composed, ``spent``),
+    select_by."""
+    r = by_privacy(runs)
+    best = select_best_config(r, ["problem", "optimizer", "epsilon"], select_by)
     best["private"] = best["private"].astype(bool)
-    cols = ["problem", "dataset", "optimizer", "epsilon", "private", "value", "metric", "lower_is_better",
-            "diverged", "n_runs", "run_id", "lr", "batch_size", "epochs", "seed", "achieved_epsilon"]
+    best["select_by"] = select_by
+    best["selection_epsilon"] = np.nan
+    if privacy and not best.empty:
+        for i, b in best.iterrows():
+            group = r[(r["problem"] == b["problem"]) & (r["optimizer"] == b["optimizer"])
+                      & (r["epsilon"] == b["epsilon"])]
+            best.loc[i, "selection_epsilon"] = selection_privacy(group, list(CONFIG_KEYS))["selection_epsilon"]
+    cols = ["problem", "dataset", "optimizer", "epsilon", "private", "value", "ci_low", "ci_high", "n_seeds",
+            "metric", "lower_is_better", "diverged", "n_runs", "n_configs", "run_id", "lr", "batch_size", "epochs",
+            "seed", "achieved_epsilon", "selection_epsilon", "select_by"]
     return best[[c for c in cols if c in best.columns]]
 
 
@@ -143,9 +159,7 @@ def draw_comparison(best: pd.DataFrame, problems: list[str] | None = None,
             hue = [label(o, labels) for o in names if o in set(private["optimizer"])]
             sns.barplot(data=private, x="ε", y="value", hue="optimizer ", order=[fmt_tick(e) for e in eps],
                         hue_order=hue, palette={label(o, labels): colours[o] for o in names}, ax=ax)
-            for container in ax.containers:
-                ax.bar_label(container, fmt="%.3f", fontsize=6, padding=1,
-                             bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.4, "alpha": 0.85})
+            _intervals_and_labels(ax, private, [fmt_tick(e) for e in eps], hue)
         for _, ref in here[~here["private"] & here["optimizer"].isin(names)].iterrows():
             if np.isfinite(ref["value"]):
                 ax.axhline(ref["value"], ls="--", lw=1, color=colours[ref["optimizer"]],
@@ -159,7 +173,35 @@ def draw_comparison(best: pd.DataFrame, problems: list[str] | None = None,
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
     fig.tight_layout()
+    if "select_by" in best.columns and len(best):
+        n_seeds = int(best["n_seeds"].max()) if "n_seeds" in best else 1
+        k = sorted({int(v) for v in best.loc[best["private"], "n_runs"]}) if "n_runs" in best else []
+        fig.text(0.01, -0.02, caption(str(best["select_by"].iloc[0]), n_seeds, INTERVAL,
+                                      f"k = {', '.join(map(str, k))}." if k else ""),
+                 fontsize=6.5, ha="left", va="top", wrap=True, gid="caption")
     return fig
+
+
+def _intervals_and_labels(ax, private: pd.DataFrame, x_order: list[str], hue: list[str]) -> None:
+    """Each bar's 95 % interval over seeds (where it has two or more) and its label inside it:
+    the value and ε_sel (the privacy of the choice, ``spent``)."""
+    for container, name in zip(ax.containers, hue):
+        rows = private[private["optimizer "] == name].set_index("ε")
+        labels = []
+        for bar in container:
+            x = int(round(bar.get_x() + bar.get_width() / 2))
+            if not 0 <= x < len(x_order) or x_order[x] not in rows.index:
+                labels.append("")
+                continue
+            r = rows.loc[x_order[x]]
+            centre = bar.get_x() + bar.get_width() / 2
+            if r.get("n_seeds", 1) >= 2 and np.isfinite(r.get("ci_low", np.nan)):
+                ax.errorbar(centre, r["value"], yerr=[[r["value"] - r["ci_low"]], [r["ci_high"] - r["value"]]],
+                            fmt="none", ecolor="black", elinewidth=0.8, capsize=2, gid="interval")
+            sel = r.get("selection_epsilon", np.nan)
+            labels.append(f"{r['value']:.3f}" + (f" · ε_sel {sel:.3g}" if np.isfinite(sel) else ""))
+        ax.bar_label(container, labels=labels, fontsize=6, label_type="center", rotation=90,
+                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.4, "alpha": 0.85})
 
 
 def draw_seed_sensitivity(data: pd.DataFrame, optimizers: list[str] | None = None, min_seeds: int = 2,

@@ -1,0 +1,147 @@
+"""The privacy a choice among runs spends (dpbench.privacy.selection, reporting.figures.spent) and
+the intervals over seeds (reporting.figures.intervals)."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import norm
+
+from dpbench.privacy import accounting
+from dpbench.privacy.selection import composed_epsilon, composed_epsilon_of, gaussian_history, gaussian_mu
+from dpbench.reporting.figures import intervals, spent
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+DELTA = 1e-5
+DPSGD = [(1.0, 0.01, 200)]  # sigma, q, T: small enough for every accountant in a second
+
+
+def closed_form_delta(eps, mu):
+    """Balle & Wang 2018, Thm. 8, written out here rather than taken from the package."""
+    return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)
+
+
+def test_one_candidate_spends_the_run_epsilon():
+    run = accounting.epsilon(DPSGD, DELTA, "prv")
+    assert composed_epsilon(DPSGD, 1, DELTA, "prv") == run
+    assert composed_epsilon(DPSGD, 1, DELTA, "rdp") == accounting.fast_rdp_epsilon(DPSGD, DELTA)
+    # our PLD is pessimistic, within its rounding of the PRV accountant's epsilon
+    assert run - 0.01 <= composed_epsilon(DPSGD, 1, DELTA, "pld", eps_error=0.01) <= run + 0.02
+
+
+@pytest.mark.parametrize("k", [2, 3, 10])
+@pytest.mark.parametrize("sigma", [0.7, 3.0])
+def test_k_gaussian_runs_are_one_gaussian_of_sigma_over_sqrt_k(k, sigma):
+    """k releases of the Gaussian mechanism with noise sigma (sensitivity 1) compose exactly to
+    one with noise sigma / sqrt(k): mu = sqrt(k) / sigma, not k / sigma and not k epsilons."""
+    for accountant in ("prv", "pld", "rdp"):  # exact whatever the accountant
+        eps = composed_epsilon([(sigma, 1.0, 1)], k, DELTA, accountant)
+        assert closed_form_delta(eps, math.sqrt(k) / sigma) == pytest.approx(DELTA, rel=1e-6)
+    one = accounting.gaussian_epsilon(1 / sigma, DELTA)
+    assert composed_epsilon([(sigma, 1.0, 1)], k, DELTA) < k * one
+    # T full-batch steps per run: mu = sqrt(k T) / sigma
+    eps = composed_epsilon([(sigma, 1.0, 5)], k, DELTA)
+    assert closed_form_delta(eps, math.sqrt(5 * k) / sigma) == pytest.approx(DELTA, rel=1e-6)
+
+
+def test_composition_grows_with_k_and_never_beyond_k_epsilon():
+    one = composed_epsilon(DPSGD, 1, DELTA)
+    eps = [composed_epsilon(DPSGD, k, DELTA) for k in (1, 2, 3, 5)]
+    assert all(a < b for a, b in zip(eps, eps[1:]))
+    assert all(e <= k * one for e, k in zip(eps, (1, 2, 3, 5)))
+    assert eps[1] < 1.6 * one  # composition of subsampled runs is far below the sum
+    # k runs are one run of k T steps
+    assert eps[2] == accounting.epsilon([(1.0, 0.01, 600)], DELTA, "prv")
+    # the PLD agrees with the PRV accountant on the composition too
+    assert eps[2] - 0.01 <= composed_epsilon(DPSGD, 3, DELTA, "pld", eps_error=0.01) <= eps[2] + 0.03
+
+
+def test_mixed_runs_compose():
+    a, b = gaussian_history(0.5), gaussian_history(1.2)
+    assert composed_epsilon_of([a, b], DELTA) == pytest.approx(accounting.gaussian_epsilon(math.hypot(0.5, 1.2), DELTA))
+    mixed = composed_epsilon_of([DPSGD, a], DELTA)
+    assert max(composed_epsilon(DPSGD, 1, DELTA), accounting.gaussian_epsilon(0.5, DELTA)) < mixed
+    assert composed_epsilon_of([], DELTA) == 0.0
+    with pytest.raises(ValueError, match="k must be a positive integer"):
+        composed_epsilon(DPSGD, 0)
+    with pytest.raises(ValueError, match="unknown accountant"):
+        composed_epsilon(DPSGD, 2, DELTA, "moments")
+
+
+@pytest.mark.parametrize("eps", [0.5, 1.0, 10.0])
+def test_gaussian_mu_inverts_the_exact_curve_upwards(eps):
+    mu = gaussian_mu(eps, DELTA)
+    assert closed_form_delta(eps, mu) == pytest.approx(DELTA, rel=1e-9)
+    assert closed_form_delta(eps, mu) >= DELTA * (1 - 1e-12)  # rounded up: never optimistic
+
+
+def _lm():
+    runs = pd.read_parquet(RESULTS / "lm" / "study" / "runs.parquet")
+    return runs[runs["private"].astype(bool)]
+
+
+def test_a_run_event_from_its_row_gives_its_epsilon_back():
+    """The rows of the committed language-model study: DP-SGD's event is (sigma, q, T), amplified
+    BandMF's ceil(T / b) steps at p; the PRV accountant on them returns each row's epsilon."""
+    runs = _lm()
+    for opt in ("dpsgd", "dpadamw", "opacus-dpsgd", "dpmatrix-band-amp"):
+        for eps in (1.0, 10.0):
+            row = runs[(runs.optimizer == opt) & (runs.target_epsilon == eps)].iloc[0]
+            history = spent.run_history(row)
+            assert accounting.epsilon(history, row.delta, "prv") == pytest.approx(row.epsilon, rel=1e-6), (opt, eps)
+    amp = runs[(runs.optimizer == "dpmatrix-band-amp") & (runs.target_epsilon == 1.0)].iloc[0]
+    assert spent.run_history(amp)[0][2] == 18  # b = 11 bands of 196 steps: ceil(196 / 11) rounds
+    compare = pd.read_parquet(RESULTS / "beyond-setup2-compare" / "runs.parquet")
+    row = compare[(compare.optimizer == "dpmatrix-band") & (compare.target_epsilon == 1.0)].iloc[0]
+    (s, q, n), = spent.run_history(row)
+    assert (q, n) == (1.0, 1) and accounting.gaussian_epsilon(1 / s, row.delta) == pytest.approx(row.epsilon)
+    # a decaying noise schedule is not in the table: no event, rather than a wrong one
+    assert spent.run_history(pd.Series({**row.to_dict(), "optimizer": "d2p2sgd", "accountant": "rdp"})) is None
+
+
+def test_selection_privacy_of_committed_groups():
+    compare = pd.read_parquet(RESULTS / "beyond-setup2-compare" / "runs.parquet")
+    group = compare[(compare.optimizer == "dpmatrix-se") & (compare.target_epsilon == 10.0)]
+    s = spent.selection_privacy(group, ["lr"])
+    mu = gaussian_mu(group.epsilon.iloc[0], DELTA)
+    assert s["k"] == len(group) and s["n_configs"] == group.lr.nunique()
+    assert s["selection_epsilon"] == pytest.approx(accounting.gaussian_epsilon(mu * math.sqrt(len(group)), DELTA))
+    lm = _lm()
+    group = lm[(lm.optimizer == "dpsgd") & (lm.target_epsilon == 1.0)]
+    s = spent.selection_privacy(group, ["lr"])
+    exact = composed_epsilon(spent.run_history(group.iloc[0]), 3, DELTA, "prv")
+    assert s["k"] == 3 and s["n_seeds"] == 3 and s["selection_accountant"] == "pld"
+    assert exact - 0.01 <= s["selection_epsilon"] <= exact + spent.EPS_ERROR + 0.01
+    assert math.isnan(spent.selection_privacy(group.assign(private=False), ["lr"])["selection_epsilon"])
+
+
+def test_t_interval_and_ties():
+    mean, low, high, n = intervals.t_interval([1.0, 2.0, 3.0, np.nan])
+    half = 4.302652729749464 / math.sqrt(3)  # t_{0.975, 2} x s / sqrt(n), s = 1
+    assert (mean, n) == (2.0, 3) and (low, high) == (pytest.approx(2 - half), pytest.approx(2 + half))
+    assert intervals.t_interval([5.0])[1:3] == (5.0, 5.0)
+    ranked = pd.DataFrame({"ci_low": [1.0, 1.5, 3.0, 3.0], "ci_high": [2.0, 2.5, 4.0, 3.0]})
+    assert intervals.tied_with_above(ranked) == [False, True, False, True]
+    one_seed = pd.DataFrame({"ci_low": [1.0, 1.0], "ci_high": [1.0, 1.0]})
+    assert intervals.tied_with_above(one_seed) == [False, False]  # equal points without intervals
+
+
+def test_audit_figure_takes_several_seeds():
+    from dpbench.reporting import figures
+    from dpbench.reporting.figures.audit import over_seeds
+
+    audits = pd.read_parquet(RESULTS / "audit" / "audits.parquet")
+    one, n = over_seeds(audits)
+    assert n == 1 and (one.ci_low == one.epsilon_lower).all()
+    shifted = [audits.assign(epsilon_lower=audits.epsilon_lower + d) for d in (-0.1, 0.0, 0.1)]
+    three, n = over_seeds(pd.concat(shifted))
+    assert n == 3 and len(three) == len(audits)
+    row = three[(three.optimizer == "dpsgd") & (three.epsilon_claimed == 8)].iloc[0]
+    base = audits[(audits.optimizer == "dpsgd") & (audits.epsilon_claimed == 8)].epsilon_lower.iloc[0]
+    half = 4.302652729749464 * 0.1 / math.sqrt(3)
+    assert row.epsilon_lower == pytest.approx(base) and row.ci_high == pytest.approx(base + half)
+    fig = figures.build("audit", pd.concat(shifted))
+    assert "3 seeds" in fig.legends[0].get_title().get_text()
+    figures.plt.close(fig)
