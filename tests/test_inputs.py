@@ -359,6 +359,20 @@ def test_a_damaged_run_file_is_refused_naming_it_and_the_fix(tmp_path):
         results.read_run(path)
 
 
+def test_aggregate_of_a_directory_or_a_missing_file_says_what_it_is(tmp_path, capsys):
+    """A directory given where run files are expected is named as a directory (with the glob
+    to give instead), never as a damaged run file to delete; a missing file as missing."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    out = ["--out-runs", str(tmp_path / "r.parquet"), "--out-epochs", str(tmp_path / "e.parquet")]
+    code, err = cli_error(["aggregate", str(runs), *out], capsys)
+    assert code == 2 and err == (f"dpbench aggregate: error: {runs} is a directory, not a .parquet file: give the "
+                                 f"files in it ({runs / '*.parquet'})\n")
+    code, err = cli_error(["aggregate", str(runs / "absent.parquet"), *out], capsys)
+    assert code == 1 and err == f"dpbench aggregate: error: No such file or directory: {runs / 'absent.parquet'}\n"
+    assert list(tmp_path.iterdir()) == [runs]
+
+
 def test_full_disk_while_writing_noise_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
     from dpbench.matrix import dense_factorization
     from dpbench.matrix.store import dense_files
