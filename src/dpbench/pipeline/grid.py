@@ -329,13 +329,24 @@ def _schema_error(e) -> ConfigError:
 
 
 def check_train_subset(config: dict[str, Any], cells: list[Cell]) -> None:
-    """``train.train_subset`` cannot exceed a dataset's training set (it would be clamped)."""
-    subset = (config.get("train") or {}).get("train_subset")
-    sizes = {facts(c.problem).dataset: facts(c.problem).train_size for c in cells}
-    for dataset in sorted(sizes):
-        if subset and subset > sizes[dataset]:
-            raise ConfigError(f"config key train.train_subset: {subset} is above the {sizes[dataset]} "
-                              f"training examples of {dataset}")
+    """``train.train_subset`` and ``test_subset`` cannot exceed a dataset's training and test
+    sets (they would be clamped)."""
+    train = config.get("train") or {}
+    for key, size, split in (("train_subset", "train_size", "training"), ("test_subset", "test_size", "test")):
+        for dataset, n in sorted({facts(c.problem).dataset: getattr(facts(c.problem), size) for c in cells}.items()):
+            if train.get(key) and train[key] > n:
+                raise ConfigError(f"config key train.{key}: {train[key]} is above the {n} {split} examples of {dataset}")
+
+
+def check_validation_size(train: dict[str, Any], problem: str) -> None:
+    """``train.validation_size`` must leave records of the dataset to train on: the canaries a
+    language-model run plants are not its data, and would keep N positive on their own."""
+    f, held = facts(problem), train.get("validation_size") or 0
+    drawn = min(f.train_size, train.get("train_subset") or f.train_size)
+    if held >= drawn:
+        raise ConfigError(f"config key train.validation_size: {held} is not below the {drawn} training examples of "
+                          f"{problem} ({f.dataset}{' after train.train_subset' * bool(train.get('train_subset'))}): "
+                          "none would be left to train on")
 
 
 def check_figure_ids(config: dict[str, Any]) -> None:
@@ -373,9 +384,10 @@ def check_figures(config: dict[str, Any], cells: list[Cell]) -> None:
         except ValueError as exc:
             raise ConfigError(f"config key figures.{name}: {exc}") from None
         merged = {**figures.FIGURES[name].defaults, **options}
-        if merged.get("select_by") == "val" and not validation:
-            raise ConfigError(f"config key figures.{name}.select_by: 'val' selects on the validation split, and "
-                              "there is none (set train.validation_size)")
+        need = figures.validation_needed(name, options)
+        if need and not validation:
+            raise ConfigError(f"config key figures.{name}{'.' * bool(need[0])}{need[0]}: {need[1]}, and there is none "
+                              "(set train.validation_size)")
         drawn = _as_list(merged["problem"]) if "problem" in merged else merged.get("problems")
         if drawn is not None and not set(drawn) & set(problems):
             which = "problem" if "problem" in merged else "problems"
@@ -449,6 +461,7 @@ def expand(config: dict[str, Any]) -> list[Cell]:
             if not epsilons:
                 raise ConfigError(f"config key {where}.epsilons: private optimizer {name!r} needs at least one epsilon")
             for problem, L in itertools.product(block["problems"], block["batch_sizes"]):
+                check_validation_size(config.get("train") or {}, problem)
                 probe = Cell(problem, name, int(L), 1, None, 1.0, 0, 0)
                 n = probe.n_train(config.get("train") or {})
                 if L > n:
