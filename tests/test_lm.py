@@ -266,3 +266,32 @@ def test_the_committed_study_is_config_lm_yaml():
     summary.read_meta = lambda path: image_run
     with pytest.raises(SystemExit, match="r.parquet is a P2 run, not a language-model run"):
         summary.main(["r.parquet"])
+
+
+def test_a_diverged_run_is_aggregated_plotted_and_ranked_as_diverged(tmp_path):
+    """SGD at lr 1 diverged on every seed of the committed study (NaN losses from step ~100 of
+    196): its final training loss is infinite, not the mean of the steps before it diverged;
+    lm_loss counts its seeds as diverged and says so in the panel; the ranking says "diverged"."""
+    import matplotlib
+
+    from dpbench.reporting import figures
+    from dpbench.reporting.aggregate import aggregate
+
+    study = REPO / "benchmarks" / "results" / "lm" / "study" / "runs" / "P4"
+    paths = sorted((study / "sgd").glob("*-lr1-s*.parquet")) + [study / "adamw" / "L64-E1-nonprivate-lr0.003-s0.parquet"]
+    runs, epochs = aggregate(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
+    sgd = runs[runs.optimizer == "sgd"]
+    assert (sgd.status == "diverged").all() and (sgd.final_train_loss == np.inf).all()
+    assert (epochs[epochs.optimizer == "sgd"].train_loss == np.inf).all()  # one epoch, the one it diverged in
+    adamw = runs[runs.optimizer == "adamw"].iloc[0]
+    assert 2.0 < adamw.final_train_loss < 3.0
+    data = figures.lm_loss_data(runs).set_index(["optimizer", "split"])
+    assert data.loc[("sgd", "train"), ["mean", "n_seeds", "n_diverged"]].tolist() == [np.inf, 0, 3]
+    assert data.loc[("sgd", "val"), ["mean", "n_seeds", "n_diverged"]].tolist() == [np.inf, 0, 3]
+    assert data.loc[("adamw", "train"), ["n_seeds", "n_diverged"]].tolist() == [1, 0]
+    fig = figures.lm_loss_figure(runs)
+    notes = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert notes == ["diverged:\nSGD (non-private): 3 of 3 seeds"] * 2, notes
+    matplotlib.pyplot.close(fig)
+    table = figures.lm_ranking_table(runs)
+    assert "| 2 | SGD (non-private) | diverged |" in table and "| 1 | AdamW (non-private) | 10.39 |" in table, table

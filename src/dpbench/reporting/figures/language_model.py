@@ -41,22 +41,33 @@ def lm_configurations(runs: pd.DataFrame, problem: str = "P4") -> pd.DataFrame:
 
 
 def _mean_std(values: pd.Series) -> tuple[float, float, int]:
+    """Mean and std over the finite values, and their number; the mean is inf where every
+    value is (every seed diverged), NaN where there is none."""
     v = values.astype(float)
-    v = v[np.isfinite(v)]
-    return float(v.mean()) if len(v) else np.nan, float(v.std(ddof=1)) if len(v) > 1 else np.nan, len(v)
+    finite = v[np.isfinite(v)]
+    if not len(finite):
+        return np.inf if (v == np.inf).any() else np.nan, np.nan, 0
+    return float(finite.mean()), float(finite.std(ddof=1)) if len(finite) > 1 else np.nan, len(finite)
 
 
 def lm_loss_data(runs: pd.DataFrame, problem: str = "P4") -> pd.DataFrame:
     """Per (optimizer, ε) of the chosen configuration and split (train: ``final_train_loss``,
-    val: ``best_val_loss``): mean and std (ddof = 1) over its seeds with a finite loss.
-    Columns: optimizer, private, epsilon (inf: non-private), split, mean, std, n_seeds, lr."""
+    val: ``best_val_loss``): mean and std (ddof = 1) over its seeds with a finite loss, and
+    ``n_diverged``, its seeds without one (a diverged run's training loss, whatever the steps
+    before it diverged gave; its best validation loss where no epoch had a finite one); mean
+    inf where every seed diverged. Columns: optimizer, private, epsilon (inf: non-private),
+    split, mean, std, n_seeds, n_diverged, lr."""
     rows = []
     for (opt, eps), g in lm_configurations(runs, problem).groupby(["optimizer", "epsilon"], sort=True):
         for split, column in (("train", "final_train_loss"), ("val", "best_val_loss")):
-            mean, std, n = _mean_std(g[column])
+            values = g[column].astype(float)
+            gone = np.isinf(values) | (g["status"].eq("diverged") if split == "train" else False)
+            mean, std, n = _mean_std(values.where(~gone, np.inf))
             rows.append({"optimizer": opt, "private": bool(g["private"].iloc[0]), "epsilon": eps, "split": split,
-                         "mean": mean, "std": std, "n_seeds": n, "lr": float(g["lr"].iloc[0])})
-    return pd.DataFrame(rows, columns=["optimizer", "private", "epsilon", "split", "mean", "std", "n_seeds", "lr"])
+                         "mean": mean, "std": std, "n_seeds": n, "n_diverged": int(gone.sum()),
+                         "lr": float(g["lr"].iloc[0])})
+    return pd.DataFrame(rows, columns=["optimizer", "private", "epsilon", "split", "mean", "std", "n_seeds",
+                                       "n_diverged", "lr"])
 
 
 def lm_exposure_data(runs: pd.DataFrame, problem: str = "P4", repeats: Iterable[int] = LM_REPEATS) -> pd.DataFrame:
@@ -125,7 +136,8 @@ def _eps_axis(ax, pos: dict[float, float]) -> None:
 def draw_lm_loss(data: pd.DataFrame, optimizers: list[str] | None = None,
                  labels: dict[str, str] | None = None) -> Figure:
     """Two panels (training, validation loss): mean ± std over seeds against target ε (log x),
-    one line per private optimizer; non-private optimizers as dashed lines with a ± std band."""
+    one line per private optimizer; non-private optimizers as dashed lines with a ± std band.
+    Seeds that diverged are left out of the mean and listed in the panel ("diverged: ...")."""
     if data.empty:
         return empty_figure("no language-model runs")
     names = ordered(data["optimizer"], optimizers)
@@ -139,12 +151,19 @@ def draw_lm_loss(data: pd.DataFrame, optimizers: list[str] | None = None,
             if o.empty:
                 continue
             if o["private"].iloc[0]:
-                ax.errorbar([pos[e] for e in o["epsilon"]], o["mean"], yerr=o["std"].fillna(0), marker="o", ms=4,
-                            capsize=3, color=colours[opt], label=label(opt, labels))
-            else:
+                ax.errorbar([pos[e] for e in o["epsilon"]], o["mean"].where(np.isfinite(o["mean"])),
+                            yerr=o["std"].fillna(0), marker="o", ms=4, capsize=3, color=colours[opt],
+                            label=label(opt, labels))
+            elif np.isfinite(o["mean"].iloc[0]):
                 m, sd = o["mean"].iloc[0], (0.0 if pd.isna(o["std"].iloc[0]) else o["std"].iloc[0])
                 ax.axhline(m, ls="--", lw=1, color=colours[opt], label=label(opt, labels))
                 ax.axhspan(m - sd, m + sd, color=colours[opt], alpha=0.12, lw=0)
+        gone = d[d["n_diverged"] > 0] if "n_diverged" in d else d.iloc[:0]
+        if not gone.empty:
+            ax.text(0.02, 0.98, "diverged:\n" + "\n".join(
+                label(r.optimizer, labels) + (f" ε = {fmt_tick(r.epsilon)}" if np.isfinite(r.epsilon) else "") +
+                f": {r.n_diverged} of {r.n_seeds + r.n_diverged} seeds" for r in gone.itertuples()),
+                transform=ax.transAxes, va="top", fontsize=6, color="0.25")
         if pos:
             ax.set_xticks(list(pos.values()), [fmt_tick(e) for e in pos])
         ax.set_xlabel("target ε")
