@@ -28,7 +28,8 @@ def cmd_train(args) -> int:
         for option, value, size, split in (("--train-subset", args.train_subset, problem.train_size, "training"),
                                            ("--test-subset", args.test_subset, problem.test_size, "test")):
             if value and value > size:
-                raise ValueError(f"argument {option}: {value} is above the {size} {split} examples of {problem.dataset}")
+                raise ValueError(f"argument {option}: {value} is above the {size} {split} examples of "
+                                 f"{problem.dataset}")
         drawn = min(args.train_subset or problem.train_size, problem.train_size)
         if args.validation_size >= drawn:
             raise ValueError(f"argument --validation-size: {args.validation_size} is not below the {drawn} training "
