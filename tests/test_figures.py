@@ -442,3 +442,21 @@ def test_comparison_draws_intervals_over_seeds_and_says_what_chose():
     assert "one seed" in caption and "validation split" in caption
     assert not [c for ax in fig.axes for c in ax.get_children() if c.get_gid() == "interval"]
     figures.plt.close(fig)
+
+
+def test_every_built_in_figure_of_one_problem_declares_it_for_the_config_check():
+    """The config check reads a figure's spec, not its build's signature: a build whose
+    ``problem`` has a default must give it in the spec's defaults (the LM figures draw P4), and
+    the figures that select on validation whatever their options say so."""
+    import inspect
+
+    for figure_id in figures.FIGURES.builtins:
+        spec = figures.FIGURES[figure_id]
+        default = inspect.signature(spec.build).parameters.get("problem", inspect.Parameter("p", 1)).default
+        if default is not inspect.Parameter.empty:
+            assert spec.defaults.get("problem") == default, figure_id
+    assert [f for f in figures.FIGURES.builtins if figures.FIGURES[f].needs_validation] == figures.LM_FIGURES
+    assert figures.validation_needed("lm_ranking", {}) == (
+        "", "lm_ranking selects each optimizer's configuration on the validation split")
+    assert figures.validation_needed("fig5_6", {"select_by": "val"})[0] == "select_by"
+    assert figures.validation_needed("fig5_6", {}) is None

@@ -73,6 +73,8 @@ def test_cli_refuses_non_finite_numbers_naming_the_option(tmp_path, capsys, opti
 @pytest.mark.parametrize("value", NON_FINITE)
 def test_run_config_refuses_non_finite_numbers(name, value):
     settings = dict(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=10, epochs=1, seed=0, epsilon=1.0)
+    if name == "noise_multiplier":  # sigma given: no target (both together are refused first)
+        settings["epsilon"] = None
     cfg = RunConfig(**{**settings, name: value})
     with pytest.raises(ValueError, match=f"{name} must be"):
         cfg.validate(OPTIMIZERS["dpsgd"])
@@ -359,6 +361,20 @@ def test_a_damaged_run_file_is_refused_naming_it_and_the_fix(tmp_path):
         results.read_run(path)
 
 
+def test_aggregate_of_a_directory_or_a_missing_file_says_what_it_is(tmp_path, capsys):
+    """A directory given where run files are expected is named as a directory (with the glob
+    to give instead), never as a damaged run file to delete; a missing file as missing."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    out = ["--out-runs", str(tmp_path / "r.parquet"), "--out-epochs", str(tmp_path / "e.parquet")]
+    code, err = cli_error(["aggregate", str(runs), *out], capsys)
+    assert code == 2 and err == (f"dpbench aggregate: error: {runs} is a directory, not a .parquet file: give the "
+                                 f"files in it ({runs / '*.parquet'})\n")
+    code, err = cli_error(["aggregate", str(runs / "absent.parquet"), *out], capsys)
+    assert code == 1 and err == f"dpbench aggregate: error: No such file or directory: {runs / 'absent.parquet'}\n"
+    assert list(tmp_path.iterdir()) == [runs]
+
+
 def test_full_disk_while_writing_noise_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
     from dpbench.matrix import dense_factorization
     from dpbench.matrix.store import dense_files
@@ -542,6 +558,43 @@ def test_train_subset_above_the_dataset_is_refused_naming_the_option(tmp_path, c
     assert code == 2 and seconds < 1
     assert err == "dpbench train: error: argument --train-subset: 70000 is above the 60000 training examples " \
                   "of fashion-mnist\n"
+
+
+def test_test_subset_above_the_test_set_is_refused_naming_the_option(tmp_path, capsys):
+    code, err, seconds = timed_cli_error(train_argv(tmp_path, "--test-subset", 10001), capsys)
+    assert code == 2 and seconds < 1
+    assert err == "dpbench train: error: argument --test-subset: 10001 is above the 10000 test examples of " \
+                  "fashion-mnist\n"
+
+
+@pytest.mark.parametrize("problem,argv,held,drawn,dataset", [
+    ("P4", [], 12979, 12979, "fortunes"),  # the 93 canaries would keep N positive
+    ("P2", ["--train-subset", "500"], 600, 500, "fashion-mnist"),
+])
+def test_a_validation_split_holding_out_every_record_is_refused_naming_the_option(tmp_path, capsys, problem, argv,
+                                                                                 held, drawn, dataset):
+    argv = train_argv(tmp_path, *argv, "--validation-size", held)
+    code, err, seconds = timed_cli_error([problem if a == "P2" else a for a in argv], capsys)
+    assert code == 2 and seconds < 1
+    assert err == f"dpbench train: error: argument --validation-size: {held} is not below the {drawn} training " \
+                  f"examples of {dataset}: none would be left to train on\n"
+
+
+@pytest.mark.parametrize("figure,option,why", [
+    ("fig5_1", ["-o", "select_by=val"], "option select_by: 'val' selects on the validation split"),
+    ("lm_loss", [], "lm_loss selects each optimizer's configuration on the validation split"),
+])
+def test_plot_refuses_selecting_on_validation_without_a_validation_split(tmp_path, capsys, figure, option, why):
+    """As the config check refuses it: else an empty figure (fig5_1) or a learning rate chosen on
+    NaN (lm_loss), exit 0. Runs of another problem with a split do not count."""
+    runs = pd.DataFrame({"problem": ["P1", "P4", "P2"], "n_val": [0, 0, 100]})
+    table = tmp_path / "runs.parquet"
+    runs.to_parquet(table)
+    code, err = cli_error(["plot", figure, "--runs", str(table), "--out", str(tmp_path / "f"), *option,
+                           "-o", f"problem{'s=P1' if figure == 'fig5_1' else '=P4'}"], capsys)
+    assert code == 2 and err == (f"dpbench plot: error: {why}, and no run in {table} has one (train with "
+                                 "--validation-size)\n")
+    assert list(tmp_path.iterdir()) == [table]
 
 
 def test_an_unknown_figure_option_is_one_line_before_the_runs_are_read(tmp_path, capsys):

@@ -175,9 +175,68 @@ def test_lm_summary_tables_the_committed_runs(capsys):
     assert len(lines) == 4 and "exposure k = 25 (bits, of 16.6)" in lines[0]
     assert "| 7.58 |" in lines[2] and "15.7 (15.0, 15.6, 16.6; 1 of 3 extracted)" in lines[2]
     assert "| 1 / 0.998 | 0.8442 | 23.54 |" in lines[3] and "3.0 (3.5, 0.4, 5.2; 0 of 3 extracted)" in lines[3]
-    summary.main(["--over-seeds", str(runs / "adamw-E2.parquet"), str(runs / "adamw-E2.parquet")])
+    summary.main(["--over-seeds", str(runs / "adamw-E2.parquet")])
     row = capsys.readouterr().out.splitlines()[2]
-    assert "| adamw | 0.003 | 64 | 2 | 2 | — | 0 | 7.58 ± 0.00 |" in row and "15.7 (2 of 6 extracted)" in row
+    assert "| adamw | 0.003 | 64 | 2 | 1 | — | 0 | 7.58 |" in row and "15.7 (1 of 3 extracted)" in row
+
+
+def _with(meta: dict, **sections) -> dict:
+    """A copy of a run's metadata with some keys of its sections replaced."""
+    return {**meta, **{name: {**meta[name], **values} for name, values in sections.items()}}
+
+
+def test_lm_summary_reads_runs_without_validation_and_names_bad_files(tmp_path, capsys):
+    """A P4 run made without --validation-size (no best_val_loss) has "—" for its validation
+    perplexity, not a KeyError; a missing file, a directory and a truncated file are one line
+    naming the file, and a directory is never called damaged (nor to be deleted)."""
+    summary = _lm_summary()
+    run = REPO / "benchmarks" / "results" / "lm" / "dpsgd-eps1-E2.parquet"
+    meta = read_meta(run)
+    result = {k: v for k, v in meta["result"].items() if "val" not in k}
+    summary.read_meta = lambda path: {**meta, "result": result}
+    summary.main([str(run)])
+    assert "| 1 / 0.998 | 0.8442 | — | 23.67 |" in capsys.readouterr().out.splitlines()[2]
+    summary.read_meta = read_meta
+    truncated = tmp_path / "truncated.parquet"
+    truncated.write_bytes(run.read_bytes()[:2000])
+    for path, message in ((tmp_path / "absent.parquet", f"lm_summary: {tmp_path / 'absent.parquet'}: No such file"),
+                          (tmp_path, f"lm_summary: {tmp_path} is a directory, not a .parquet file: give the files "
+                                     f"in it ({tmp_path / '*.parquet'})"),
+                          (truncated, f"lm_summary: run file {truncated} is damaged")):
+        with pytest.raises(SystemExit) as exit_:
+            summary.main([str(run), str(path)])
+        assert str(exit_.value.code).startswith(message) and "\n" not in str(exit_.value.code), exit_.value.code
+    with pytest.raises(SystemExit) as exit_:
+        summary.main([str(tmp_path)])
+    assert "damaged" not in exit_.value.code and "delete" not in exit_.value.code
+
+
+def test_lm_summary_shows_a_given_sigmas_epsilon_and_keeps_sigmas_and_seeds_apart(capsys):
+    """A run given σ without a target shows its achieved ε (not "—" as a non-private run does);
+    over seeds, runs that differ in σ are two configurations, and a seed given twice (the same
+    file, or another run of the same seed) is refused, not counted twice."""
+    summary = _lm_summary()
+    calibrated = read_meta(REPO / "benchmarks" / "results" / "lm" / "dpsgd-eps1-E2.parquet")
+    given = _with(calibrated, config={"epsilon": None, "noise_multiplier": 0.3},
+                  privacy={"target_epsilon": None, "epsilon": 25.1, "noise_multiplier": 0.3,
+                           "noise_multiplier_source": "given"})
+    seed1 = _with(given, config={"seed": 1})
+    files = {"cal.parquet": calibrated, "given.parquet": given, "given-s1.parquet": seed1}
+    summary.read_meta = lambda path: files[path]
+    summary.main(["given.parquet"])
+    assert "| dpsgd | 1 | 64 | 2 | — / 25.100 | 0.3 |" in capsys.readouterr().out.splitlines()[2]
+    summary.main(["--over-seeds", "cal.parquet", "given.parquet", "given-s1.parquet"])
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert len(rows) == 2 and rows[0].startswith("| dpsgd | 1 | 64 | 2 | 1 | 1 / 0.998 | 0.8442 |")
+    assert rows[1].startswith("| dpsgd | 1 | 64 | 2 | 2 | — / 25.100 | 0.3 |") and "(0 of 6 extracted)" in rows[1]
+    for twice in (["given.parquet", "given.parquet"], ["given.parquet", "cal.parquet", "given-s1.parquet",
+                                                        "given-s1.parquet"]):
+        with pytest.raises(SystemExit, match=f"lm_summary: {twice[-1]} and {twice[-1]} are the same configuration "
+                                             "and seed [01]: give each seed once"):
+            summary.main(["--over-seeds", *twice])
+    files["copy.parquet"] = given
+    with pytest.raises(SystemExit, match="given.parquet and copy.parquet are the same configuration and seed 0"):
+        summary.main(["--over-seeds", "given.parquet", "copy.parquet"])
 
 
 def test_the_committed_study_is_config_lm_yaml():
@@ -207,3 +266,32 @@ def test_the_committed_study_is_config_lm_yaml():
     summary.read_meta = lambda path: image_run
     with pytest.raises(SystemExit, match="r.parquet is a P2 run, not a language-model run"):
         summary.main(["r.parquet"])
+
+
+def test_a_diverged_run_is_aggregated_plotted_and_ranked_as_diverged(tmp_path):
+    """SGD at lr 1 diverged on every seed of the committed study (NaN losses from step ~100 of
+    196): its final training loss is infinite, not the mean of the steps before it diverged;
+    lm_loss counts its seeds as diverged and says so in the panel; the ranking says "diverged"."""
+    import matplotlib
+
+    from dpbench.reporting import figures
+    from dpbench.reporting.aggregate import aggregate
+
+    study = REPO / "benchmarks" / "results" / "lm" / "study" / "runs" / "P4"
+    adamw = study / "adamw" / "L64-E1-nonprivate-lr0.003-s0.parquet"
+    paths = [*sorted((study / "sgd").glob("*-lr1-s*.parquet")), adamw]
+    runs, epochs = aggregate(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
+    sgd = runs[runs.optimizer == "sgd"]
+    assert (sgd.status == "diverged").all() and (sgd.final_train_loss == np.inf).all()
+    assert (epochs[epochs.optimizer == "sgd"].train_loss == np.inf).all()  # one epoch, the one it diverged in
+    assert 2.0 < runs[runs.optimizer == "adamw"].final_train_loss.iloc[0] < 3.0
+    data = figures.lm_loss_data(runs).set_index(["optimizer", "split"])
+    assert data.loc[("sgd", "train"), ["mean", "n_seeds", "n_diverged"]].tolist() == [np.inf, 0, 3]
+    assert data.loc[("sgd", "val"), ["mean", "n_seeds", "n_diverged"]].tolist() == [np.inf, 0, 3]
+    assert data.loc[("adamw", "train"), ["n_seeds", "n_diverged"]].tolist() == [1, 0]
+    fig = figures.lm_loss_figure(runs)
+    notes = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert notes == ["diverged:\nSGD (non-private): 3 of 3 seeds"] * 2, notes
+    matplotlib.pyplot.close(fig)
+    table = figures.lm_ranking_table(runs)
+    assert "| 2 | SGD (non-private) | diverged |" in table and "| 1 | AdamW (non-private) | 10.39 |" in table, table

@@ -232,6 +232,28 @@ CONFIG_ERRORS = {
     "train-subset-above-the-dataset": (_edit(lambda c: c["train"].update(train_subset=70000)),
                                        "config key train.train_subset: 70000 is above the 60000 training examples "
                                        "of fashion-mnist ({file})"),
+    "test-subset-above-the-test-set": (_edit(lambda c: c["train"].update(test_subset=20000)),
+                                       "config key train.test_subset: 20000 is above the 10000 test examples of "
+                                       "fashion-mnist ({file})"),
+    # not "batch size 100 is above the -100 training examples"
+    "validation-size-holding-out-the-training-subset": (
+        _edit(lambda c: c["train"].update(validation_size=1100)),
+        "config key train.validation_size: 1100 is not below the 1000 training examples of P2 (fashion-mnist after "
+        "train.train_subset): none would be left to train on ({file})"),
+    # the 93 canaries a P4 run plants would keep N positive: the corpus's records are what counts
+    "validation-size-holding-out-the-corpus": (
+        _edit(lambda c: (c["train"].update(validation_size=12979, train_subset=None), c.update(grid=[
+            {**c["grid"][0], "problems": ["P4"]}]), c.update(figures={}))),
+        "config key train.validation_size: 12979 is not below the 12979 training examples of P4 (fortunes): none "
+        "would be left to train on ({file})"),
+    # the language-model figures draw P4 (their spec's defaults), whatever the grid trains
+    "lm-figure-without-p4": (_edit(lambda c: c["figures"].update(lm_exposure={})),
+                             "config key figures.lm_exposure.problem: 'P4' (its default) is not trained by the grid "
+                             "(its problems: P2, P3): the figure would be empty ({file})"),
+    "lm-figure-without-validation": (_edit(lambda c: (c["train"].update(validation_size=0),
+                                                      c.update(figures={"lm_ranking": {}}))),
+                                     "config key figures.lm_ranking: lm_ranking selects each optimizer's configuration "
+                                     "on the validation split, and there is none (set train.validation_size) ({file})"),
 }
 
 

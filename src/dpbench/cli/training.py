@@ -21,13 +21,19 @@ def cmd_train(args) -> int:
     from dpbench.reporting.results import write_run
     from dpbench.training.train import RunConfig, run
 
-    if args.train_subset:
+    if args.train_subset or args.test_subset or args.validation_size:
         from dpbench.problems import facts
 
-        problem = facts(args.problem)
-        if args.train_subset > problem.train_size:
-            raise ValueError(f"argument --train-subset: {args.train_subset} is above the {problem.train_size} "
-                             f"training examples of {problem.dataset}")
+        problem = facts(args.problem)  # subsets are refused, never clamped
+        for option, value, size, split in (("--train-subset", args.train_subset, problem.train_size, "training"),
+                                           ("--test-subset", args.test_subset, problem.test_size, "test")):
+            if value and value > size:
+                raise ValueError(f"argument {option}: {value} is above the {size} {split} examples of "
+                                 f"{problem.dataset}")
+        drawn = min(args.train_subset or problem.train_size, problem.train_size)
+        if args.validation_size >= drawn:
+            raise ValueError(f"argument --validation-size: {args.validation_size} is not below the {drawn} training "
+                             f"examples of {problem.dataset}: none would be left to train on")
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = RunConfig(

@@ -22,15 +22,12 @@ from typing import Any
 import numpy as np
 import yaml
 
+from dpbench.pipeline.configfile import ConfigError, check_configfiles, configfiles_of, read_yaml  # noqa: F401
 from dpbench.problems import facts
 
 # The config schema ships inside the package (package data), so an installed dpbench validates
 # a config wherever it is; the workflow validates through this module too.
 SCHEMA_PATH = resources.files("dpbench.pipeline") / "config.schema.yaml"
-
-
-class ConfigError(ValueError):
-    """A bad config value; the message starts with the key's path."""
 
 
 def fmt(x: float) -> str:
@@ -134,84 +131,6 @@ def seeds_from_root(root_seed: int, n: int) -> list[int]:
 
 def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A config file's YAML, strictly: a syntax error names the file and line, a key given
-    twice in one mapping (which YAML would silently resolve to the last value) is refused
-    naming the key and both lines, and the top level must be a mapping."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = " ".join(filter(None, (exc.context, exc.problem)))
-        raise ConfigError(f"config file {path}{where}: YAML syntax error: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: YAML syntax error: {str(exc).splitlines()[0]}") from None
-    if node is None:
-        return {}
-    _refuse_duplicate_keys(node, "", path)
-    config = yaml.safe_load(text)
-    if not isinstance(config, dict):
-        raise ConfigError(f"config file {path}: the top level must be a mapping of config keys, "
-                          f"got {type(config).__name__}")
-    return config
-
-
-def _refuse_duplicate_keys(node, where: str, path: Path) -> None:
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
-        for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.start_mark)
-            here = f"{where}.{key}" if where else str(key)
-            line = key_node.start_mark.line + 1
-            if key in seen and key != "<<":
-                raise ConfigError(f"config key {here}: given twice (lines {seen[key]} and {line}); YAML would "
-                                  f"silently keep the last value: keep one ({path})")
-            seen[key] = line
-            _refuse_duplicate_keys(value_node, here, path)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _refuse_duplicate_keys(item, f"{where}.{i}" if where else str(i), path)
-
-
-def configfiles_of(snakemake_args: list[str]) -> list[str]:
-    """The files a Snakemake command line gives with --configfile (one or more after it, or
-    --configfile=FILE)."""
-    files, taking = [], False
-    for arg in snakemake_args:
-        if arg in ("--configfile", "--configfiles"):
-            taking = True
-        elif arg.startswith(("--configfile=", "--configfiles=")):
-            files.append(arg.split("=", 1)[1])
-            taking = False
-        elif taking and not arg.startswith("-"):
-            files.append(arg)
-        else:
-            taking = False
-    return files
-
-
-def check_configfiles(snakemake_args: list[str]) -> int:
-    """scripts/run.sh's check before Snakemake starts: each --configfile read as the workflow
-    reads it (``read_yaml``). Snakemake parses a --configfile before the Snakefile runs, and
-    stops on a YAML syntax error with a message naming neither the file nor the line; this
-    prints the one line that names both. Returns the exit status (0: all readable)."""
-    import sys
-
-    for path in configfiles_of(snakemake_args):
-        try:
-            read_yaml(path)
-        except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    return 0
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -331,13 +250,24 @@ def _schema_error(e) -> ConfigError:
 
 
 def check_train_subset(config: dict[str, Any], cells: list[Cell]) -> None:
-    """``train.train_subset`` cannot exceed a dataset's training set (it would be clamped)."""
-    subset = (config.get("train") or {}).get("train_subset")
-    sizes = {facts(c.problem).dataset: facts(c.problem).train_size for c in cells}
-    for dataset in sorted(sizes):
-        if subset and subset > sizes[dataset]:
-            raise ConfigError(f"config key train.train_subset: {subset} is above the {sizes[dataset]} "
-                              f"training examples of {dataset}")
+    """``train.train_subset`` and ``test_subset`` cannot exceed a dataset's training and test
+    sets (they would be clamped)."""
+    train = config.get("train") or {}
+    for key, size, split in (("train_subset", "train_size", "training"), ("test_subset", "test_size", "test")):
+        for dataset, n in sorted({facts(c.problem).dataset: getattr(facts(c.problem), size) for c in cells}.items()):
+            if train.get(key) and train[key] > n:
+                raise ConfigError(f"config key train.{key}: {train[key]} is above the {n} {split} examples of {dataset}")
+
+
+def check_validation_size(train: dict[str, Any], problem: str) -> None:
+    """``train.validation_size`` must leave records of the dataset to train on: the canaries a
+    language-model run plants are not its data, and would keep N positive on their own."""
+    f, held = facts(problem), train.get("validation_size") or 0
+    drawn = min(f.train_size, train.get("train_subset") or f.train_size)
+    if held >= drawn:
+        raise ConfigError(f"config key train.validation_size: {held} is not below the {drawn} training examples of "
+                          f"{problem} ({f.dataset}{' after train.train_subset' * bool(train.get('train_subset'))}): "
+                          "none would be left to train on")
 
 
 def check_figure_ids(config: dict[str, Any]) -> None:
@@ -375,9 +305,10 @@ def check_figures(config: dict[str, Any], cells: list[Cell]) -> None:
         except ValueError as exc:
             raise ConfigError(f"config key figures.{name}: {exc}") from None
         merged = {**figures.FIGURES[name].defaults, **options}
-        if merged.get("select_by") == "val" and not validation:
-            raise ConfigError(f"config key figures.{name}.select_by: 'val' selects on the validation split, and "
-                              "there is none (set train.validation_size)")
+        need = figures.validation_needed(name, options)
+        if need and not validation:
+            raise ConfigError(f"config key figures.{name}{'.' * bool(need[0])}{need[0]}: {need[1]}, and there is none "
+                              "(set train.validation_size)")
         drawn = _as_list(merged["problem"]) if "problem" in merged else merged.get("problems")
         if drawn is not None and not set(drawn) & set(problems):
             which = "problem" if "problem" in merged else "problems"
@@ -451,6 +382,7 @@ def expand(config: dict[str, Any]) -> list[Cell]:
             if not epsilons:
                 raise ConfigError(f"config key {where}.epsilons: private optimizer {name!r} needs at least one epsilon")
             for problem, L in itertools.product(block["problems"], block["batch_sizes"]):
+                check_validation_size(config.get("train") or {}, problem)
                 probe = Cell(problem, name, int(L), 1, None, 1.0, 0, 0)
                 n = probe.n_train(config.get("train") or {})
                 if L > n:

@@ -157,6 +157,12 @@ def aggregate(paths: list[str | Path], out_runs: str | Path, out_epochs: str | P
     runs = pd.DataFrame(rows)
     per_epoch = pd.concat(epochs, ignore_index=True).merge(runs[["run_id"] + RUN_KEYS], on="run_id")
     per_epoch = per_epoch[["run_id"] + RUN_KEYS + [c for c in per_epoch.columns if c not in RUN_KEYS + ["run_id"]]]
+    # a diverged run stops at the epoch end where it diverged, its losses there partly NaN, which
+    # the mean skips: that epoch's training loss is infinite (as its test loss is), never the mean
+    # of the steps before it diverged
+    last_epoch = per_epoch["epoch"] == per_epoch.groupby("run_id")["epoch"].transform("max")
+    per_epoch.loc[last_epoch & per_epoch["run_id"].isin(runs.loc[runs.status == "diverged", "run_id"]),
+                  "train_loss"] = np.inf
     last = per_epoch.sort_values(["run_id", "epoch"]).groupby("run_id").tail(1).set_index("run_id")
     runs["final_train_loss"] = runs["run_id"].map(last["train_loss"]).astype(float)
     runs["final_val_loss"] = runs["run_id"].map(last["val_loss"]).astype(float)

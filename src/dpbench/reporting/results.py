@@ -16,8 +16,10 @@ with a note saying which rows (``NOT_PRIVATE``), here and in the aggregated tabl
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import platform
 import subprocess
 from importlib import metadata as importlib_metadata
@@ -28,7 +30,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dpbench.files import atomic_write, is_no_space, no_space
+from dpbench.files import atomic_write, is_no_space, no_space, special_kind
 from dpbench.privacy.accounting import meets_target
 
 META_KEY = b"dpbench"
@@ -170,10 +172,22 @@ def _damaged(path: str | Path, exc: BaseException) -> DamagedFileError:
                             "delete it and run the workflow again, which retrains that cell")
 
 
+def _refuse_not_a_file(path: str | Path) -> None:
+    """A directory (or a FIFO, a device) given for a run or audit file is named as what it is,
+    not as a damaged file to delete; a missing file is a FileNotFoundError naming it."""
+    kind = special_kind(path)
+    if kind is not None:
+        hint = f": give the files in it ({Path(path) / '*.parquet'})" if kind.endswith("directory") else ""
+        raise ValueError(f"{path} is {kind}, not a .parquet file{hint}")
+    if not Path(path).exists():
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+
+
 def read_table(path: str | Path) -> pd.DataFrame:
     """A Parquet file written here, its page checksums verified: a damaged file is an error
     naming it, never a table of wrong numbers. (Files written before checksums were stored
     are read unverified.)"""
+    _refuse_not_a_file(path)
     try:
         return pd.read_parquet(path, page_checksum_verification=True)
     except FileNotFoundError:
@@ -183,6 +197,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
+    _refuse_not_a_file(path)
     try:
         raw = pq.read_schema(path).metadata or {}
     except FileNotFoundError:

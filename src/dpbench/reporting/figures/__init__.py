@@ -68,10 +68,13 @@ BUILT_IN = (
     # drawn from the audits table (results/audit/audits.parquet), not the runs table
     FigureSpec("audit", audit_figure, "Empirical privacy audit: claimed ε against the measured lower bound"),
     # the language model (config/lm.yaml; Gong, Pavliv & Peng)
-    FigureSpec("lm_loss", lm_loss_figure, "P4: training and validation loss per optimizer and ε"),
-    FigureSpec("lm_exposure", lm_exposure_figure, "P4: canary exposure against ε per repetition count k"),
+    # (each selects an optimizer's configuration on the validation loss, whatever its options)
+    FigureSpec("lm_loss", lm_loss_figure, "P4: training and validation loss per optimizer and ε", {"problem": "P4"},
+               needs_validation=True),
+    FigureSpec("lm_exposure", lm_exposure_figure, "P4: canary exposure against ε per repetition count k",
+               {"problem": "P4"}, needs_validation=True),
     FigureSpec("lm_ranking", lm_ranking_table, "P4: optimizers ranked by validation perplexity per ε",
-               kind="table"),
+               {"problem": "P4"}, kind="table", needs_validation=True),
 )
 FIGURES: Registry = Registry(GROUP, {spec.id: spec for spec in BUILT_IN})
 THESIS_FIGURES = [f for f in FIGURES.builtins if f.startswith("fig")]
@@ -127,6 +130,37 @@ def check_options(figure_id: str, options: dict) -> None:
         raise ValueError(f"select_by must be test or val, got {options['select_by']!r}")
 
 
+def validation_needed(figure_id: str, options: dict) -> tuple[str, str] | None:
+    """Why the figure needs a validation split under ``options``: (the option that asks for it,
+    "" for the figure itself; the reason), or None. The config check and ``dpbench plot`` refuse
+    it where there is none (the figure would select on NaN: an empty panel, an arbitrary lr)."""
+    spec = spec_of(figure_id)
+    if {**spec.defaults, **options}.get("select_by") == "val":
+        return "select_by", "'val' selects on the validation split"
+    if spec.needs_validation:
+        return "", f"{figure_id} selects each optimizer's configuration on the validation split"
+    return None
+
+
+def check_validation(figure_id: str, runs: pd.DataFrame, options: dict, where: str) -> None:
+    """Refuses a figure that needs a validation split (``validation_needed``) when none of the
+    runs it draws (those of its problem or problems) has one; no such runs: the figure says so."""
+    need = validation_needed(figure_id, options)
+    if need is None:
+        return
+    merged = {**spec_of(figure_id).defaults, **options}
+    drawn = merged.get("problem") or merged.get("problems")
+    if drawn is not None and "problem" in runs:
+        runs = runs[runs["problem"].isin([drawn] if isinstance(drawn, str) else list(drawn))]
+    if runs.empty:
+        return
+    n_val = runs["n_val"] if "n_val" in runs else runs.get("best_val_loss", pd.Series(dtype=float)).notna()
+    if not (n_val > 0).any():
+        option, why = need
+        raise ValueError(f"{f'option {option}: ' if option else ''}{why}, and no run in {where} has one "
+                         "(train with --validation-size)")
+
+
 def build(figure_id: str, runs: pd.DataFrame, **options) -> Figure | str:
     """The figure `figure_id` (a key of FIGURES) of a runs table; options override the
     figure's defaults; filters="thesis" uses THESIS_FILTERS[figure_id]."""
@@ -170,5 +204,6 @@ def plot(figure_id: str, runs_path: str | Path, out_stem: str | Path, **options)
     """Reads the aggregated runs table, draws figure `figure_id`, writes <out_stem>.png and
     .pdf (a table: <out_stem>.md); returns their paths."""
     runs = pd.read_parquet(runs_path)
+    check_validation(figure_id, runs, options, str(runs_path))
     return save(build(figure_id, runs, **options), out_stem)
 

@@ -46,26 +46,35 @@ def lm_configurations(runs: pd.DataFrame, problem: str = "P4") -> pd.DataFrame:
 
 
 def _mean_std(values: pd.Series) -> tuple[float, float, int]:
+    """Mean and std over the finite values, and their number; the mean is inf where every
+    value is (every seed diverged), NaN where there is none."""
     v = values.astype(float)
-    v = v[np.isfinite(v)]
-    return float(v.mean()) if len(v) else np.nan, float(v.std(ddof=1)) if len(v) > 1 else np.nan, len(v)
+    finite = v[np.isfinite(v)]
+    if not len(finite):
+        return np.inf if (v == np.inf).any() else np.nan, np.nan, 0
+    return float(finite.mean()), float(finite.std(ddof=1)) if len(finite) > 1 else np.nan, len(finite)
 
 
 def lm_loss_data(runs: pd.DataFrame, problem: str = "P4") -> pd.DataFrame:
     """Per (optimizer, ε) of the chosen configuration and split (train: ``final_train_loss``,
     val: ``best_val_loss``): mean, std (ddof = 1) and 95 % t interval (``intervals``) over its
-    seeds with a finite loss. Columns: optimizer, private, epsilon (inf: non-private), split,
-    mean, std, ci_low, ci_high, n_seeds, lr."""
+    seeds with a finite loss, and ``n_diverged``, its seeds without one (a diverged run's
+    training loss, whatever the steps before it diverged gave; its best validation loss where no
+    epoch had a finite one); mean inf where every seed diverged. Columns: optimizer, private,
+    epsilon (inf: non-private), split, mean, std, ci_low, ci_high, n_seeds, n_diverged, lr."""
     rows = []
     for (opt, eps), g in lm_configurations(runs, problem).groupby(["optimizer", "epsilon"], sort=True):
         for split, column in (("train", "final_train_loss"), ("val", "best_val_loss")):
-            mean, std, n = _mean_std(g[column])
-            _, low, high, _ = t_interval(g[column].to_numpy(dtype=float))
+            values = g[column].astype(float)
+            gone = np.isinf(values) | (g["status"].eq("diverged") if split == "train" else False)
+            kept = values.where(~gone, np.inf)
+            mean, std, n = _mean_std(kept)
+            _, low, high, _ = t_interval(kept.to_numpy())
             rows.append({"optimizer": opt, "private": bool(g["private"].all()), "epsilon": eps, "split": split,
                          "mean": mean, "std": std, "ci_low": low, "ci_high": high, "n_seeds": n,
-                         "lr": float(g["lr"].iloc[0])})
+                         "n_diverged": int(gone.sum()), "lr": float(g["lr"].iloc[0])})
     return pd.DataFrame(rows, columns=["optimizer", "private", "epsilon", "split", "mean", "std", "ci_low", "ci_high",
-                                       "n_seeds", "lr"])
+                                       "n_seeds", "n_diverged", "lr"])
 
 
 def lm_exposure_data(runs: pd.DataFrame, problem: str = "P4", repeats: Iterable[int] = LM_REPEATS) -> pd.DataFrame:
@@ -152,7 +161,8 @@ def draw_lm_loss(data: pd.DataFrame, optimizers: list[str] | None = None,
     """Two panels (training, validation loss): mean and 95 % t interval over seeds against ε
     (log x), one line per private optimizer; non-private runs as dashed lines with their
     interval as a band (a private optimizer's σ = 0 runs too, named "(non-private)"). One seed:
-    the points alone, and the axis says so."""
+    the points alone, and the axis says so. Seeds that diverged are left out of the mean and
+    listed in the panel ("diverged: ...")."""
     if data.empty:
         return empty_figure("no language-model runs")
     names = ordered(data["optimizer"], optimizers)
@@ -166,15 +176,21 @@ def draw_lm_loss(data: pd.DataFrame, optimizers: list[str] | None = None,
             private, reference = o[o["private"]], o[~o["private"]]
             if len(private):
                 err = [(private["mean"] - private["ci_low"]).fillna(0), (private["ci_high"] - private["mean"]).fillna(0)]
-                ax.errorbar([pos[e] for e in private["epsilon"]], private["mean"], yerr=err, marker="o", ms=4,
-                            capsize=3, color=colours[opt], label=label(opt, labels))
-            if len(reference):
+                ax.errorbar([pos[e] for e in private["epsilon"]], private["mean"].where(np.isfinite(private["mean"])),
+                            yerr=err, marker="o", ms=4, capsize=3, color=colours[opt], label=label(opt, labels))
+            if len(reference) and np.isfinite(reference["mean"].iloc[0]):
                 m = reference["mean"].iloc[0]
                 ax.axhline(m, ls="--", lw=1, color=colours[opt],
                            label=label(opt, labels) + (" (non-private)" if len(private) else ""))
                 if np.isfinite(reference["ci_low"].iloc[0]):
                     ax.axhspan(reference["ci_low"].iloc[0], reference["ci_high"].iloc[0], color=colours[opt],
                                alpha=0.12, lw=0)
+        gone = d[d["n_diverged"] > 0] if "n_diverged" in d else d.iloc[:0]
+        if not gone.empty:
+            ax.text(0.02, 0.98, "diverged:\n" + "\n".join(
+                label(r.optimizer, labels) + (f" ε = {fmt_tick(r.epsilon)}" if np.isfinite(r.epsilon) else "") +
+                f": {r.n_diverged} of {r.n_seeds + r.n_diverged} seeds" for r in gone.itertuples()),
+                transform=ax.transAxes, va="top", fontsize=6, color="0.25")
         if pos:
             ax.set_xticks(list(pos.values()), [fmt_tick(e) for e in pos])
         ax.set_xlabel("ε")

@@ -22,14 +22,19 @@ class FigureSpec:
     audits table for the built-in ``audit``) and returns a matplotlib ``Figure`` (``kind``
     "figure": written as ``<id>.png`` and ``.pdf``) or a Markdown string ("table": ``<id>.md``).
     Its keyword parameters are the figure's options (config key ``figures.<id>``, ``dpbench plot
-    -o KEY=VALUE``); ``defaults`` fill in those a config does not give. ``id`` names the figure's
-    files and its workflow rule (``plot_<id>``); a plugin's is its entry point's name."""
+    -o KEY=VALUE``); ``defaults`` fill in those a config does not give, and are what the config
+    check reads (a figure of one problem names it there, ``{"problem": "P4"}``, so that a grid
+    without it is refused). ``needs_validation``: the figure selects on the validation split
+    whatever its options (refused where the runs have none, as ``select_by: val`` is). ``id``
+    names the figure's files and its workflow rule (``plot_<id>``); a plugin's is its entry
+    point's name."""
 
     id: str
     build: Callable[..., Figure | str]
     title: str  # one line: what the figure shows
     defaults: dict = field(default_factory=dict)
     kind: str = "figure"
+    needs_validation: bool = False
 
 
 def option_names(build: Callable[[pd.DataFrame], Figure | str]) -> list[str]:
@@ -61,6 +66,8 @@ def check(spec: FigureSpec) -> None:
         raise ValueError(f"defaults name {unknown[0]!r}, not an option of build ({', '.join(names)})")
     if spec.kind not in KINDS:
         raise ValueError(f"kind is {spec.kind!r}, not one of {', '.join(KINDS)}")
+    if not isinstance(spec.needs_validation, bool):
+        raise ValueError(f"needs_validation is {spec.needs_validation!r}, not True or False")
 
 
 GROUP = Group("dpbench.figures", "figure", FigureSpec, "id", check)

@@ -1,0 +1,92 @@
+"""A config file read strictly, before any of it is validated: a YAML syntax error names the
+file and line, a key given twice is refused, and the files a Snakemake command line gives with
+--configfile are checked the same way before Snakemake parses them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message starts with the key's path."""
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file's YAML, strictly: a syntax error names the file and line, a key given
+    twice in one mapping (which YAML would silently resolve to the last value) is refused
+    naming the key and both lines, and the top level must be a mapping."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = " ".join(filter(None, (exc.context, exc.problem)))
+        raise ConfigError(f"config file {path}{where}: YAML syntax error: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: YAML syntax error: {str(exc).splitlines()[0]}") from None
+    if node is None:
+        return {}
+    _refuse_duplicate_keys(node, "", path)
+    config = yaml.safe_load(text)
+    if not isinstance(config, dict):
+        raise ConfigError(f"config file {path}: the top level must be a mapping of config keys, "
+                          f"got {type(config).__name__}")
+    return config
+
+
+def _refuse_duplicate_keys(node, where: str, path: Path) -> None:
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.start_mark)
+            here = f"{where}.{key}" if where else str(key)
+            line = key_node.start_mark.line + 1
+            if key in seen and key != "<<":
+                raise ConfigError(f"config key {here}: given twice (lines {seen[key]} and {line}); YAML would "
+                                  f"silently keep the last value: keep one ({path})")
+            seen[key] = line
+            _refuse_duplicate_keys(value_node, here, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, f"{where}.{i}" if where else str(i), path)
+
+
+def configfiles_of(snakemake_args: list[str]) -> list[str]:
+    """The files a Snakemake command line gives with --configfile (one or more after it, or
+    --configfile=FILE)."""
+    files, taking = [], False
+    for arg in snakemake_args:
+        if arg in ("--configfile", "--configfiles"):
+            taking = True
+        elif arg.startswith(("--configfile=", "--configfiles=")):
+            files.append(arg.split("=", 1)[1])
+            taking = False
+        elif taking and not arg.startswith("-"):
+            files.append(arg)
+        else:
+            taking = False
+    return files
+
+
+def check_configfiles(snakemake_args: list[str]) -> int:
+    """scripts/run.sh's check before Snakemake starts: each --configfile read as the workflow
+    reads it (``read_yaml``). Snakemake parses a --configfile before the Snakefile runs, and
+    stops on a YAML syntax error with a message naming neither the file nor the line; this
+    prints the one line that names both. Returns the exit status (0: all readable)."""
+    import sys
+
+    for path in configfiles_of(snakemake_args):
+        try:
+            read_yaml(path)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return 0
