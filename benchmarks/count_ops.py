@@ -59,9 +59,9 @@ def build_step(problem_id: str, name: str, L: int, n: int, cache_dir: str):
     bench = _sibling("bench_step")
     model = bench.build_model(problem_id, "cpu")
     d = sum(p.numel() for p in model.parameters())
-    plan = spec.mechanism.plan(PlanRequest(n, L, 1, hyperparameters=spec.hyperparameters(None), target_epsilon=8.0,
-                                           delta=1e-5,
-                                           cache_dir=cache_dir)) if not _dense(spec) else None
+    request = PlanRequest(n, L, 1, hyperparameters=spec.hyperparameters(None), target_epsilon=8.0, delta=1e-5,
+                          cache_dir=cache_dir)  # epsilon: amplified BandMF chooses its bands for it
+    plan = None if _dense(spec) else spec.mechanism.plan(request)
     noise = bench._gpu.PooledNoise(d, "cpu") if plan is None else spec.mechanism.noise(plan, 1, "cpu")
     gen = torch.Generator().manual_seed(1)
     ctx = Context(model=model, loss_fn=lambda m, x, y: problem.per_sample_loss(m, x, y, gen), lr=1e-5,

@@ -169,7 +169,10 @@ class PerSampleGradients:
         return functools.reduce(operator.add, (_layer_sum(v) for v in _pair_terms(values)))
 
     def norms(self) -> torch.Tensor:
-        return self.sq_norms().sqrt_()
+        sq = self.sq_norms()
+        # in place where sq_norms made a new tensor by adding layers (one layer's own term may be
+        # a tensor its rule keeps)
+        return sq.sqrt_() if len(self.layers) > 1 else sq.sqrt()
 
     def inner(self, other: "PerSampleGradients") -> torch.Tensor:
         return sum(a.inner(b) for a, b in zip(self.layers, other.layers))
