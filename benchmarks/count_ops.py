@@ -137,7 +137,8 @@ def main() -> None:
         lines += ["", f"| operator | {BASELINE} / step | {args.detail} / step |", "| --- | ---: | ---: |"]
         ops = detail[args.detail] + detail[BASELINE]
         for op, _ in sorted(ops.items(), key=lambda kv: -kv[1]):
-            lines.append(f"| {op} | {detail[BASELINE][op] / args.steps:.1f} | {detail[args.detail][op] / args.steps:.1f} |")
+            base_n, n = detail[BASELINE][op] / args.steps, detail[args.detail][op] / args.steps
+            lines.append(f"| {op} | {base_n:.1f} | {n:.1f} |")
     print("\n".join(lines))
 
 
