@@ -200,6 +200,17 @@ def our_step(problem_id: str, name: str, L: int, device, steps: int, n: int | No
     return step.__call__, model
 
 
+def contiguous_embedding_ids(model: torch.nn.Module) -> None:
+    """Hands every nn.Embedding of ``model`` contiguous ids (a copy where they are a view), which
+    Opacus 1.6's ghost-clipping norm sampler needs: it calls ``.view(-1, 1)`` on them
+    (opacus/grad_sample/embedding_norm_sample.py:123; benchmarks/opacus_ghost_embedding_bug.py).
+    P4's ids are views (tokens ``x[:, :-1]``, positions ``arange(T).expand(B, T)``). The layer's
+    output is unchanged; the copy is part of the timed step (one (B, T) int64 copy per embedding)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding):
+            module.register_forward_pre_hook(lambda _, args: tuple(a.contiguous() for a in args))
+
+
 def opacus_step(problem_id: str, mode: str, L: int, n: int, device):
     """(step(x, y), model) of Opacus 1.6's make_private in ``mode`` (hooks, ghost, functorch),
     fed batches directly (no DataLoader: the loader only tells Opacus the expected batch size).
@@ -211,6 +222,8 @@ def opacus_step(problem_id: str, mode: str, L: int, n: int, device):
 
     problem = get_problem(problem_id)
     model = build_model(problem_id, device)
+    if mode == "ghost":
+        contiguous_embedding_ids(model)
     gen = torch.Generator(device=device)
     gen.manual_seed(1)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)

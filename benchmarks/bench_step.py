@@ -26,11 +26,13 @@ method's loss is ``language.per_sample_loss`` (per record, the mean next-token c
 its real tokens; the batch cut to its longest record first, so every method pays for the same
 trimmed length), averaged over the batch as for P2. An Opacus mode that cannot handle the
 model (make_private refuses it, or its first step raises) is listed as "not supported: <the
-error>" instead of timed; dpbench's own steps are never excused. With Opacus 1.6.0 that is
-ghost clipping: its nn.Embedding norm sampler (grad_sample/embedding_norm_sample.py) calls
-``.view(-1, 1)`` on the layer's input ids, which fails on non-contiguous ids, and both of P4's
-embeddings get such ids (the positions are ``arange(T).expand(B, T)``, the tokens the slice
-``x[:, :-1]``). Defaults for P4: L = 64, 10 steps (P2: L = 256, one epoch).
+error>" instead of timed; dpbench's own steps are never excused. Opacus 1.6.0's ghost clipping
+needs contiguous ids in nn.Embedding (its norm sampler, grad_sample/embedding_norm_sample.py:123,
+calls ``.view(-1, 1)`` on them; benchmarks/opacus_ghost_embedding_bug.py reproduces it), and
+both of P4's embeddings get views (the positions are ``arange(T).expand(B, T)``, the tokens the
+slice ``x[:, :-1]``): its model gets them copied contiguous by a forward pre-hook
+(bench_gpu.contiguous_embedding_ids), inside the timed step. Defaults for P4: L = 64, 10 steps
+(P2: L = 256, one epoch).
 
 Usage:  python benchmarks/bench_step.py [--problem P2] [--batch-size 256] [--threads 2] [--steps N] [--repeats 5]
         python benchmarks/bench_step.py --problem P4 [--batch-size 64] [--steps 10] [--threads 2] [--repeats 5]

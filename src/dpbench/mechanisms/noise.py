@@ -54,6 +54,13 @@ class GaussianNoise:
     def sample(self, like: list[torch.Tensor]) -> list[torch.Tensor]:
         return [torch.randn(t.shape, generator=self.generator, device=t.device, dtype=t.dtype) for t in like]
 
+    def sample_into(self, out: list[torch.Tensor]) -> None:
+        """Writes into ``out`` the noise ``sample(out)`` would return (the same draws, in order,
+        without allocating; one draw per tensor: a single draw over their concatenation would
+        give other numbers)."""
+        for t in out:
+            torch.randn(t.shape, generator=self.generator, device=t.device, dtype=t.dtype, out=t)
+
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}
 

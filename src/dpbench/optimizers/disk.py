@@ -39,9 +39,12 @@ class CombinedGradients:
         sq = a * a * self.u.sq_norms() + 2 * a * b * self.u.inner(self.v) + b * b * self.v.sq_norms()
         return sq.clamp_min(0).sqrt()
 
-    def weighted_sum(self, coef: torch.Tensor) -> dict:
-        su, sv = self.u.weighted_sum(coef * self.a), self.v.weighted_sum(coef * self.b)
-        return {p: su[p] + sv[p] for p in su}
+    def weighted_sum(self, coef: torch.Tensor, out: dict | None = None) -> dict:
+        su, sv = self.u.weighted_sum(coef * self.a, out), self.v.weighted_sum(coef * self.b)
+        if out is None:
+            return {p: su[p] + sv[p] for p in su}
+        torch._foreach_add_(list(su.values()), [sv[p] for p in su])  # into out: the same sums
+        return su
 
 
 class KalmanFilter:

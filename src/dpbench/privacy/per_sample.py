@@ -25,11 +25,15 @@ whatever the clipping, and per-sample gradients materialised only where that is 
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import torch
 from torch import nn
 
 # LayerGrads, UnsupportedLayerError and unfold are imported from here too
-from dpbench.privacy.per_sample_layers import LAYER_GRADS, LayerGrads, UnsupportedLayerError, unfold  # noqa: F401
+from dpbench.privacy.per_sample_layers import (  # noqa: F401
+    LAYER_GRADS, WRITES_INTO_OUT, LayerGrads, UnsupportedLayerError, unfold)
 
 
 def layer_grads(module: nn.Module, x: torch.Tensor, gy: torch.Tensor) -> LayerGrads:
@@ -151,19 +155,60 @@ class PerSampleGradients:
         self.batch_size = layers[0].batch_size if layers else 0
 
     def sq_norms(self) -> torch.Tensor:
-        return sum(layer.inner(layer) for layer in self.layers)
+        """Per-sample squared norms over all layers, (B,): the same floats as summing each
+        layer's ``inner(self)`` in order, from few operators: every layer's norm terms
+        (``LayerGrads.norm_terms``) squared in one call, each layer's weight and bias terms
+        added in one call, then the layers' sums added in order (a reduction over stacked
+        layers would add them in another order, and change the last bits)."""
+        if not self.layers:
+            raise ValueError("no layers: the per-sample norms of an empty model are undefined")
+        terms = [layer.norm_terms() for layer in self.layers]
+        norms = [t for layer in terms for squared, t in layer if squared]
+        squares = iter(torch.stack(norms).square_().unbind(0) if len(norms) > 1 else [n.square() for n in norms])
+        values = [[next(squares) if squared else t for squared, t in layer] for layer in terms]
+        return functools.reduce(operator.add, (_layer_sum(v) for v in _pair_terms(values)))
 
     def norms(self) -> torch.Tensor:
-        return self.sq_norms().sqrt()
+        sq = self.sq_norms()
+        # in place where sq_norms made a new tensor by adding layers (one layer's own term may be
+        # a tensor its rule keeps)
+        return sq.sqrt_() if len(self.layers) > 1 else sq.sqrt()
 
     def inner(self, other: "PerSampleGradients") -> torch.Tensor:
         return sum(a.inner(b) for a, b in zip(self.layers, other.layers))
 
-    def weighted_sum(self, coef: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
-        out: dict[nn.Parameter, torch.Tensor] = {}
+    def weighted_sum(self, coef: torch.Tensor, out: dict | None = None) -> dict[nn.Parameter, torch.Tensor]:
+        """sum_i coef_i grad_i for every parameter; written into ``out`` ({parameter: tensor
+        shaped like it}) where given, which is then returned."""
+        if out is None:
+            summed: dict[nn.Parameter, torch.Tensor] = {}
+            for layer in self.layers:
+                summed.update(layer.weighted_sum(coef))
+            return summed
         for layer in self.layers:
-            out.update(layer.weighted_sum(coef))
+            if type(layer).weighted_sum in WRITES_INTO_OUT:
+                layer.weighted_sum(coef, out)
+            else:  # a plugin's rule without ``out``: its result copied in
+                for p, g in layer.weighted_sum(coef).items():
+                    out[p].copy_(g)
         return out
+
+
+def _pair_terms(values: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+    """Each layer's terms, the first two of every two-term layer (weight and bias) added in
+    one call over those layers (elementwise: the same floats as adding them one by one)."""
+    pairs = [i for i, v in enumerate(values) if len(v) == 2]
+    if len(pairs) < 2:
+        return values
+    summed = (torch.stack([values[i][0] for i in pairs]) + torch.stack([values[i][1] for i in pairs])).unbind(0)
+    out = list(values)
+    for i, s in zip(pairs, summed):
+        out[i] = [s]
+    return out
+
+
+def _layer_sum(values: list[torch.Tensor]) -> torch.Tensor:
+    return functools.reduce(operator.add, values)
 
 
 class Tape:
@@ -183,7 +228,8 @@ class Tape:
         self._handles: list = []
 
     def _hook(self, module, inputs, output):
-        self._records.append((module, inputs[0].detach(), output))
+        # .data: the input outside autograd, as detach() gives it, without dispatching an operator
+        self._records.append((module, inputs[0].data, output))
 
     def __enter__(self) -> "Tape":
         self._records = []

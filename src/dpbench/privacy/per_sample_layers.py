@@ -39,6 +39,7 @@ positions p (tokens of a sequence, pixels of an image):
 
 from __future__ import annotations
 
+import math
 from functools import cached_property
 from typing import Callable
 
@@ -94,17 +95,49 @@ class LayerGrads:
             total = w if total is None else total + w
         return total
 
-    def weighted_sum(self, coef: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
-        """sum_i coef_i * grad_i, shaped like the parameters."""
-        return {p: torch.tensordot(coef, g, dims=1) for p, g in self.per_sample.items()}
+    def norm_terms(self) -> list[tuple[bool, torch.Tensor]]:
+        """The per-sample squared norm ``inner(self)`` as terms (B,) to be added in order:
+        (True, t) stands for t squared (t a norm), (False, t) for t itself. Every layer's norms
+        are squared in one call over all layers (``PerSampleGradients.sq_norms``), with the
+        same floats as ``inner(self)``. A subclass that overrides ``inner`` gets that as one term."""
+        if type(self).inner is not LayerGrads.inner:
+            return [(False, self.inner(self))]
+        return [(True, _rowwise_norm(g)) for g in self.per_sample.values()]
+
+    def weighted_sum(self, coef: torch.Tensor, out: dict | None = None) -> dict[nn.Parameter, torch.Tensor]:
+        """sum_i coef_i * grad_i, shaped like the parameters; written into ``out[p]`` (tensors
+        shaped like the parameters) where ``out`` is given, which is returned then."""
+        if out is None:
+            return {p: torch.tensordot(coef, g, dims=1) for p, g in self.per_sample.items()}
+        for p, g in self.per_sample.items():
+            torch.tensordot(coef, g, dims=1, out=out[p])
+        return out
+
+
+def _rowwise_norm(a: torch.Tensor) -> torch.Tensor:
+    """The norm over all but the first axis, (B,): a norm reduction (8x faster than multiplying
+    and summing on 2 CPU threads). A contiguous tensor is reduced over its trailing axes
+    directly, which is the flattened reduction without a flatten call (the same floats)."""
+    if a.dim() == 2 or a.is_contiguous():
+        return torch.linalg.vector_norm(a, dim=tuple(range(1, a.dim())))
+    return torch.linalg.vector_norm(a.flatten(1), dim=1)
 
 
 def _rowwise_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """sum over all but the first axis of a * b, (B,), without a B x n temporary (for a squared
-    norm, a norm reduction: 8x faster than multiplying and summing on 2 CPU threads)."""
+    """sum over all but the first axis of a * b, (B,), without a B x n temporary."""
     if a is b:
-        return torch.linalg.vector_norm(a.flatten(1), dim=1).square()
+        return _rowwise_norm(a).square()
     return torch.einsum("bi,bi->b", a.flatten(1), b.flatten(1))
+
+
+def _features(t: torch.Tensor) -> int:
+    """Elements per sample (shape arithmetic: ``t[0].numel()`` would dispatch an operator)."""
+    return math.prod(t.shape[1:])
+
+
+# weighted_sum methods that take ``out``: a plugin's LayerGrads subclass may override
+# weighted_sum without it (PerSampleGradients then copies its result into the buffer)
+WRITES_INTO_OUT: set = {LayerGrads.weighted_sum}
 
 
 LAYER_GRADS: dict[type[nn.Module], type[LayerGrads]] = {}
@@ -179,7 +212,7 @@ class FactorGrads(LayerGrads):
         # Ghost norms cost ~P^2 (da + dg) per sample, materialising ~P da dg (and da dg memory),
         # with dg = weight.shape[0] and da = weight[0].numel().
         P, w = self._positions, self.module.weight
-        return P == 1 or P * (w.shape[0] + w[0].numel()) < w.numel()
+        return P == 1 or P * (w.shape[0] + _features(w)) < w.numel()
 
     @cached_property
     def materialised(self) -> torch.Tensor:
@@ -189,7 +222,9 @@ class FactorGrads(LayerGrads):
     def _materialise(self) -> torch.Tensor:
         # one batched GEMM of the factors, G_i^T A_i
         A, G = self.factors
-        return torch.bmm(G.transpose(1, 2), A).view(self.batch_size, *self.module.weight.shape)
+        w = torch.bmm(G.transpose(1, 2), A)
+        shape = (self.batch_size, *self.module.weight.shape)
+        return w if w.shape == shape else w.view(shape)
 
     @cached_property
     def bias(self) -> torch.Tensor | None:
@@ -207,10 +242,22 @@ class FactorGrads(LayerGrads):
 
     def _ghost_inner(self, other: "FactorGrads") -> torch.Tensor:
         """sum_{p,q} (A_p . A'_q)(G_p . G'_q) per sample, (B,)."""
+        one, one2 = self._single_position(), other._single_position()
+        if one is not None and one2 is not None:
+            (a, g), (a2, g2) = one, one2
+            return (a * a2).sum(1) * (g * g2).sum(1)
         (A, G), (A2, G2) = self.factors, other.factors
-        if A.shape[1] == 1 and A2.shape[1] == 1:
-            return (A[:, 0] * A2[:, 0]).sum(1) * (G[:, 0] * G2[:, 0]).sum(1)
         return (torch.bmm(A, A2.transpose(1, 2)) * torch.bmm(G, G2.transpose(1, 2))).sum((1, 2))
+
+    def _single_position(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(A[:, 0], G[:, 0]) of a layer with one position (else None): x and gy themselves where
+        they are (B, d) already (the same values, without reshape and select operators)."""
+        if self._positions != 1:
+            return None
+        if self.x.dim() == 2 and self.gy.dim() == 2 and type(self).factors is LinearGrads.factors:
+            return self.x, self.gy
+        A, G = self.factors
+        return A[:, 0], G[:, 0]
 
     def inner(self, other: "FactorGrads") -> torch.Tensor:
         if self.use_ghost:
@@ -221,24 +268,53 @@ class FactorGrads(LayerGrads):
             w = w + _rowwise_dot(self.bias, other.bias)
         return w
 
+    def norm_terms(self) -> list[tuple[bool, torch.Tensor]]:
+        if type(self).inner is not FactorGrads.inner:
+            return [(False, self.inner(self))]
+        terms = [(False, self._ghost_inner(self)) if self.use_ghost else (True, _rowwise_norm(self.materialised))]
+        if self.bias is not None:
+            terms.append((True, _rowwise_norm(self.bias)))
+        return terms
+
     def _native_weighted_sum(self, coef: torch.Tensor) -> torch.Tensor:
         """sum_i coef_i G_i^T A_i without the per-sample gradients."""
         raise NotImplementedError
 
-    def weighted_sum(self, coef: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+    def _native_weighted_sum_into(self, coef: torch.Tensor, out: torch.Tensor) -> None:
+        """``_native_weighted_sum`` written into ``out`` (shaped like the weight)."""
+        out.copy_(self._native_weighted_sum(coef).view(out.shape))
+
+    def weighted_sum(self, coef: torch.Tensor, out: dict | None = None) -> dict[nn.Parameter, torch.Tensor]:
         m = self.module
-        if "materialised" in self.__dict__:  # formed for the norms already: one contraction
-            w = torch.tensordot(coef, self.materialised, dims=1)
+        if out is None:
+            if "materialised" in self.__dict__:  # formed for the norms already: one contraction
+                w = torch.tensordot(coef, self.materialised, dims=1)
+            else:
+                w = self._native_weighted_sum(coef)
+            out = {m.weight: w if w.shape == m.weight.shape else w.reshape(m.weight.shape)}
+            if self.bias is not None:
+                out[m.bias] = torch.tensordot(coef, self.bias, dims=1)
+            return out
+        if "materialised" in self.__dict__:
+            torch.tensordot(coef, self.materialised, dims=1, out=out[m.weight])
         else:
-            w = self._native_weighted_sum(coef)
-        out = {m.weight: w.reshape(m.weight.shape)}
+            self._native_weighted_sum_into(coef, out[m.weight])
         if self.bias is not None:
-            out[m.bias] = torch.tensordot(coef, self.bias, dims=1)
+            torch.tensordot(coef, self.bias, dims=1, out=out[m.bias])
         return out
 
 
+WRITES_INTO_OUT.add(FactorGrads.weighted_sum)
+
+
 def _sum_over_positions(module: nn.Module, gy: torch.Tensor) -> torch.Tensor:
-    """The bias gradient of a layer applied along the last dims: gy summed over positions."""
+    """The bias gradient of a layer applied along the last dims: gy summed over positions
+    (gy itself where it has one position: a sum of one term is that term)."""
+    n = module.bias.dim()
+    if gy.dim() == n + 1:
+        return gy
+    if gy.dim() == n + 2:
+        return gy.sum(1)
     return gy.reshape(gy.shape[0], -1, *module.bias.shape).sum(1)
 
 
@@ -249,16 +325,27 @@ class LinearGrads(FactorGrads):
     @cached_property
     def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
         x, gy, B = self.x, self.gy, self.batch_size
+        if x.dim() == 3:  # (B, P, d) already
+            return x, gy
         return x.reshape(B, -1, x.shape[-1]), gy.reshape(B, -1, gy.shape[-1])
 
     @property
     def _positions(self) -> int:
-        return self.x[0].numel() // self.x.shape[-1]
+        return _features(self.x) // self.x.shape[-1]
 
-    def _native_weighted_sum(self, coef: torch.Tensor) -> torch.Tensor:
+    def _native_operands(self, coef: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum_i coef_i G_i^T A_i as one matrix product: its two operands)."""
+        if self.x.dim() == 2:  # one position: the same products without the (B, 1, d) round trip
+            return (self.gy * coef.view(-1, 1)).t(), self.x
         A, G = self.factors
         B, P, dg = G.shape
-        return (G * coef.view(B, 1, 1)).reshape(B * P, dg).t() @ A.reshape(B * P, -1)
+        return (G * coef.view(B, 1, 1)).reshape(B * P, dg).t(), A.reshape(B * P, -1)
+
+    def _native_weighted_sum(self, coef: torch.Tensor) -> torch.Tensor:
+        return torch.mm(*self._native_operands(coef))
+
+    def _native_weighted_sum_into(self, coef: torch.Tensor, out: torch.Tensor) -> None:
+        torch.mm(*self._native_operands(coef), out=out)
 
 
 def unfold(x: torch.Tensor, kernel_size, dilation, padding, stride) -> torch.Tensor:
@@ -300,7 +387,7 @@ class Conv2dGrads(FactorGrads):
 
     @property
     def _positions(self) -> int:
-        return self._roles(self.gy)[1][0, 0].numel()
+        return math.prod(self._roles(self.gy)[1].shape[2:])
 
     def _materialise(self) -> torch.Tensor:
         if self.x.device.type != "cpu":
@@ -359,7 +446,7 @@ class EmbeddingGrads(FactorGrads):
 
     @property
     def _positions(self) -> int:
-        return self.x[0].numel()
+        return _features(self.x)
 
     def ghost_is_cheaper(self) -> bool:
         # ghost ~P^2 d per sample; materialising: a scatter of P rows into V zero rows, ~(V + P) d
@@ -370,7 +457,7 @@ class EmbeddingGrads(FactorGrads):
         # row idx_p of sample i gets gy_p: one scatter-add into B stacked copies of the table
         B, (V, d) = self.batch_size, self.module.weight.shape
         idx, G = self.factors
-        rows = (idx + V * torch.arange(B, device=idx.device).unsqueeze(1)).reshape(-1)
+        rows = (idx + torch.arange(0, B * V, V, device=idx.device).unsqueeze(1)).reshape(-1)
         return G.new_zeros(B * V, d).index_add_(0, rows, G.reshape(-1, d)).view(B, V, d)
 
     def _ghost_inner(self, other: "EmbeddingGrads") -> torch.Tensor:
@@ -379,9 +466,11 @@ class EmbeddingGrads(FactorGrads):
         return (same * torch.bmm(G, G2.transpose(1, 2))).sum((1, 2))
 
     def _native_weighted_sum(self, coef: torch.Tensor) -> torch.Tensor:
+        return self._native_weighted_sum_into(coef, self.gy.new_zeros(self.module.weight.shape))
+
+    def _native_weighted_sum_into(self, coef: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         idx, G = self.factors
-        return G.new_zeros(self.module.weight.shape).index_add_(0, idx.reshape(-1),
-                                                                (G * coef.view(-1, 1, 1)).flatten(0, 1))
+        return out.zero_().index_add_(0, idx.reshape(-1), (G * coef.view(-1, 1, 1)).flatten(0, 1))
 
 
 @register_per_sample(nn.LayerNorm)
@@ -394,8 +483,11 @@ class LayerNormGrads(LayerGrads):
         n = m.weight.numel()
         xhat = F.layer_norm(x, m.normalized_shape, None, None, m.eps)
         # sum over positions p of gy_p * x^_p, as a batched contraction (no (B, P, d) temporary)
-        weight = torch.einsum("bpk,bpk->bk", gy.reshape(B, -1, n), xhat.reshape(B, -1, n))
-        out = {m.weight: weight.view(B, *m.weight.shape)}
+        g3 = gy
+        if gy.dim() != 3 or gy.shape[-1] != n:
+            g3, xhat = gy.reshape(B, -1, n), xhat.reshape(B, -1, n)
+        weight = torch.einsum("bpk,bpk->bk", g3, xhat)
+        out = {m.weight: weight if m.weight.dim() == 1 else weight.view(B, *m.weight.shape)}
         if m.bias is not None:
             out[m.bias] = _sum_over_positions(m, gy)
         return out
