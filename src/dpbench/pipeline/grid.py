@@ -65,13 +65,26 @@ class Cell:
     seed_index: int
     seed: int
     hyperparameters: tuple[tuple[str, Any], ...] = ()
+    # a candidate of a hyperparameter search (a grid block's `tuning`; dpbench.training.tuning):
+    # (distribution, mean, shape, repetitions K, candidate j) as key-value pairs; () otherwise
+    tuning: tuple[tuple[str, Any], ...] = ()
 
     @property
     def id(self) -> str:
         eps = "nonprivate" if self.epsilon is None else f"eps{fmt(self.epsilon)}"
         hp = "".join(f"-{k}{fmt(v) if isinstance(v, (int, float)) else v}" for k, v in self.hyperparameters)
         return (f"{self.problem}/{self.optimizer}/"
-                f"L{self.batch_size}-E{self.epochs}-{eps}-lr{fmt(self.lr)}{hp}-s{self.seed_index}")
+                f"L{self.batch_size}-E{self.epochs}-{eps}-lr{fmt(self.lr)}{hp}{self._tuning_id}-s{self.seed_index}")
+
+    @property
+    def _tuning_id(self) -> str:
+        if not self.tuning:
+            return ""
+        from dpbench.privacy.tuning import Tuning
+
+        t = dict(self.tuning)
+        label = Tuning(t["distribution"], t["mean"], t.get("shape") or 1.0).label
+        return f"-tune{label}-k{t['repetitions']}c{t['candidate']}"
 
     @property
     def dataset(self) -> str:
@@ -115,6 +128,8 @@ class Cell:
             args += ["--epsilon", repr(self.epsilon)]
         for key, value in self.hyperparameters:
             args += ["--hp", f"{key}={_hp_text(value)}"]
+        if self.tuning:
+            args += ["--tuning", json.dumps(dict(self.tuning), sort_keys=True)]
         for key, flag in (("delta", "--delta"), ("clip_norm", "--clip-norm"), ("accountant", "--accountant"),
                           ("max_steps", "--max-steps"), ("train_subset", "--train-subset"),
                           ("test_subset", "--test-subset"), ("validation_size", "--validation-size")):
@@ -454,20 +469,56 @@ def expand(config: dict[str, Any]) -> list[Cell]:
                 if L > n:
                     raise ConfigError(f"config key {where}.batch_sizes: batch size {L} is above the {n} training "
                                       f"examples of {problem} (after train.train_subset and validation_size)")
-            for problem, L, E, eps, lr, s, hp in itertools.product(
-                    block["problems"], block["batch_sizes"], block["epochs"], epsilons, lrs, seed_indices,
-                    itertools.product(*hp_axes.values())):
-                # a hyperparameter at its default is the cell that leaves it out: one cell, one id
-                given = tuple((k, v) for k, v in zip(hp_axes, hp) if not _same(v, spec.defaults[k]))
-                cell = Cell(problem, name, int(L), int(E), eps, float(lr), s, seeds[s], given)
-                other = cells.setdefault(cell.id, cell)
-                if other != cell:
-                    raise ConfigError(f"config key {where}.optimizers.{name}: {_difference(other, cell)} give the "
-                                      f"same cell id {cell.id!r}; give values that differ in the id")
+            settings = [(lr, hp) for lr in lrs for hp in itertools.product(*hp_axes.values())]
+            search = block.get("tuning") if spec.private else None
+            for problem, L, E, eps, s in itertools.product(block["problems"], block["batch_sizes"], block["epochs"],
+                                                          epsilons, seed_indices):
+                # a search's candidates (settings drawn, seeds their own), or every setting at the cell's seed
+                runs = (_candidates(search, seeds[s], len(settings), f"{where}.tuning", config) if search
+                        else [(i, seeds[s], ()) for i in range(len(settings))])
+                for i, seed, tuning in runs:
+                    lr, hp = settings[i]
+                    # a hyperparameter at its default is the cell that leaves it out: one cell, one id
+                    given = tuple((k, v) for k, v in zip(hp_axes, hp) if not _same(v, spec.defaults[k]))
+                    cell = Cell(problem, name, int(L), int(E), eps, float(lr), s, seed, given, tuning)
+                    other = cells.setdefault(cell.id, cell)
+                    if other != cell:
+                        raise ConfigError(f"config key {where}.optimizers.{name}: {_difference(other, cell)} give "
+                                          f"the same cell id {cell.id!r}; give values that differ in the id")
     return sorted(cells.values(), key=lambda c: c.id)
 
 
 _ID_WORD = re.compile(r"[A-Za-z0-9_.+-]+")
+
+
+def _candidates(search: dict[str, Any], seed: int, choices: int, where: str,
+                config: dict[str, Any]) -> list[tuple[int, int, tuple]]:
+    """A search's candidates (dpbench.privacy.tuning.draw_candidates): (setting index, seed, the
+    cell's tuning pairs) each, K drawn from the seed of the search's seed index, so the same in
+    every block, optimizer and epsilon of that index (common random numbers, like the seeds)."""
+    from dpbench.privacy.tuning import Tuning, draw_candidates
+
+    if not (config.get("train") or {}).get("validation_size"):
+        raise ConfigError(f"config key {where}: a search releases the candidate best on the validation split, and "
+                          "there is none (set train.validation_size)")
+    distribution = search["distribution"]
+    if distribution == "composition":
+        if search.get("mean") not in (None, choices):
+            raise ConfigError(f"config key {where}.mean: composition runs each of the {choices} settings once; "
+                              f"leave out mean (got {search['mean']})")
+        mean = choices
+    elif "mean" not in search:
+        raise ConfigError(f"config key {where}.mean: a {distribution} search needs the mean number of candidates")
+    else:
+        mean = search["mean"]
+    try:
+        how = Tuning(distribution, float(mean), float(search.get("shape", 1.0)))
+        drawn = draw_candidates(how, seed, choices)
+    except ValueError as exc:
+        raise ConfigError(f"config key {where}: {exc}") from None
+    record = how.record()
+    return [(i, candidate_seed, tuple(sorted({**record, "repetitions": len(drawn), "candidate": j}.items())))
+            for j, (i, candidate_seed) in enumerate(drawn)]
 
 
 def _same(value: Any, default: Any) -> bool:

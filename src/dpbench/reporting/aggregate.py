@@ -105,7 +105,17 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
         "git_commit": meta["environment"]["git_commit"],
         "path": str(path),
         **memorisation_columns(meta.get("memorisation")),
+        **tuning_columns(priv.get("tuning")),
     }
+
+
+def tuning_columns(tuning: dict | None) -> dict:
+    """A search's candidate (dpbench.training.tuning): its distribution ("" for a run that is
+    no candidate), mean, shape, K, index, and the (epsilon, delta) of the whole search."""
+    tuning = tuning or {}
+    return {"tuning_distribution": tuning.get("distribution", ""),
+            **{f"tuning_{k}": float(tuning[k]) if tuning.get(k) is not None else math.nan
+               for k in ("mean", "shape", "repetitions", "candidate", "epsilon")}}
 
 
 def _origin(plugin: dict | None) -> str:

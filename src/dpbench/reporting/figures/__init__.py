@@ -12,6 +12,7 @@ One module per idea:
   settings), each a data function (runs -> the numbers drawn) and a draw function;
 * ``audit``: the empirical privacy audit;
 * ``language_model``: the language model P4 (loss, canary exposure, a ranking table);
+* ``tuning``: results at the privacy the whole hyperparameter search spent;
 * ``spec``: ``FigureSpec``, what the registry holds of a figure.
 
 ``FIGURES`` is a ``dpbench.plugins.Registry``: the built-ins below and, from its first read on,
@@ -46,6 +47,7 @@ from dpbench.reporting.figures.spec import GROUP, KINDS, FigureSpec, option_name
 from dpbench.reporting.figures.style import (  # noqa: E402
     AUDIT_MARK, AXIS_LABELS, DATASETS, LABELS, NO_GUARANTEE_MARK, apply_style, empty_figure, fmt_tick, label,
     legend_labels, ordered, palette)
+from dpbench.reporting.figures.tuning import tuning_data, tuning_figure, tuning_table  # noqa: E402
 from dpbench.reporting.figures.thesis import (  # noqa: E402
     THESIS_FILTERS, best_per_setting, best_settings_data, best_settings_figure, comparison_figure,
     draw_best_settings, draw_comparison, draw_heatmaps, draw_seed_sensitivity, heatmap_data, heatmap_figure,
@@ -71,6 +73,10 @@ BUILT_IN = (
     FigureSpec("lm_loss", lm_loss_figure, "P4: training and validation loss per optimizer and ε"),
     FigureSpec("lm_exposure", lm_exposure_figure, "P4: canary exposure against ε per repetition count k"),
     FigureSpec("lm_ranking", lm_ranking_table, "P4: optimizers ranked by validation perplexity per ε",
+               kind="table"),
+    # results at the privacy the whole hyperparameter search spent (grid blocks with `tuning`)
+    FigureSpec("tuning", tuning_figure, "Untuned, tuned by composition and tuned privately at the same total ε"),
+    FigureSpec("tuning_table", tuning_table, "Untuned, tuned by composition and tuned privately: values, K, σ, total ε",
                kind="table"),
 )
 FIGURES: Registry = Registry(GROUP, {spec.id: spec for spec in BUILT_IN})
