@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from dpbench.pipeline import searches
 from dpbench.problems import facts
 
 # The config schema ships inside the package (package data), so an installed dpbench validates
@@ -65,26 +66,15 @@ class Cell:
     seed_index: int
     seed: int
     hyperparameters: tuple[tuple[str, Any], ...] = ()
-    # a candidate of a hyperparameter search (a grid block's `tuning`; dpbench.training.tuning):
-    # (distribution, mean, shape, repetitions K, candidate j) as key-value pairs; () otherwise
-    tuning: tuple[tuple[str, Any], ...] = ()
+    tuning: tuple[tuple[str, Any], ...] = ()  # a search's candidate (pipeline.searches): its pairs
 
     @property
     def id(self) -> str:
         eps = "nonprivate" if self.epsilon is None else f"eps{fmt(self.epsilon)}"
         hp = "".join(f"-{k}{fmt(v) if isinstance(v, (int, float)) else v}" for k, v in self.hyperparameters)
         return (f"{self.problem}/{self.optimizer}/"
-                f"L{self.batch_size}-E{self.epochs}-{eps}-lr{fmt(self.lr)}{hp}{self._tuning_id}-s{self.seed_index}")
+                f"L{self.batch_size}-E{self.epochs}-{eps}-lr{fmt(self.lr)}{hp}{searches.id_part(self.tuning)}-s{self.seed_index}")
 
-    @property
-    def _tuning_id(self) -> str:
-        if not self.tuning:
-            return ""
-        from dpbench.privacy.tuning import Tuning
-
-        t = dict(self.tuning)
-        label = Tuning(t["distribution"], t["mean"], t.get("shape") or 1.0).label
-        return f"-tune{label}-k{t['repetitions']}c{t['candidate']}"
 
     @property
     def dataset(self) -> str:
@@ -473,9 +463,11 @@ def expand(config: dict[str, Any]) -> list[Cell]:
             search = block.get("tuning") if spec.private else None
             for problem, L, E, eps, s in itertools.product(block["problems"], block["batch_sizes"], block["epochs"],
                                                           epsilons, seed_indices):
-                # a search's candidates (settings drawn, seeds their own), or every setting at the cell's seed
-                runs = (_candidates(search, seeds[s], len(settings), f"{where}.tuning", config) if search
-                        else [(i, seeds[s], ()) for i in range(len(settings))])
+                try:  # a search's candidates (settings drawn, seeds their own), or every setting at the cell's seed
+                    runs = (searches.candidates(search, seeds[s], len(settings), f"{where}.tuning", config) if search
+                            else [(i, seeds[s], ()) for i in range(len(settings))])
+                except ValueError as exc:
+                    raise ConfigError(str(exc)) from None
                 for i, seed, tuning in runs:
                     lr, hp = settings[i]
                     # a hyperparameter at its default is the cell that leaves it out: one cell, one id
@@ -490,35 +482,6 @@ def expand(config: dict[str, Any]) -> list[Cell]:
 
 _ID_WORD = re.compile(r"[A-Za-z0-9_.+-]+")
 
-
-def _candidates(search: dict[str, Any], seed: int, choices: int, where: str,
-                config: dict[str, Any]) -> list[tuple[int, int, tuple]]:
-    """A search's candidates (dpbench.privacy.tuning.draw_candidates): (setting index, seed, the
-    cell's tuning pairs) each, K drawn from the seed of the search's seed index, so the same in
-    every block, optimizer and epsilon of that index (common random numbers, like the seeds)."""
-    from dpbench.privacy.tuning import Tuning, draw_candidates
-
-    if not (config.get("train") or {}).get("validation_size"):
-        raise ConfigError(f"config key {where}: a search releases the candidate best on the validation split, and "
-                          "there is none (set train.validation_size)")
-    distribution = search["distribution"]
-    if distribution == "composition":
-        if search.get("mean") not in (None, choices):
-            raise ConfigError(f"config key {where}.mean: composition runs each of the {choices} settings once; "
-                              f"leave out mean (got {search['mean']})")
-        mean = choices
-    elif "mean" not in search:
-        raise ConfigError(f"config key {where}.mean: a {distribution} search needs the mean number of candidates")
-    else:
-        mean = search["mean"]
-    try:
-        how = Tuning(distribution, float(mean), float(search.get("shape", 1.0)))
-        drawn = draw_candidates(how, seed, choices)
-    except ValueError as exc:
-        raise ConfigError(f"config key {where}: {exc}") from None
-    record = how.record()
-    return [(i, candidate_seed, tuple(sorted({**record, "repetitions": len(drawn), "candidate": j}.items())))
-            for j, (i, candidate_seed) in enumerate(drawn)]
 
 
 def _same(value: Any, default: Any) -> bool:
