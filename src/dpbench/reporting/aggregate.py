@@ -97,7 +97,7 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
         "best_val_loss": res.get("best_val_loss", math.nan),
         "test_accuracy_at_best_val": res.get("test_accuracy_at_best_val", math.nan),
         "test_loss_at_best_val": res.get("test_loss_at_best_val", math.nan),
-        "val_perplexity": math.exp(res["best_val_loss"]) if "best_val_loss" in res else math.nan,
+        "val_perplexity": _perplexity(res["best_val_loss"]) if "best_val_loss" in res else math.nan,
         "n_val": meta["data"].get("n_val", 0),
         "wall_time_s": timing["wall_time_s"],
         "steps_per_second": timing["steps_per_second"],
@@ -107,6 +107,12 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
         **memorisation_columns(meta.get("memorisation")),
         **tuning_columns(priv.get("tuning")),
     }
+
+
+def _perplexity(loss: float) -> float:
+    """exp(loss), infinite past float range (a classifier that diverged to a loss of 1e3 has no
+    finite perplexity; math.exp would raise)."""
+    return math.inf if loss >= math.log(np.finfo(float).max) else math.exp(loss)
 
 
 def tuning_columns(tuning: dict | None) -> dict:

@@ -90,9 +90,10 @@ def draw_tuning(data: pd.DataFrame, problem: str) -> Figure:
         ax.set_xticks(np.arange(len(optimizers)), [label(o) for o in optimizers], rotation=30, ha="right")
         ax.set_title(f"total ε = {fmt_tick(eps)}")
     axes[0][0].set_ylabel(data["metric"].iloc[0])
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=7, loc="lower center", ncol=len(PROCEDURES), frameon=False)
     fig.suptitle(f"{problem}: untuned, tuned by composition and tuned privately at the same total ε", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
