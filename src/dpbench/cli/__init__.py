@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from dpbench.cli.arguments import (device, hyperparameter, nonnegative_float, nonnegative_int, positive_float,
-                                   positive_int, probability)
+                                   positive_int, probability, tuning_setting)
 from dpbench.cli.audit import AUDIT_HELP, cmd_audit, cmd_audits
 from dpbench.cli.matrix import cmd_factorize, cmd_noise
 from dpbench.cli.reporting import cmd_aggregate, cmd_cost, cmd_grid, cmd_list, cmd_plot
@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--flat-clipping", action="store_true", help="g/max(1,|g|/C) instead of normalised clipping")
     t.add_argument("--accountant", default=accounting.DEFAULT_ACCOUNTANT, choices=accounting.ACCOUNTANTS)
     t.add_argument("--hp", type=hyperparameter, action="append", metavar="KEY=VALUE", help="optimizer hyperparameter")
+    t.add_argument("--tuning", type=tuning_setting, metavar="JSON",
+                   help='this run is candidate j of K of a hyperparameter search, sigma calibrated for the whole search: '
+                        '{"distribution": "negative_binomial"|"poisson"|"composition", "mean": .., "shape": .., '
+                        '"repetitions": K, "candidate": j}')
     t.add_argument("--max-steps", type=positive_int, help="stop after N steps (epsilon is reported for them)")
     t.add_argument("--train-subset", type=positive_int, help="train on a random subset of N examples")
     t.add_argument("--test-subset", type=positive_int, help="evaluate on a random subset of N examples")

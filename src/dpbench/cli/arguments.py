@@ -23,6 +23,28 @@ def hyperparameter(text: str) -> tuple[str, object]:
         return key, value
 
 
+def tuning_setting(text: str) -> dict:
+    """``--tuning``: a JSON object with the search's distribution, mean, shape, repetitions and
+    candidate (dpbench.training.tuning), checked here so that a bad one stops before any work."""
+    from dpbench.privacy.tuning import Tuning
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}") from None
+    keys = {"distribution", "mean", "shape", "repetitions", "candidate"}
+    if not isinstance(value, dict) or not {"distribution", "mean", "repetitions", "candidate"} <= set(value) <= keys:
+        raise argparse.ArgumentTypeError(f"expected an object with keys {sorted(keys)} (shape optional), got {text!r}")
+    try:
+        Tuning(value["distribution"], value["mean"], value.get("shape") or 1.0)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    k, j = value["repetitions"], value["candidate"]
+    if not (isinstance(k, int) and isinstance(j, int) and 0 <= j < k):
+        raise argparse.ArgumentTypeError(f"candidate must be an index below repetitions, got {j!r} of {k!r}")
+    return value
+
+
 # Argument types shared by every command (argparse names the option in its message:
 # "argument --epsilon: expected a finite positive number, got 'inf'"). Each refuses what no
 # run can use, before any work starts.

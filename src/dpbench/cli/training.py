@@ -41,6 +41,7 @@ def cmd_train(args) -> int:
         epochs=args.epochs, seed=args.seed, epsilon=args.epsilon, noise_multiplier=args.noise_multiplier,
         delta=args.delta, clip_norm=args.clip_norm, normalize_clipping=not args.flat_clipping,
         accountant=args.accountant, hyperparameters=dict(args.hp or []), max_steps=args.max_steps,
+        tuning=args.tuning,
         train_subset=args.train_subset, test_subset=args.test_subset, validation_size=args.validation_size,
         data_dir=args.data_dir,
         factorization=args.factorization, noise_file=args.noise_file, cache_dir=args.cache_dir,

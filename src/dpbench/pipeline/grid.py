@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 
 from dpbench.pipeline.configfile import ConfigError, check_configfiles, configfiles_of, read_yaml  # noqa: F401
+from dpbench.pipeline import searches
 from dpbench.problems import facts
 
 # The config schema ships inside the package (package data), so an installed dpbench validates
@@ -62,13 +63,15 @@ class Cell:
     seed_index: int
     seed: int
     hyperparameters: tuple[tuple[str, Any], ...] = ()
+    tuning: tuple[tuple[str, Any], ...] = ()  # a search's candidate (pipeline.searches): its pairs
 
     @property
     def id(self) -> str:
         eps = "nonprivate" if self.epsilon is None else f"eps{fmt(self.epsilon)}"
         hp = "".join(f"-{k}{fmt(v) if isinstance(v, (int, float)) else v}" for k, v in self.hyperparameters)
         return (f"{self.problem}/{self.optimizer}/"
-                f"L{self.batch_size}-E{self.epochs}-{eps}-lr{fmt(self.lr)}{hp}-s{self.seed_index}")
+                f"L{self.batch_size}-E{self.epochs}-{eps}-lr{fmt(self.lr)}{hp}{searches.id_part(self.tuning)}-s{self.seed_index}")
+
 
     @property
     def dataset(self) -> str:
@@ -112,6 +115,8 @@ class Cell:
             args += ["--epsilon", repr(self.epsilon)]
         for key, value in self.hyperparameters:
             args += ["--hp", f"{key}={_hp_text(value)}"]
+        if self.tuning:
+            args += ["--tuning", json.dumps(dict(self.tuning), sort_keys=True)]
         for key, flag in (("delta", "--delta"), ("clip_norm", "--clip-norm"), ("accountant", "--accountant"),
                           ("max_steps", "--max-steps"), ("train_subset", "--train-subset"),
                           ("test_subset", "--test-subset"), ("validation_size", "--validation-size")):
@@ -388,20 +393,29 @@ def expand(config: dict[str, Any]) -> list[Cell]:
                 if L > n:
                     raise ConfigError(f"config key {where}.batch_sizes: batch size {L} is above the {n} training "
                                       f"examples of {problem} (after train.train_subset and validation_size)")
-            for problem, L, E, eps, lr, s, hp in itertools.product(
-                    block["problems"], block["batch_sizes"], block["epochs"], epsilons, lrs, seed_indices,
-                    itertools.product(*hp_axes.values())):
-                # a hyperparameter at its default is the cell that leaves it out: one cell, one id
-                given = tuple((k, v) for k, v in zip(hp_axes, hp) if not _same(v, spec.defaults[k]))
-                cell = Cell(problem, name, int(L), int(E), eps, float(lr), s, seeds[s], given)
-                other = cells.setdefault(cell.id, cell)
-                if other != cell:
-                    raise ConfigError(f"config key {where}.optimizers.{name}: {_difference(other, cell)} give the "
-                                      f"same cell id {cell.id!r}; give values that differ in the id")
+            settings = [(lr, hp) for lr in lrs for hp in itertools.product(*hp_axes.values())]
+            search = block.get("tuning") if spec.private else None
+            for problem, L, E, eps, s in itertools.product(block["problems"], block["batch_sizes"], block["epochs"],
+                                                          epsilons, seed_indices):
+                try:  # a search's candidates (settings drawn, seeds their own), or every setting at the cell's seed
+                    runs = (searches.candidates(search, seeds[s], len(settings), f"{where}.tuning", config) if search
+                            else [(i, seeds[s], ()) for i in range(len(settings))])
+                except ValueError as exc:
+                    raise ConfigError(str(exc)) from None
+                for i, seed, tuning in runs:
+                    lr, hp = settings[i]
+                    # a hyperparameter at its default is the cell that leaves it out: one cell, one id
+                    given = tuple((k, v) for k, v in zip(hp_axes, hp) if not _same(v, spec.defaults[k]))
+                    cell = Cell(problem, name, int(L), int(E), eps, float(lr), s, seed, given, tuning)
+                    other = cells.setdefault(cell.id, cell)
+                    if other != cell:
+                        raise ConfigError(f"config key {where}.optimizers.{name}: {_difference(other, cell)} give "
+                                          f"the same cell id {cell.id!r}; give values that differ in the id")
     return sorted(cells.values(), key=lambda c: c.id)
 
 
 _ID_WORD = re.compile(r"[A-Za-z0-9_.+-]+")
+
 
 
 def _same(value: Any, default: Any) -> bool:

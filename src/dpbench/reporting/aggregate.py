@@ -97,7 +97,7 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
         "best_val_loss": res.get("best_val_loss", math.nan),
         "test_accuracy_at_best_val": res.get("test_accuracy_at_best_val", math.nan),
         "test_loss_at_best_val": res.get("test_loss_at_best_val", math.nan),
-        "val_perplexity": math.exp(res["best_val_loss"]) if "best_val_loss" in res else math.nan,
+        "val_perplexity": _perplexity(res["best_val_loss"]) if "best_val_loss" in res else math.nan,
         "n_val": meta["data"].get("n_val", 0),
         "wall_time_s": timing["wall_time_s"],
         "steps_per_second": timing["steps_per_second"],
@@ -105,7 +105,23 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
         "git_commit": meta["environment"]["git_commit"],
         "path": str(path),
         **memorisation_columns(meta.get("memorisation")),
+        **tuning_columns(priv.get("tuning")),
     }
+
+
+def _perplexity(loss: float) -> float:
+    """exp(loss), infinite past float range (a classifier that diverged to a loss of 1e3 has no
+    finite perplexity; math.exp would raise)."""
+    return math.inf if loss >= math.log(np.finfo(float).max) else math.exp(loss)
+
+
+def tuning_columns(tuning: dict | None) -> dict:
+    """A search's candidate (dpbench.training.tuning): its distribution ("" for a run that is
+    no candidate), mean, shape, K, index, and the (epsilon, delta) of the whole search."""
+    tuning = tuning or {}
+    return {"tuning_distribution": tuning.get("distribution", ""),
+            **{f"tuning_{k}": float(tuning[k]) if tuning.get(k) is not None else math.nan
+               for k in ("mean", "shape", "repetitions", "candidate", "epsilon")}}
 
 
 def _origin(plugin: dict | None) -> str:

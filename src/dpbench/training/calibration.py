@@ -30,8 +30,14 @@ def plan_request(cfg: RunConfig, n_train: int) -> PlanRequest:
 
 
 def timed_noise_multiplier(cfg: RunConfig, spec: OptimizerSpec, plan: Plan) -> Calibration:
-    """sigma for the run's plan (``harness.choose_noise_multiplier``), timed."""
+    """sigma for the run's plan (``harness.choose_noise_multiplier``; a search's candidate: for the
+    whole search, ``training.tuning``), timed."""
     t0 = time.perf_counter()
+    if cfg.tuning and spec.private and cfg.noise_multiplier is None:
+        from dpbench.training import tuning
+
+        sigma = tuning.noise_multiplier(spec, plan, cfg.tuning, cfg.epsilon, cfg.delta, cfg.accountant)
+        return Calibration(sigma, tuning.SOURCE_TUNED, time.perf_counter() - t0)
     sigma, source = choose_noise_multiplier(spec, plan, target_epsilon=cfg.epsilon, noise_multiplier=cfg.noise_multiplier,
                                     delta=cfg.delta, accountant=cfg.accountant)
     return Calibration(sigma, source, time.perf_counter() - t0)

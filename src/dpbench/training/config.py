@@ -33,6 +33,9 @@ class RunConfig:
     train_subset: int | None = None
     test_subset: int | None = None
     validation_size: int = 0  # examples held out of the training set for model selection
+    # a candidate of a hyperparameter search (training.tuning): distribution, mean, shape,
+    # repetitions (K), candidate; sigma is then calibrated for the whole search
+    tuning: dict[str, Any] | None = None
     data_dir: str | None = None
     # matrix mechanisms: the factorization and noise files (computed into cache_dir if absent)
     factorization: str | None = None

@@ -300,6 +300,11 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     if cfg.cuda_graphs:  # how the steps ran: captured, padded or eager (and why)
         timing["cuda_graphs"] = capture_record()
     record = run_record(setup, parts, trace, metrics, status, timing)
+    if cfg.tuning and spec.private:  # the search this candidate belongs to, and what it spends in all
+        from dpbench.training.tuning import record as search_record
+
+        record["privacy"]["tuning"] = search_record(spec, plan, cfg.tuning, calibration.sigma, cfg.delta,
+                                                    cfg.accountant)
     if memorisation is not None:
         record["memorisation"] = memorisation
     return RunResult(metrics, record)

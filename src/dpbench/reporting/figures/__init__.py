@@ -12,6 +12,7 @@ One module per idea:
   settings), each a data function (runs -> the numbers drawn) and a draw function;
 * ``audit``: the empirical privacy audit;
 * ``language_model``: the language model P4 (loss, canary exposure, a ranking table);
+* ``tuning``: results at the privacy the whole hyperparameter search spent;
 * ``spec``: ``FigureSpec``, what the registry holds of a figure.
 
 ``FIGURES`` is a ``dpbench.plugins.Registry``: the built-ins below and, from its first read on,
@@ -46,6 +47,7 @@ from dpbench.reporting.figures.spec import GROUP, KINDS, FigureSpec, option_name
 from dpbench.reporting.figures.style import (  # noqa: E402
     AUDIT_MARK, AXIS_LABELS, DATASETS, LABELS, NO_GUARANTEE_MARK, apply_style, empty_figure, fmt_tick, label,
     legend_labels, ordered, palette)
+from dpbench.reporting.figures.tuning import tuning_data, tuning_figure, tuning_table  # noqa: E402
 from dpbench.reporting.figures.thesis import (  # noqa: E402
     THESIS_FILTERS, best_per_setting, best_settings_data, best_settings_figure, comparison_figure,
     draw_best_settings, draw_comparison, draw_heatmaps, draw_seed_sensitivity, heatmap_data, heatmap_figure,
@@ -75,6 +77,10 @@ BUILT_IN = (
                {"problem": "P4"}, needs_validation=True),
     FigureSpec("lm_ranking", lm_ranking_table, "P4: optimizers ranked by validation perplexity per ε",
                {"problem": "P4"}, kind="table", needs_validation=True),
+    # results at the privacy the whole hyperparameter search spent (grid blocks with `tuning`)
+    FigureSpec("tuning", tuning_figure, "Untuned, tuned by composition and tuned privately at the same total ε"),
+    FigureSpec("tuning_table", tuning_table, "Untuned, tuned by composition and tuned privately: values, K, σ, total ε",
+               kind="table"),
 )
 FIGURES: Registry = Registry(GROUP, {spec.id: spec for spec in BUILT_IN})
 THESIS_FIGURES = [f for f in FIGURES.builtins if f.startswith("fig")]

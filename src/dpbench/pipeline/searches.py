@@ -1,0 +1,45 @@
+"""A grid block's ``tuning``: the candidate cells of its hyperparameter searches (drawn by
+dpbench.privacy.tuning) and the part of a cell id that names the search and the candidate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpbench.privacy.tuning import Tuning, draw_candidates
+
+
+def id_part(tuning: tuple[tuple[str, Any], ...]) -> str:
+    """``-tune<search>-k<K>c<j>`` for candidate j of K (e.g. -tunenb3x1-k4c2), "" for a plain cell."""
+    if not tuning:
+        return ""
+    t = dict(tuning)
+    label = Tuning(t["distribution"], t["mean"], t.get("shape") or 1.0).label
+    return f"-tune{label}-k{t['repetitions']}c{t['candidate']}"
+
+
+def candidates(search: dict[str, Any], seed: int, choices: int, where: str,
+                config: dict[str, Any]) -> list[tuple[int, int, tuple]]:
+    """A search's candidates (dpbench.privacy.tuning.draw_candidates): (setting index, seed, the
+    cell's tuning pairs) each, or a ValueError whose message starts with the key's path; K drawn from the seed of the search's seed index, so the same in
+    every block, optimizer and epsilon of that index (common random numbers, like the seeds)."""
+    if not (config.get("train") or {}).get("validation_size"):
+        raise ValueError(f"config key {where}: a search releases the candidate best on the validation split, and "
+                          "there is none (set train.validation_size)")
+    distribution = search["distribution"]
+    if distribution == "composition":
+        if search.get("mean") not in (None, choices):
+            raise ValueError(f"config key {where}.mean: composition runs each of the {choices} settings once; "
+                              f"leave out mean (got {search['mean']})")
+        mean = choices
+    elif "mean" not in search:
+        raise ValueError(f"config key {where}.mean: a {distribution} search needs the mean number of candidates")
+    else:
+        mean = search["mean"]
+    try:
+        how = Tuning(distribution, float(mean), float(search.get("shape", 1.0)))
+        drawn = draw_candidates(how, seed, choices)
+    except ValueError as exc:
+        raise ValueError(f"config key {where}: {exc}") from None
+    record = how.record()
+    return [(i, candidate_seed, tuple(sorted({**record, "repetitions": len(drawn), "candidate": j}.items())))
+            for j, (i, candidate_seed) in enumerate(drawn)]

@@ -1,0 +1,257 @@
+"""Private hyperparameter tuning (Papernot & Steinke, ICLR 2022, arXiv:2110.03620): the accountant
+against the paper's closed forms (Theorem 2, truncated negative binomial incl. geometric;
+Theorem 6, Poisson) computed here from the project's own RDP of the candidate, against
+composition in the same RDP accountant, sigma calibration, the reproducible draw of K and the
+candidates, the grid's expansion of a `tuning` block, and a tiny config run to its figure."""
+
+import math
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from dpbench.pipeline.grid import ConfigError, expand, validate
+from dpbench.privacy import accounting
+from dpbench.privacy import tuning as t
+
+ORDERS = accounting.RDP_INTEGER_ORDERS
+SETUP2 = [(1.0, 32 / 59_000, 1844)]  # DP-SGD, Setup 2 (P2, L = 32, one epoch; 1000 examples held out)
+
+
+def candidate_rdp(history):
+    """RDP of one candidate at ORDERS from the project's closed form (Mironov et al. 2019), not
+    from dp_accounting."""
+    sigma, q, n = (np.array(c, dtype=float) for c in zip(*history))
+    return (accounting.rdp_subsampled_gaussian(q, sigma, ORDERS) * n[:, None]).sum(0)
+
+
+def monotone(rdp):
+    """RDP is non-decreasing in the order: each order may use the bound of any larger one."""
+    return np.minimum.accumulate(np.asarray(rdp)[::-1])[::-1]
+
+
+def theorem2(rdp, mean, eta):
+    """Papernot & Steinke Thm. 2: eps'(lam) = eps(lam) + (1 + eta)(1 - 1/lamhat) eps(lamhat)
+    + (1 + eta) log(1/gamma) / lamhat + log(E[K]) / (lam - 1), best lamhat among the orders."""
+    a = np.asarray(ORDERS, dtype=float)
+    gamma = t.negative_binomial_gamma(mean, eta)
+    c = (1 + eta) * np.min((1 - 1 / a) * rdp + math.log(1 / gamma) / a)
+    return monotone(rdp + c + math.log(mean) / (a - 1))
+
+
+def delta_from_rdp(rdp, epsilon):
+    """delta(epsilon) of a mechanism from its RDP curve (Canonne, Kamath & Steinke 2020, Prop. 12,
+    and delta <= sqrt(1 - exp(-KL)) at small orders)."""
+    a = np.asarray(ORDERS, dtype=float)
+    log_delta = np.minimum((a - 1) * (rdp - epsilon + np.log1p(-1 / a)) - np.log(a), 0.5 * np.log1p(-np.exp(-rdp)))
+    return float(np.exp(log_delta.min()))
+
+
+def theorem6(rdp, mean):
+    """Papernot & Steinke Thm. 6 (Poisson): eps'(lam) = eps(lam) + mu delta_hat + log(mu) / (lam - 1),
+    delta_hat the candidate's delta at eps_hat = log(1 + 1 / (lam - 1))."""
+    a = np.asarray(ORDERS, dtype=float)
+    delta_hat = np.array([delta_from_rdp(rdp, math.log1p(1 / (x - 1))) for x in a])
+    return rdp + mean * delta_hat + math.log(mean) / (a - 1)
+
+
+def accountant_epsilon(event, delta=accounting.DELTA):
+    from dp_accounting.rdp import RdpAccountant
+
+    acc = RdpAccountant(orders=list(ORDERS))
+    acc.compose(event)
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("history", [SETUP2, [(8.0, 1.0, 1)], [(0.8, 0.01, 500)]], ids=["setup2", "gaussian", "q0.01"])
+@pytest.mark.parametrize("mean,eta", [(3, 1.0), (10, 1.0), (10, 0.5), (30, 2.0)])
+def test_negative_binomial_is_theorem_2(history, mean, eta):
+    closed = accounting.rdp_to_epsilon(theorem2(candidate_rdp(history), mean, eta), accounting.DELTA, ORDERS)
+    event = t.procedure_event(history, t.Tuning("negative_binomial", mean, eta))
+    assert accountant_epsilon(event) == pytest.approx(closed, rel=1e-6)
+    # at the project's orders (fractional ones too) the accountant can only be tighter
+    assert t.procedure_epsilon(history, t.Tuning("negative_binomial", mean, eta)) <= closed * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("history", [SETUP2, [(8.0, 1.0, 1)]], ids=["setup2", "gaussian"])
+@pytest.mark.parametrize("mean", [3, 10, 30])
+def test_poisson_is_theorem_6(history, mean):
+    closed = accounting.rdp_to_epsilon(theorem6(candidate_rdp(history), mean), accounting.DELTA, ORDERS)
+    event = t.procedure_event(history, t.Tuning("poisson", mean))
+    assert accountant_epsilon(event) == pytest.approx(closed, rel=1e-6)
+
+
+def test_a_search_costs_at_least_one_candidate_and_grows_with_its_mean():
+    one = t.rdp_epsilon(t.candidate_event(SETUP2))
+    assert one == pytest.approx(accounting.epsilon(SETUP2, accountant="rdp"), rel=1e-3)  # Opacus's RDP, same orders
+    for distribution in ("negative_binomial", "poisson"):
+        eps = [t.procedure_epsilon(SETUP2, t.Tuning(distribution, m)) for m in (2, 5, 20)]
+        assert one < eps[0] < eps[1] < eps[2]
+
+
+@pytest.mark.parametrize("mean", [10, 30, 100])
+def test_private_tuning_costs_less_than_composing_its_mean_number_of_gaussian_candidates(mean):
+    """A Gaussian release (a matrix mechanism's candidate, eps ~ 0.4 alone): in the same RDP
+    accountant, a geometric number of candidates with mean m costs less than m candidates
+    composed, and the gap widens with m (log m against sqrt m)."""
+    gaussian = [(10.0, 1.0, 1)]
+    private = t.procedure_epsilon(gaussian, t.Tuning("negative_binomial", mean, 1.0))
+    composed = t.rdp_epsilon(t.procedure_event(gaussian, t.Tuning("composition", mean)))
+    assert private < composed
+    assert private < 0.5 * composed if mean >= 30 else True
+
+
+def test_dpsgd_at_setup2_is_cheaper_composed_than_repeated_at_random():
+    """DP-SGD at q = 32 / N for one epoch has an RDP curve so flat that k candidates composed
+    cost less than a random number with mean k (the docs say so): the reverse of the Gaussian's
+    case, in the same RDP accountant, and more so with the PRV accountant of a composition."""
+    for mean in (3, 10):
+        for how in (t.Tuning("negative_binomial", mean, 1.0), t.Tuning("poisson", mean)):
+            private = t.procedure_epsilon(SETUP2, how)
+            composed_rdp = t.rdp_epsilon(t.procedure_event(SETUP2, t.Tuning("composition", mean)))
+            composed = t.procedure_epsilon(SETUP2, t.Tuning("composition", mean))  # PRV
+            assert composed < composed_rdp < private
+
+
+def test_candidate_sigma_is_the_smallest_meeting_the_total_target():
+    for how in (t.Tuning("negative_binomial", 5, 1.0), t.Tuning("poisson", 5), t.Tuning("composition", 4)):
+        def history_of(s):
+            return [(s, 0.02, 100)]
+
+        sigma = t.candidate_noise_multiplier(history_of, how, 2.0, accountant="rdp")
+        assert t.procedure_epsilon(history_of(sigma), how, accountant="rdp") <= 2.0
+        assert t.procedure_epsilon(history_of(sigma * (1 - 2e-3)), how, accountant="rdp") > 2.0
+        single = accounting.noise_multiplier_for(2.0, 0.02, 100, accountant="rdp")
+        assert sigma > single  # the search costs more than one run
+
+
+def test_gamma_matches_dp_accounting_and_the_mean():
+    from dp_accounting.rdp.rdp_privacy_accountant import _gamma_truncated_negative_binomial
+
+    for mean, eta in ((3, 1.0), (10, 0.5), (4, 2.0), (30, 3.0)):
+        gamma = t.negative_binomial_gamma(mean, eta)
+        assert gamma == pytest.approx(_gamma_truncated_negative_binomial(eta, mean), rel=1e-7)
+        assert eta * (1 - gamma) / (gamma * (1 - gamma ** eta)) == pytest.approx(mean, rel=1e-9)
+
+
+@pytest.mark.parametrize("how", [t.Tuning("negative_binomial", 3, 1.0), t.Tuning("negative_binomial", 5, 2.0),
+                                 t.Tuning("poisson", 4)])
+def test_the_number_of_candidates_has_the_stated_distribution(how):
+    ks = np.array([len(t.draw_candidates(how, seed, 4)) for seed in range(3000)])
+    assert abs(ks.mean() - how.mean) < 4 * ks.std() / math.sqrt(len(ks))
+    if how.distribution == "negative_binomial":
+        assert ks.min() >= 1
+        if how.shape == 1:  # geometric on {1, 2, ...}: P[K = 1] = gamma = 1 / mean
+            assert abs((ks == 1).mean() - 1 / how.mean) < 4 * math.sqrt(0.25 / len(ks))
+    else:
+        assert (ks == 0).mean() == pytest.approx(math.exp(-how.mean), abs=0.02)
+
+
+def test_candidates_are_reproducible_from_the_seed_and_have_their_own_seeds():
+    how = t.Tuning("negative_binomial", 10, 1.0)
+    a, b = t.draw_candidates(how, 1234, 5), t.draw_candidates(how, 1234, 5)
+    assert a == b and len({seed for _, seed in a}) == len(a)
+    assert t.draw_candidates(how, 1235, 5) != a
+    # candidate j does not depend on K: a Poisson search of the same seed shares its prefix
+    other = t.draw_candidates(t.Tuning("poisson", 10), 1234, 5)
+    n = min(len(a), len(other))
+    assert a[:n] == other[:n]
+    assert t.draw_candidates(t.Tuning("composition", 3), 1234, 3)[1][0] == 1  # each setting once, in order
+
+
+def _config(**tuning):
+    return {"root_seed": 7, "train": {"validation_size": 100},
+            "grid": [{"problems": ["P2"], "batch_sizes": [100], "epochs": [1], "epsilons": [1, 10], "seeds": 2,
+                      "optimizers": {"dpsgd": {"lr": [0.1, 0.5, 1.0]}, "sgd": {"lr": [0.1, 0.3]}},
+                      "tuning": tuning}]}
+
+
+def test_a_tuning_block_expands_into_the_drawn_candidates():
+    from dpbench.pipeline.grid import seeds_from_root
+
+    cells = expand(validate(_config(distribution="negative_binomial", mean=3)))
+    tuned = [c for c in cells if c.optimizer == "dpsgd"]
+    assert len([c for c in cells if c.optimizer == "sgd"]) == 4  # non-private: every rate, no search
+    for s, seed in enumerate(seeds_from_root(7, 2)):
+        drawn = t.draw_candidates(t.Tuning("negative_binomial", 3), seed, 3)
+        for eps in (1.0, 10.0):
+            mine = sorted((c for c in tuned if c.seed_index == s and c.epsilon == eps),
+                          key=lambda c: dict(c.tuning)["candidate"])
+            assert [(c.lr, c.seed) for c in mine] == [((0.1, 0.5, 1.0)[i], cs) for i, cs in drawn]
+            assert all(dict(c.tuning)["repetitions"] == len(drawn) for c in mine)
+    args = tuned[0].train_args({})
+    assert args[args.index("--tuning") + 1].startswith('{"candidate": ')
+    assert "-tunenb3x1-k" in tuned[0].id
+    composed = [c for c in expand(validate(_config(distribution="composition"))) if c.optimizer == "dpsgd"]
+    assert len(composed) == 3 * 2 * 2 and {c.lr for c in composed} == {0.1, 0.5, 1.0}
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda c: c["train"].pop("validation_size"), "grid.0.tuning: a search releases the candidate best on the validation split"),
+    (lambda c: c["grid"][0]["tuning"].update(distribution="composition", mean=5), "grid.0.tuning.mean: composition runs each of the 3"),
+    (lambda c: c["grid"][0]["tuning"].pop("mean"), "grid.0.tuning.mean: a negative_binomial search needs the mean"),
+    (lambda c: c["grid"][0]["tuning"].update(shape=0), "grid.0.tuning.shape"),
+])
+def test_bad_tuning_settings_name_the_key(change, message):
+    config = _config(distribution="negative_binomial", mean=3)
+    change(config)
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        validate(config)
+
+
+def test_the_figure_releases_the_candidate_best_on_validation():
+    from dpbench.reporting.figures.tuning import tuning_data, tuning_table
+
+    def row(run_id, lr, val, test, distribution="", total=math.nan, sigma=1.0):
+        return {"run_id": run_id, "problem": "P2", "task": "classification", "optimizer": "dpsgd", "private": True,
+                "lr": lr, "batch_size": 32, "epochs": 1, "target_epsilon": 1.0, "epsilon": 0.9, "delta": 1e-5,
+                "noise_multiplier": sigma, "status": "completed", "best_test_accuracy": test, "best_test_loss": 1.0,
+                "best_val_accuracy": val, "test_accuracy_at_best_val": test, "tuning_distribution": distribution,
+                "tuning_epsilon": total, "hyperparameters": "{}"}
+
+    runs = pd.DataFrame([row("a-lr0.1-s0", 0.1, 0.6, 0.61), row("a-lr1-s0", 1.0, 0.7, 0.69),
+                         row("c-c0-s0", 0.1, 0.5, 0.52, "composition", 0.98, 2.0),
+                         row("c-c1-s0", 1.0, 0.55, 0.50, "composition", 0.98, 2.0),
+                         row("p-c0-s0", 1.0, 0.4, 0.45, "negative_binomial", 0.99, 3.0)])
+    d = tuning_data(runs, "P2").set_index("procedure")
+    assert d.loc["untuned", "value"] == 0.69 and d.loc["untuned", "total_epsilon"] == 0.9
+    assert d.loc["composition", "value"] == 0.50 and d.loc["composition", "total_epsilon"] == 0.98  # val (test: 0.52)
+    assert d.loc["private", "value"] == 0.45 and d.loc["private", "repetitions"] == 1
+    assert "| 1 | private | DP-SGD | 0.4500 | 1 | 1 | 1 | 3 | 0.99 | 1e-05 | 1 |" in tuning_table(runs, "P2")
+
+
+@pytest.mark.slow
+@pytest.mark.realdata
+def test_a_tiny_tuning_config_runs_to_its_figure(tmp_path, repo_copy, fmnist_dir):
+    """A grid with a private search (geometric, mean 2), a composed one and an untuned block
+    through the workflow to the figure and its table, each candidate's run file recording the
+    search and its total epsilon."""
+    from conftest import snakemake_exe, tree_env
+    from dpbench.reporting.results import read_meta
+
+    block = {"problems": ["P2"], "batch_sizes": [100], "epochs": [1], "epsilons": [2], "seeds": [0],
+             "optimizers": {"dpsgd": {"lr": [0.1, 0.5]}}}
+    config = {"data_dir": str(fmnist_dir), "results_dir": str(tmp_path / "out"),
+              "train": {"accountant": "rdp", "max_steps": 2, "train_subset": 500, "test_subset": 100,
+                        "validation_size": 100},
+              "figures": {"tuning": {}, "tuning_table": {}},
+              "grid": [block, {**block, "tuning": {"distribution": "negative_binomial", "mean": 2}},
+                       {**block, "tuning": {"distribution": "composition"}}]}
+    (tmp_path / "tuning.yaml").write_text(yaml.safe_dump(config))
+    proc = subprocess.run([snakemake_exe(), "--profile", repo_copy / "workflow" / "profiles" / "default",
+                           "--configfile", tmp_path / "tuning.yaml"], cwd=repo_copy, capture_output=True, text=True,
+                          timeout=900, env=tree_env(repo_copy))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "out"
+    assert (out / "figures" / "tuning.png").stat().st_size > 10_000
+    table = (out / "figures" / "tuning_table.md").read_text()
+    assert "| 2 | composition | DP-SGD |" in table and "| 2 | private | DP-SGD |" in table
+    candidates = sorted((out / "runs" / "P2" / "dpsgd").glob("*-tune*.parquet"))
+    assert candidates
+    for path in candidates:
+        privacy = read_meta(path)["privacy"]
+        assert privacy["noise_multiplier_source"] == "calibrated for the whole search"
+        assert privacy["tuning"]["epsilon"] <= 2.0 and privacy["tuning"]["epsilon"] > 1.99
+        assert privacy["epsilon"] < 2.0  # one candidate spends less than the search
