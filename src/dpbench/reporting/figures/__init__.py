@@ -78,9 +78,10 @@ BUILT_IN = (
     FigureSpec("lm_ranking", lm_ranking_table, "P4: optimizers ranked by validation perplexity per ε",
                {"problem": "P4"}, kind="table", needs_validation=True),
     # results at the privacy the whole hyperparameter search spent (grid blocks with `tuning`)
-    FigureSpec("tuning", tuning_figure, "Untuned, tuned by composition and tuned privately at the same total ε"),
+    FigureSpec("tuning", tuning_figure, "Untuned, tuned by composition and tuned privately at the same total ε",
+               {"problem": "P2", "select_by": "val"}),
     FigureSpec("tuning_table", tuning_table, "Untuned, tuned by composition and tuned privately: values, K, σ, total ε",
-               kind="table"),
+               {"problem": "P2", "select_by": "val"}, kind="table"),
 )
 FIGURES: Registry = Registry(GROUP, {spec.id: spec for spec in BUILT_IN})
 THESIS_FIGURES = [f for f in FIGURES.builtins if f.startswith("fig")]

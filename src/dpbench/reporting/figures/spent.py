@@ -70,16 +70,28 @@ def _composed(histories: tuple, delta: float) -> tuple[float, str]:
     return selection.composed_epsilon_of([list(h) for h in histories], delta, accountant, EPS_ERROR), accountant
 
 
+SHARED_SEEDS = "candidates share seeds"
+
+
 def selection_privacy(candidates: pd.DataFrame, config_keys: list[str]) -> dict:
     """For the runs one number was chosen among: ``k`` (runs composed), ``n_configs`` (settings
     other than the seed), ``n_seeds``, ``selection_epsilon`` (the k runs composed at their delta;
-    NaN where a run's event is not in the table, or the runs are not private),
-    ``selection_accountant`` and ``not_composed`` (the optimizers that prevented it)."""
+    NaN where a run's event is not in the table, the runs are not private, or configurations
+    share a seed), ``selection_accountant`` and ``not_composed`` (what prevented it: the
+    optimizers without an event, or ``SHARED_SEEDS``). Candidates of different configurations
+    on the same seed draw the same noise and batches: the composition theorems assume
+    independent randomness, and two such runs released together can cancel their noise (their
+    difference is a noiseless function of the data), so no composed epsilon is claimed for them."""
     keys = [k for k in config_keys if k in candidates.columns]
     out = {"k": len(candidates), "n_configs": len(candidates.drop_duplicates(keys)) if keys else len(candidates),
            "n_seeds": int(candidates["seed"].nunique()) if "seed" in candidates else 1,
            "selection_epsilon": math.nan, "selection_accountant": "", "not_composed": ""}
     if candidates.empty or not candidates["private"].astype(bool).all():
+        return out
+    if "seed" in candidates and keys and candidates.drop_duplicates([*keys, "seed"])["seed"].duplicated().any():
+        # configurations run on one seed share their noise and batches: composition needs
+        # independent randomness, and releasing both can cancel the noise; no bound holds
+        out["not_composed"] = SHARED_SEEDS
         return out
     histories = [run_history(r) for _, r in candidates.iterrows()]
     if any(h is None for h in histories):
@@ -108,4 +120,5 @@ def caption(select_by: str, n_seeds: int, interval: str | None = None, extra: st
              f"{n_seeds} seeds: mean and {interval or 'its 95 % interval'}")
     return (f"Each number is the best configuration among k candidate runs (every setting and seed of its cell), "
             f"{split_words(select_by)}; {seeds}. ε_sel: the privacy of that choice, the k runs on the same data "
-            "composed (PLD, at the runs' δ)." + (f" {extra}" if extra else ""))
+            "composed (PLD, at the runs' δ); none (–) where candidates of different settings share a seed (the "
+            "same noise: composition does not bound them)." + (f" {extra}" if extra else ""))
