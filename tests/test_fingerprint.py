@@ -70,7 +70,7 @@ def test_figure_fingerprints_follow_each_figures_own_code():
 
 
 def test_figure_fingerprints_follow_helpers_into_other_reporting_modules(tmp_path):
-    """In a copy of the sources: editing ``select_best`` (dpbench.reporting.figures.selection,
+    """In a copy of the sources: editing ``select_best`` and ``select_best_config`` (dpbench.reporting.figures.selection,
     reached from the thesis figures through their data functions) changes the fingerprint of
     every figure that selects a best run, and not those of seed sensitivity (5.3: means over
     seeds), the audit or the language model; editing the heatmap panel changes the heatmaps' alone."""
@@ -100,6 +100,8 @@ def edit(module, old, new):
 prints()
 edit("selection.py", "    s = scored(runs, select_by)\\n    if s.empty:",
      "    s = scored(runs, select_by)  # an edit\\n    if s.empty:")
+edit("selection.py", "    s = scored(runs, select_by)\\n    extra = [",
+     "    s = scored(runs, select_by)  # an edit\\n    extra = [")
 prints()
 edit("thesis.py", "np.nan)\\n    for _, c in cells.iterrows():", "np.nan)  # an edit\\n    for _, c in cells.iterrows():")
 prints()
