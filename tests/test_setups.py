@@ -70,7 +70,8 @@ def synthetic_runs(cells):
                      "task": "vae" if c.problem == "P3" else "classification", "optimizer": c.optimizer,
                      "private": c.epsilon is not None, "lr": c.lr, "batch_size": c.batch_size, "epochs": c.epochs,
                      "seed": c.seed, "hyperparameters": json.dumps(dict(c.hyperparameters)),
-                     "target_epsilon": np.nan if c.epsilon is None else c.epsilon, "status": "completed",
+                     "target_epsilon": np.nan if c.epsilon is None else c.epsilon,
+                     "epsilon": np.inf if c.epsilon is None else 0.999 * c.epsilon, "status": "completed",
                      "best_test_accuracy": acc, "best_test_loss": loss})
     return pd.DataFrame(rows)
 
