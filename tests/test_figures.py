@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from dpbench.reporting import figures
+from dpbench.reporting.figures.spent import SHARED_SEEDS
 
 LRS = [0.01, 0.1, 1.0]
 SIZES = [256, 512]
@@ -102,19 +103,29 @@ def cell(df, **where):
     return df[mask].iloc[0]
 
 
-def test_heatmap_cells_are_the_best_over_other_settings_and_seeds(runs):
+def test_heatmap_cells_are_the_best_configuration_by_its_mean_over_seeds(runs):
+    """A cell is the mean over seeds of its best configuration (here: its best epochs), no longer
+    its best single run; a configuration with a diverged seed is not chosen."""
     data = figures.heatmap_data(runs, "P1", y="batch_size")
     for (opt, eps, lr, size), c in data.set_index(["optimizer", "epsilon", "lr", "batch_size"]).iterrows():
-        values = [accuracy(opt, eps, lr, size, e, s) for e, s in itertools.product(EPOCHS, SEEDS)
-                  if not diverged(opt, eps, lr, size, e, s) and (opt != "dpdisk" or s == 0)]
-        if values:
-            assert c.value == pytest.approx(max(values)) and not c.diverged
+        seeds = [0] if opt == "dpdisk" else SEEDS
+        means = [statistics.mean(accuracy(opt, eps, lr, size, e, s) for s in seeds) for e in EPOCHS
+                 if not any(diverged(opt, eps, lr, size, e, s) for s in seeds)]
+        if means:
+            assert c.value == pytest.approx(max(means)) and not c.diverged and c.n_seeds == len(seeds)
         else:
             assert math.isnan(c.value) and c.diverged
-    # a literal: DP-SGD, eps 10, lr 1, L 512: 0.5 + 0.1 + 0.15 + 0.02 + 0.01 (E 500) + 0.04 (seed 2)
-    assert cell(data, optimizer="dpsgd", epsilon=10.0, lr=1.0, batch_size=512).value == pytest.approx(0.82)
-    # half-diverged cell: E 500 diverged, so E 250 at seed 2: 0.5 + 0.1 + 0.15 + 0.04
-    assert cell(data, optimizer="dpsgd", epsilon=10.0, lr=1.0, batch_size=256).value == pytest.approx(0.79)
+    seed_term = [0.01 * s ** 2 for s in SEEDS]  # 0, 0.01, 0.04
+    half = 4.302652729749464 * statistics.stdev(seed_term) / math.sqrt(3)  # t_{0.975, 2} s / sqrt(3)
+    # a literal: DP-SGD, eps 10, lr 1, L 512, E 500: 0.5 + 0.1 + 0.15 + 0.02 + 0.01, seeds 0.78, 0.79, 0.82
+    c = cell(data, optimizer="dpsgd", epsilon=10.0, lr=1.0, batch_size=512)
+    assert c.value == pytest.approx(0.78 + 0.05 / 3) and c.n_configs == 2
+    assert (c.ci_low, c.ci_high) == (pytest.approx(0.78 + 0.05 / 3 - half), pytest.approx(0.78 + 0.05 / 3 + half))
+    # half-diverged cell: E 500 diverged, so the E 250 configuration: 0.5 + 0.1 + 0.15 + its seeds' mean
+    assert cell(data, optimizer="dpsgd", epsilon=10.0, lr=1.0, batch_size=256).value == pytest.approx(0.75 + 0.05 / 3)
+    # DP-DiSK has one seed: its cells have no interval
+    c = cell(data, optimizer="dpdisk", epsilon=10.0, lr=1.0, batch_size=512)
+    assert c.n_seeds == 1 and c.ci_low == c.ci_high == c.value == pytest.approx(0.76) and not c.tied
     # missing cells are absent (drawn blank), not zero
     assert data[(data.optimizer == "dpadambc") & (data.lr == 1.0) & (data.batch_size == 512)].empty
     assert len(data) == 3 * 2 * len(LRS) * len(SIZES) - 2  # 3 optimizers, 2 eps; 2 missing cells
@@ -143,8 +154,8 @@ def test_red_box_on_the_argmax_black_boxes_on_diverged_cells(runs):
 
 
 def _boxes(fig):
-    """{'best': {(panel title, x tick, y tick)}, 'diverged': {...}} of the drawn rectangles."""
-    out = {"best": set(), "diverged": set()}
+    """{'best': {(panel title, x tick, y tick)}, 'diverged': {...}, 'tied': {...}} of the drawn rectangles."""
+    out = {"best": set(), "diverged": set(), "tied": set()}
     for ax in fig.axes:
         xt = [t.get_text() for t in ax.get_xticklabels()]
         yt = [t.get_text() for t in ax.get_yticklabels()]
@@ -157,21 +168,110 @@ def _boxes(fig):
 
 def test_vae_heatmap_log_loss_lowest_is_best_and_diverged_cells_boxed_black(runs):
     data = figures.heatmap_data(runs, "P3", y="batch_size")
-    assert cell(data, optimizer="dpsgd", epsilon=1.0, lr=1.0, batch_size=1024).value == pytest.approx(math.log10(290))
+    assert cell(data, optimizer="dpsgd", epsilon=1.0, lr=1.0, batch_size=1024).value == pytest.approx(
+        np.mean(np.log10([290, 297])))
     assert data.metric.iloc[0] == "best log10 test loss"
+    # the mean of its two seeds' log10 losses (290, 297); before: the best seed's alone
     diverged = {tuple(r) for r in data[data.diverged][["optimizer", "epsilon", "lr", "batch_size"]].to_numpy()}
     assert diverged == {k for k, v in VAE_LOSS.items() if not np.isfinite(v)}
     assert np.isposinf(data[data.diverged].value).all()
     best = data[data.is_best].set_index(["optimizer", "epsilon"])
     assert best.loc[("dpsgd", 1.0), ["lr", "batch_size"]].tolist() == [1.0, 1024]
     assert best.loc[("dpmatrix-me", 10.0), ["lr", "batch_size"]].tolist() == [1.0, 2048]
-    assert best.loc[("dpmatrix-me", 10.0)].value == pytest.approx(math.log10(240))
+    assert best.loc[("dpmatrix-me", 10.0)].value == pytest.approx(np.mean(np.log10([240, 247])))
 
     fig = figures.heatmap_figure(runs, "P3")
     boxes = _boxes(fig)
     assert boxes["diverged"] == {("DP-SGD · ε = 1", "10", "1024"), ("DP-SGD · ε = 10", "10", "1024"),
                                  ("DP-SGD · ε = 10", "10", "2048")}
     assert ("DP-Matrix-ME · ε = 10", "1", "2048") in boxes["best"] and len(boxes["best"]) == 4
+    # two seeds, 7 apart in loss: t_{0.975, 1} = 12.7 makes every finite cell's interval overlap the best's
+    assert len(boxes["tied"]) == 15 - 4 and boxes["tied"] == {
+        (f"{figures.label(o)} · ε = {e:g}", figures.fmt_tick(lr), figures.fmt_tick(size))
+        for o, e, lr, size in data[np.isfinite(data.value) & ~data.is_best][
+            ["optimizer", "epsilon", "lr", "batch_size"]].itertuples(index=False)}
+    figures.plt.close(fig)
+
+
+def _seed_runs(accuracies: dict) -> pd.DataFrame:
+    """P1, DP-SGD at eps 1, L 256: {(lr, epochs): [test accuracy of seed 0, 1, ...]}, NaN: diverged."""
+    rows = []
+    for (lr, epochs), values in accuracies.items():
+        for seed, acc in enumerate(values):
+            ok = np.isfinite(acc)
+            rows.append(_row("P1", "classification", "dpsgd", 1.0, lr, 256, epochs, seed, acc,
+                             1.5 - acc if ok else np.inf, "completed" if ok else "diverged"))
+    return pd.DataFrame(rows)
+
+
+def test_heatmap_cell_is_the_mean_and_t_interval_of_its_seeds():
+    data = figures.heatmap_data(_seed_runs({(0.1, 250): [0.5, 0.7]}), "P1")
+    c = cell(data, lr=0.1, batch_size=256)
+    # mean 0.6; half-width t_{0.975, 1} s / sqrt(2) = 12.7062 x 0.141421 / 1.414214 = 1.27062
+    assert c.value == pytest.approx(0.6) and c.n_seeds == 2 and c.n_runs == 2 and c.n_configs == 1
+    assert (c.ci_low, c.ci_high) == (pytest.approx(0.6 - 1.270620), pytest.approx(0.6 + 1.270620))
+    assert c.is_best and not c.tied and c.select_by == "test"
+
+
+def test_heatmap_marks_cells_whose_interval_overlaps_the_best_as_tied():
+    # intervals (half-width 12.7062 x 0.0141421 / 1.41421 = 0.127062): lr 0.1 [0.483, 0.737] best,
+    # lr 0.01 [0.433, 0.687] overlaps it, lr 1 [-0.017, 0.237] does not
+    runs = _seed_runs({(0.1, 250): [0.60, 0.62], (0.01, 250): [0.55, 0.57], (1.0, 250): [0.10, 0.12]})
+    data = figures.heatmap_data(runs, "P1").set_index("lr")
+    assert data.is_best.tolist() == [False, True, False] and data.tied.tolist() == [True, False, False]
+    assert data.loc[0.01, "ci_high"] == pytest.approx(0.56 + 0.127062)
+    fig = figures.build("fig5_6", runs, problem="P1")
+    boxes = _boxes(fig)
+    assert boxes["best"] == {("DP-SGD · ε = 1", "0.1", "256")}
+    assert boxes["tied"] == {("DP-SGD · ε = 1", "0.01", "256")}
+    caption = next(t.get_text() for t in fig.texts if t.get_gid() == "caption")
+    assert "2 seeds: mean and 95 % t interval over seeds" in caption and "TEST split" in caption
+    assert "(tied)" in caption and "N = 6" in caption
+    figures.plt.close(fig)
+    # the candidates share their seeds: no composed epsilon is claimed for the boxed cell
+    assert data.selection_epsilon.isna().all() and (data.not_composed == SHARED_SEEDS).all()
+    assert (data.panel_runs == 6).all()
+
+
+def test_heatmap_of_one_seed_says_so_and_marks_no_ties():
+    runs = _seed_runs({(0.1, 250): [0.60], (0.01, 250): [0.599]})
+    data = figures.heatmap_data(runs, "P1")
+    assert (data.n_seeds == 1).all() and not data.tied.any() and (data.ci_low == data.ci_high).all()
+    fig = figures.build("fig5_6", runs, problem="P1", select_by="val")
+    caption = next(t.get_text() for t in fig.texts if t.get_gid() == "caption")
+    assert "one seed" in caption and "validation split" in caption and "(tied)" not in caption
+    assert not _boxes(fig)["tied"] and len(_boxes(fig)["best"]) == 1
+    figures.plt.close(fig)
+    fig = figures.build("fig5_5", runs, problem="P1")
+    assert "one seed" in next(t.get_text() for t in fig.texts if t.get_gid() == "caption")
+    figures.plt.close(fig)
+
+
+def test_a_diverged_seed_rules_its_configuration_out_of_heatmaps_and_best_settings():
+    # E 250 has the best run (0.9) but its other seed diverged; E 500 (mean 0.61) is chosen
+    runs = _seed_runs({(0.1, 250): [0.9, np.nan], (0.1, 500): [0.60, 0.62]})
+    c = cell(figures.heatmap_data(runs, "P1"), lr=0.1, batch_size=256)
+    assert c.value == pytest.approx(0.61) and not c.diverged and (c.n_runs, c.n_configs) == (4, 2)
+    by_epochs = figures.heatmap_data(runs, "P1", y="epochs").set_index("epochs")
+    assert by_epochs.loc[500].is_best and by_epochs.loc[250].diverged and math.isnan(by_epochs.loc[250].value)
+    settings = figures.best_settings_data(runs, "P1").iloc[0]
+    assert (settings.epochs, settings.lr, settings.n_configs, settings.n_runs) == (500, 0.1, 2, 4)
+    assert settings.value == pytest.approx(0.61)
+
+
+def test_heatmap_title_gives_the_composed_epsilon_of_independent_candidates():
+    """Candidates on seeds of their own (one Gaussian release each): the boxed cell's choice is
+    their composition, mu sqrt(k) (``spent.selection_privacy``), named in the panel's title."""
+    from dpbench.privacy import accounting
+    from dpbench.privacy.selection import gaussian_mu
+
+    runs = _seed_runs({(0.1, 250): [0.60], (0.01, 250): [0.55]})
+    runs = runs.assign(seed=[0, 1], delta=1e-5, accountant="analytic-gaussian")
+    data = figures.heatmap_data(runs, "P1")
+    expected = accounting.gaussian_epsilon(gaussian_mu(0.99, 1e-5) * math.sqrt(2), 1e-5)
+    assert data.selection_epsilon.tolist() == [pytest.approx(expected)] * 2 and expected > 0.99
+    fig = figures.build("fig5_6", runs, problem="P1")
+    assert any(ax.get_title() == f"DP-SGD · ε = 1 · ε_sel {expected:.3g}" for ax in fig.axes)
     figures.plt.close(fig)
 
 
@@ -240,6 +340,16 @@ def test_best_settings_per_batch_size(runs):
     assert data.loc[("dpsgd", 10.0, 256), ["epochs", "lr"]].tolist() == [250, 1.0]  # E 500 diverged
     assert data.loc[("dpsgd", 10.0, 512), ["epochs", "lr"]].tolist() == [500, 1.0]
     assert data.loc[("dpadambc", 10.0, 512), ["epochs", "lr"]].tolist() == [500, 0.1]  # lr 1 missing
+    # the chosen configuration's mean over its three seeds, among 3 lr x 2 epochs = 6 configurations, 18 runs
+    row = data.loc[("dpsgd", 1.0, 256)]
+    assert row.value == pytest.approx(0.5 + 0.1 + 0.01 + 0.05 / 3) and row.ci_low < row.value < row.ci_high
+    assert (row.n_seeds, row.n_configs, row.n_runs) == (3, 6, 18)
+    disk = data.loc[("dpdisk", 10.0, 512)]
+    assert (disk.n_seeds, disk.n_configs, disk.n_runs) == (1, 6, 6) and disk.ci_low == disk.ci_high == disk.value
+    fig = figures.build("fig5_5", runs)
+    caption = next(t.get_text() for t in fig.texts if t.get_gid() == "caption")
+    assert "3 seeds" in caption and "TEST split" in caption and "k = 6, 12, 18" in caption
+    figures.plt.close(fig)
 
 
 def test_all_diverged_group_never_crashes_and_has_no_bar():

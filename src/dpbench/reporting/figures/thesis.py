@@ -19,8 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from dpbench.reporting.figures.intervals import INTERVAL
-from dpbench.reporting.figures.selection import (CONFIG_KEYS, by_privacy, scored, select_best, select_best_config,
-                                                select_runs)
+from dpbench.reporting.figures.selection import CONFIG_KEYS, by_privacy, scored, select_best_config, select_runs
 from dpbench.reporting.figures.spent import caption, selection_privacy
 from dpbench.reporting.figures.style import (AXIS_LABELS, DATASETS, empty_figure, fmt_tick, label, legend_labels,
                                              ordered, palette)
@@ -92,41 +91,74 @@ def seed_sensitivity_data(runs: pd.DataFrame, select_by: str = "test", min_seeds
 
 
 def heatmap_data(runs: pd.DataFrame, problem: str, y: str = "batch_size", x: str = "lr",
-                 epsilons: Iterable[float] = (1, 10), select_by: str = "test") -> pd.DataFrame:
-    """Figs. 5.4, 5.6-5.8, B.1: for one problem, the best run per (optimizer, ε, y, x) cell over
-    all other settings, seeds included. Columns: problem, optimizer, epsilon, x, y, value,
-    diverged, is_best (the best finite cell of each (optimizer, ε) panel: highest accuracy or
-    lowest loss; one per panel), n_runs, run_id, metric, lower_is_better."""
+                 epsilons: Iterable[float] = (1, 10), select_by: str = "test", privacy: bool = True) -> pd.DataFrame:
+    """Figs. 5.4, 5.6-5.8, B.1: for one problem, per (optimizer, ε, y, x) cell the best
+    configuration over all other settings by its mean selection score over seeds
+    (``select_best_config``: a seed that diverged rules its configuration out). Columns: problem,
+    optimizer, epsilon, x, y, value (mean over seeds), ci_low, ci_high (95 % t interval), n_seeds,
+    diverged, is_best (the best finite mean of each (optimizer, ε) panel: highest accuracy or
+    lowest loss; one per panel), tied (the cell's interval overlaps the best cell's: both with two
+    or more seeds), n_runs, n_configs, run_id, metric, lower_is_better, select_by and, per panel,
+    panel_runs (k, the runs the boxed cell was chosen among) and with ``privacy``
+    selection_epsilon and not_composed (``spent.selection_privacy``)."""
     eps = [float(e) for e in epsilons]
     r = by_privacy(runs[runs["problem"] == problem])
     r = r[r["private"].astype(bool) & r["epsilon"].isin(eps)]
-    best = select_best(r, ["optimizer", "epsilon", y, x], select_by)
-    cols = ["problem", "optimizer", "epsilon", x, y, "value", "diverged", "is_best", "n_runs", "run_id",
-            "metric", "lower_is_better"]
+    best = select_best_config(r, ["optimizer", "epsilon", y, x], select_by)
+    cols = ["problem", "optimizer", "epsilon", x, y, "value", "ci_low", "ci_high", "n_seeds", "diverged", "is_best",
+            "tied", "n_runs", "n_configs", "run_id", "metric", "lower_is_better", "select_by", "panel_runs",
+            "selection_epsilon", "not_composed"]
     if best.empty:
         return pd.DataFrame(columns=cols)
-    best["is_best"] = False
-    finite = best[np.isfinite(best["value"])]
-    for _, panel in finite.groupby(["optimizer", "epsilon"], sort=False):
-        pick = panel["value"].idxmin() if panel["lower_is_better"].iloc[0] else panel["value"].idxmax()
+    best = best.assign(is_best=False, tied=False, select_by=select_by, panel_runs=0, selection_epsilon=np.nan,
+                       not_composed="")
+    for (opt, e), panel in best.groupby(["optimizer", "epsilon"], sort=False):
+        runs_here = r[(r["optimizer"] == opt) & (r["epsilon"] == e)]
+        best.loc[panel.index, "panel_runs"] = len(runs_here)
+        if privacy:
+            spent = selection_privacy(runs_here, list(CONFIG_KEYS))
+            best.loc[panel.index, "selection_epsilon"] = spent["selection_epsilon"]
+            best.loc[panel.index, "not_composed"] = spent["not_composed"]
+        finite = panel[np.isfinite(panel["value"])]
+        if finite.empty:
+            continue
+        pick = finite["value"].idxmin() if finite["lower_is_better"].iloc[0] else finite["value"].idxmax()
         best.loc[pick, "is_best"] = True
+        best.loc[finite.index, "tied"] = [i != pick and _overlap(finite.loc[pick], c) for i, c in finite.iterrows()]
     return best[cols].sort_values(["optimizer", "epsilon", y, x]).reset_index(drop=True)
 
 
+def _overlap(a: pd.Series, b: pd.Series) -> bool:
+    """Whether two cells' intervals over seeds overlap (``intervals.tied_with_above``'s rule),
+    only where both have two or more seeds: a single seed has no interval to overlap."""
+    bounds = [a["ci_low"], a["ci_high"], b["ci_low"], b["ci_high"]]
+    return bool(min(a["n_seeds"], b["n_seeds"]) >= 2 and np.isfinite(bounds).all()
+                and a["ci_low"] <= b["ci_high"] and b["ci_low"] <= a["ci_high"])
+
+
 def best_settings_data(runs: pd.DataFrame, problem: str, epsilons: Iterable[float] | None = None,
-                       select_by: str = "test") -> pd.DataFrame:
+                       select_by: str = "test", privacy: bool = True) -> pd.DataFrame:
     """Figs. 5.5, B.2: per (optimizer, ε, batch size) of one problem, the epochs and learning
-    rate of the best run over all other settings. Columns: problem, optimizer, epsilon,
-    batch_size, epochs, lr, value, metric, diverged, run_id."""
+    rate of the best configuration over all other settings by its mean selection score over
+    seeds (``select_best_config``). Columns: problem, optimizer, epsilon, batch_size, epochs, lr,
+    value (mean over seeds), ci_low, ci_high (95 % t interval), n_seeds, n_configs (the candidate
+    settings), n_runs (k: their runs, seeds included), metric, diverged, run_id, select_by and with
+    ``privacy`` selection_epsilon (the k runs composed, ``spent``)."""
     r = by_privacy(runs[runs["problem"] == problem])
     r = r[r["private"].astype(bool) & np.isfinite(r["epsilon"])]
     if epsilons is not None:
         r = r[r["epsilon"].isin([float(e) for e in epsilons])]
-    best = select_best(r, ["optimizer", "epsilon", "batch_size"], select_by)
-    cols = ["problem", "optimizer", "epsilon", "batch_size", "epochs", "lr", "value", "metric", "diverged", "run_id"]
+    best = select_best_config(r, ["optimizer", "epsilon", "batch_size"], select_by)
+    cols = ["problem", "optimizer", "epsilon", "batch_size", "epochs", "lr", "value", "ci_low", "ci_high", "n_seeds",
+            "n_configs", "n_runs", "metric", "diverged", "run_id", "select_by", "selection_epsilon"]
     if best.empty:
         return pd.DataFrame(columns=cols)
-    # a batch size whose runs all diverged has no best epochs or learning rate
+    best["select_by"], best["selection_epsilon"] = select_by, np.nan
+    for i, b in best.iterrows() if privacy else ():
+        group = r[(r["optimizer"] == b["optimizer"]) & (r["epsilon"] == b["epsilon"])
+                  & (r["batch_size"] == b["batch_size"])]
+        best.loc[i, "selection_epsilon"] = selection_privacy(group, list(CONFIG_KEYS))["selection_epsilon"]
+    # a batch size whose configurations all diverged has no best epochs or learning rate
     best.loc[best["diverged"] | ~np.isfinite(best["value"]), ["epochs", "lr"]] = np.nan
     return best[cols].reset_index(drop=True)
 
@@ -241,8 +273,11 @@ def draw_heatmaps(blocks: list[tuple[str, pd.DataFrame]], x: str = "lr", epsilon
                   optimizers: list[str] | None = None, fmt: str = ".2f",
                   labels: dict[str, str] | None = None) -> Figure:
     """Heatmap blocks, one per (y, heatmap_data) pair, stacked and lettered: rows = ε,
-    columns = optimizers; x and y values of each optimizer's own grid, ascending; missing cells
-    blank; the best cell of each panel boxed red, cells whose runs all diverged boxed black."""
+    columns = optimizers; x and y values of each optimizer's own grid, ascending; each cell the
+    mean over seeds of its best configuration, missing cells blank; the best cell of each panel
+    boxed red, cells whose interval overlaps it framed dashed orange (tied), cells whose runs all
+    diverged boxed black; a panel's title gives ε_sel where its choice has a composed ε. The
+    caption says the seeds, the interval and the split that chose."""
     blocks = [(y, d) for y, d in blocks if not d.empty]
     if not blocks:
         return empty_figure("no runs for this heatmap")
@@ -264,7 +299,9 @@ def draw_heatmaps(blocks: list[tuple[str, pd.DataFrame]], x: str = "lr", epsilon
                 grid = data[data["optimizer"] == opt]
                 _heatmap_panel(axes[i][j], grid[grid["epsilon"] == e], x, y, sorted(grid[x].unique()),
                                sorted(grid[y].unique()), norm, cmap, fmt, lower)
-                axes[i][j].set_title(f"{label(opt, labels)} · ε = {e:g}")
+                sel = grid.loc[grid["epsilon"] == e, "selection_epsilon"] if "selection_epsilon" in grid else []
+                spent = f" · ε_sel {sel.iloc[0]:.3g}" if len(sel) and np.isfinite(sel.iloc[0]) else ""
+                axes[i][j].set_title(f"{label(opt, labels)} · ε = {e:g}{spent}")
                 if i < len(eps) - 1:
                     axes[i][j].set_xlabel("")
                 if j > 0:
@@ -274,7 +311,26 @@ def draw_heatmaps(blocks: list[tuple[str, pd.DataFrame]], x: str = "lr", epsilon
         if len(blocks) > 1:
             subfig.suptitle(f"({chr(ord('a') + k)}) {AXIS_LABELS.get(x, x)} × {AXIS_LABELS.get(y, y)}",
                             fontsize=10)
+    _heatmap_caption(fig, pd.concat([d for _, d in blocks]))
     return fig
+
+
+def _heatmap_caption(fig: Figure, data: pd.DataFrame) -> None:
+    """The line under the heatmaps: the split that chose, the seeds, what the boxes mean."""
+    if "select_by" not in data or "n_seeds" not in data:
+        return
+    n_seeds = int(data["n_seeds"].max())
+    shown = data.loc[np.isfinite(data["value"]), "n_seeds"]  # diverged cells have no finite seed
+    fewest = int(shown.min()) if len(shown) else n_seeds
+    k = sorted({int(v) for v in data["panel_runs"]}) if "panel_runs" in data else []
+    boxes = ("Each cell: the mean over seeds of its best configuration (every other setting); red box: the best "
+             "cell of its panel" + ("; dashed orange: cells whose interval overlaps the best's (tied)"
+                                   if n_seeds >= 2 else "") + "; black: every run diverged."
+             + (" A cell of one seed has no interval and is never marked tied." if fewest <= 1 < n_seeds else ""))
+    extra = (f"{boxes} ε_sel in a panel's title: the boxed cell's choice among all its panel's runs "
+             f"(N = {', '.join(map(str, k))})." if k else boxes)
+    fig.text(0.01, -0.01, caption(str(data["select_by"].iloc[0]), n_seeds, INTERVAL, extra), fontsize=6.5,
+             ha="left", va="top", wrap=True, gid="caption")
 
 
 def _heatmap_panel(ax, cells: pd.DataFrame, x: str, y: str, xs: list, ys: list, norm, cmap, fmt: str,
@@ -306,17 +362,31 @@ def _heatmap_panel(ax, cells: pd.DataFrame, x: str, y: str, xs: list, ys: list, 
                     color="white" if dark else "black")
         if c["is_best"]:
             ax.add_patch(_box(i, j, "red", "best"))
+        elif c.get("tied", False):
+            ax.add_patch(_box(i, j, "darkorange", "tied", "--"))
 
 
-def _box(i: int, j: int, colour: str, gid: str) -> Rectangle:
+def _box(i: int, j: int, colour: str, gid: str, ls: str = "-") -> Rectangle:
     """A frame just inside cell (i, j); gid names what it marks (tests find boxes by it)."""
-    return Rectangle((j + 0.04, i + 0.04), 0.92, 0.92, fill=False, edgecolor=colour, lw=2.2, zorder=3, gid=gid)
+    return Rectangle((j + 0.04, i + 0.04), 0.92, 0.92, fill=False, edgecolor=colour, lw=2.2, ls=ls, zorder=3,
+                     gid=gid)
+
+
+def _largest_spent(data: pd.DataFrame) -> str:
+    """ε_sel of Figs. 5.5, B.2 for the caption (a point per choice would crowd the lines)."""
+    sel = data["selection_epsilon"] if "selection_epsilon" in data else pd.Series(dtype=float)
+    finite = sel[np.isfinite(sel)]
+    if not len(finite):
+        return "ε_sel: none (–)."
+    rest = "." if len(finite) == len(sel) else " where composed, else none (–)."
+    return f"ε_sel up to {finite.max():.3g}{rest}"
 
 
 def draw_best_settings(data: pd.DataFrame, optimizers: list[str] | None = None,
                        labels: dict[str, str] | None = None) -> Figure:
-    """Top row: the best run's epochs per batch size; bottom row: its learning rate (log y);
-    one column per ε, one line per optimizer (slightly dodged so that equal values stay visible)."""
+    """Top row: the epochs of the best configuration (by its mean over seeds) per batch size;
+    bottom row: its learning rate (log y); one column per ε, one line per optimizer (slightly
+    dodged so that equal values stay visible); the caption says the seeds and the split that chose."""
     if data.empty:
         return empty_figure("no runs")
     eps = sorted(data["epsilon"].unique())
@@ -343,6 +413,13 @@ def draw_best_settings(data: pd.DataFrame, optimizers: list[str] | None = None,
             axes[row][0].minorticks_off()
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
+    if "select_by" in data and "n_seeds" in data:
+        k = sorted({int(v) for v in data["n_runs"]})
+        interval = f"{INTERVAL} of the chosen configuration's metric (in the data; not drawn: the points are settings)"
+        fig.text(0.01, -0.01, caption(str(data["select_by"].iloc[0]), int(data["n_seeds"].max()), interval,
+                                      f"Per batch size: the epochs and lr of the configuration with the best mean "
+                                      f"over seeds; k = {', '.join(map(str, k))}; " + _largest_spent(data)),
+                 fontsize=6.5, ha="left", va="top", wrap=True, gid="caption")
     return fig
 
 
