@@ -233,6 +233,19 @@ def test_heatmap_marks_cells_whose_interval_overlaps_the_best_as_tied():
     assert (data.panel_runs == 6).all()
 
 
+def test_heatmap_red_box_is_the_cell_the_selection_split_chose():
+    # validation prefers lr 0.01 (0.70 against 0.60), test prefers lr 0.1: with select_by=val
+    # the box is on the cell validation chose, though its test mean shown is lower
+    runs = _seed_runs({(0.1, 250): [0.60, 0.62], (0.01, 250): [0.50, 0.52]})
+    runs.loc[runs["lr"] == 0.01, "best_val_accuracy"] = 0.70
+    runs.loc[runs["lr"] == 0.1, "best_val_accuracy"] = 0.60
+    by_val = figures.heatmap_data(runs, "P1", select_by="val").set_index("lr")
+    by_test = figures.heatmap_data(runs, "P1").set_index("lr")
+    assert by_val.loc[0.01, "is_best"] and not by_val.loc[0.1, "is_best"]
+    assert by_test.loc[0.1, "is_best"] and not by_test.loc[0.01, "is_best"]
+    assert by_val.loc[0.01, "value"] == pytest.approx(0.51)  # its test accuracy at the best validation epoch
+
+
 def test_heatmap_of_one_seed_says_so_and_marks_no_ties():
     runs = _seed_runs({(0.1, 250): [0.60], (0.01, 250): [0.599]})
     data = figures.heatmap_data(runs, "P1")

@@ -142,7 +142,8 @@ def select_best_config(runs: pd.DataFrame, by: list[str], select_by: str = "test
     mean -inf; ties: the first in config order), as the row of its first seed with `value` the
     mean of its seeds' finite reported metrics, `ci_low`, `ci_high` (the 95 % t interval over
     them: ``intervals``), `n_seeds` (finite), `n_runs` (the group's runs: every candidate the
-    choice looked at), `n_configs`, `diverged`. With one seed a configuration is its run, and
+    choice looked at), `n_configs`, `diverged`, `score` (the chosen configuration's mean selection
+    score). With one seed a configuration is its run, and
     this is ``select_best``."""
     from dpbench.reporting.figures.intervals import t_interval
 
@@ -162,6 +163,7 @@ def select_best_config(runs: pd.DataFrame, by: list[str], select_by: str = "test
         mean, low, high, n = t_interval(chosen["value"].to_numpy(dtype=float))
         row["value"], row["ci_low"], row["ci_high"], row["n_seeds"] = mean, low, high, n
         row["n_runs"], row["n_configs"] = len(group), len(configs)
+        row["score"] = means[best]  # the mean selection score the choice was made by
         row["diverged"] = False
         if not np.isfinite(means[best]):  # no configuration without a non-finite seed
             row["diverged"] = bool(group["run_diverged"].any())

@@ -96,8 +96,8 @@ def heatmap_data(runs: pd.DataFrame, problem: str, y: str = "batch_size", x: str
     configuration over all other settings by its mean selection score over seeds
     (``select_best_config``: a seed that diverged rules its configuration out). Columns: problem,
     optimizer, epsilon, x, y, value (mean over seeds), ci_low, ci_high (95 % t interval), n_seeds,
-    diverged, is_best (the best finite mean of each (optimizer, ε) panel: highest accuracy or
-    lowest loss; one per panel), tied (the cell's interval overlaps the best cell's: both with two
+    diverged, is_best (each (optimizer, ε) panel's cell of the best mean selection score: on the
+    split ``select_by`` chooses by, highest accuracy or lowest loss; one per panel), tied (the cell's interval overlaps the best cell's: both with two
     or more seeds), n_runs, n_configs, run_id, metric, lower_is_better, select_by and, per panel,
     panel_runs (k, the runs the boxed cell was chosen among) and with ``privacy``
     selection_epsilon and not_composed (``spent.selection_privacy``)."""
@@ -119,10 +119,10 @@ def heatmap_data(runs: pd.DataFrame, problem: str, y: str = "batch_size", x: str
             spent = selection_privacy(runs_here, list(CONFIG_KEYS))
             best.loc[panel.index, "selection_epsilon"] = spent["selection_epsilon"]
             best.loc[panel.index, "not_composed"] = spent["not_composed"]
-        finite = panel[np.isfinite(panel["value"])]
+        finite = panel[np.isfinite(panel["value"]) & np.isfinite(panel["score"])]
         if finite.empty:
             continue
-        pick = finite["value"].idxmin() if finite["lower_is_better"].iloc[0] else finite["value"].idxmax()
+        pick = finite["score"].idxmax()  # by the split that chooses (select_by), not by the value shown
         best.loc[pick, "is_best"] = True
         best.loc[finite.index, "tied"] = [i != pick and _overlap(finite.loc[pick], c) for i, c in finite.iterrows()]
     return best[cols].sort_values(["optimizer", "epsilon", y, x]).reset_index(drop=True)
