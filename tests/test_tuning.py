@@ -222,6 +222,38 @@ def test_the_figure_releases_the_candidate_best_on_validation():
     assert "| 1 | private | DP-SGD | 0.4500 | 1 | 1 | 1 | 3 | 0.99 | 1e-05 | 1 |" in tuning_table(runs, "P2")
 
 
+def test_the_table_gives_intervals_over_seed_indices_and_marks_ties():
+    from dpbench.reporting.figures.tuning import tuning_data, tuning_figure, tuning_table
+
+    def row(opt, seed, test, lr=0.1):
+        return {"run_id": f"{opt}-lr{lr:g}-s{seed}", "problem": "P2", "task": "classification", "optimizer": opt,
+                "private": True, "lr": lr, "batch_size": 32, "epochs": 1, "target_epsilon": 1.0, "epsilon": 0.9,
+                "delta": 1e-5, "noise_multiplier": 1.0, "status": "completed", "best_test_accuracy": test,
+                "best_test_loss": 1.0, "best_val_accuracy": test, "test_accuracy_at_best_val": test,
+                "tuning_distribution": "", "tuning_epsilon": math.nan, "hyperparameters": "{}"}
+
+    # DP-SGD 0.60, 0.62 (mean 0.61, half-width 12.7062 x 0.0141421 / 1.41421 = 0.127062) overlaps
+    # BandMF 0.50, 0.52 (0.51 +- 0.127062); DP-Adam-BC 0.10, 0.12 does not overlap BandMF
+    runs = pd.DataFrame([row(o, s, v) for o, values in (("dpsgd", (0.60, 0.62)), ("dpmatrix-band", (0.50, 0.52)),
+                                                         ("dpadambc", (0.10, 0.12)))
+                         for s, v in enumerate(values)])
+    d = tuning_data(runs, "P2").set_index("optimizer")
+    assert d.loc["dpsgd", "value"] == pytest.approx(0.61) and d.loc["dpsgd", "searches"] == 2
+    assert d.loc["dpsgd", "ci_high"] == pytest.approx(0.61 + 0.127062)
+    assert d["rank"].to_dict() == {"dpsgd": 1, "dpmatrix-band": 2, "dpadambc": 3}
+    assert d["tied"].to_dict() == {"dpsgd": False, "dpmatrix-band": True, "dpadambc": False}
+    table = tuning_table(runs, "P2")
+    assert "| 1 | untuned | BandMF | 0.5100 ± 0.1271 | = 2 | 2 |" in table and "Mean over 2 seed indices" in table
+    assert "| 1 | untuned | DP-AdamBC | 0.1100 ± 0.1271 | 3 | 2 |" in table
+    fig = tuning_figure(runs, "P2")
+    from matplotlib.collections import LineCollection
+    bars = [c for ax in fig.axes for c in ax.get_children() if c.get_gid() == "interval" and isinstance(c, LineCollection)]
+    assert len(bars) == 3  # one interval per optimizer (untuned only here)
+    assert "Mean over 2 seed indices" in next(t.get_text() for t in fig.texts if t.get_gid() == "caption")
+    one = tuning_table(runs[runs["run_id"].str.endswith("-s0")], "P2")
+    assert "One seed index" in one and "±" not in one and "= " not in one.split("|---")[-1]
+
+
 @pytest.mark.slow
 @pytest.mark.realdata
 def test_a_tiny_tuning_config_runs_to_its_figure(tmp_path, repo_copy, fmnist_dir):

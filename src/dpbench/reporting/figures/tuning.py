@@ -9,7 +9,8 @@ setting, tuned by composition and tuned privately (Papernot & Steinke 2022), at 
   whole search, the best on validation released (K = 0, possible under Poisson, releases none).
 
 Each search is a (problem, optimizer, batch size, epochs, ε, seed index) group of candidate
-runs; with several seed indices the value is their mean. The table gives what each release
+runs; with several seed indices the value is their mean with a 95 % t interval over them
+(``intervals``), and a rank whose interval overlaps the one above is marked tied. The table gives what each release
 spent (K, candidate σ, the accounted total ε and δ) and each optimizer's rank per ε and procedure.
 """
 
@@ -20,6 +21,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from dpbench.reporting.figures.intervals import INTERVAL, t_interval, tied_with_above
 from dpbench.reporting.figures.selection import scored, select_runs
 from dpbench.reporting.figures.style import empty_figure, fmt_tick, label, ordered
 
@@ -34,12 +36,13 @@ def _procedure(distribution: str) -> str:
 
 
 def tuning_data(runs: pd.DataFrame, problem: str = "P2", select_by: str = "val") -> pd.DataFrame:
-    """One row per (optimizer, ε, procedure): the released value (mean over seed indices),
-    the searches' K, σ, accounted total ε and δ, the chosen learning rates, and the rank of
-    the optimizer among those of its (ε, procedure) (1: best)."""
+    """One row per (optimizer, ε, procedure): the released value (mean over seed indices, with
+    ci_low and ci_high: the 95 % t interval over them, equal to the value for one), the searches'
+    K, σ, accounted total ε and δ, the chosen learning rates, the rank of the optimizer among
+    those of its (ε, procedure) (1: best) and tied (its interval overlaps the one ranked above)."""
     r = runs[(runs["problem"] == problem) & runs["private"].astype(bool)].copy()
-    columns = ["optimizer", "epsilon", "procedure", "value", "metric", "searches", "repetitions", "noise_multiplier",
-               "total_epsilon", "delta", "lr", "rank"]
+    columns = ["optimizer", "epsilon", "procedure", "value", "ci_low", "ci_high", "metric", "searches", "repetitions",
+               "noise_multiplier", "total_epsilon", "delta", "lr", "rank", "tied"]
     if r.empty:
         return pd.DataFrame(columns=columns)
     r["tuning_distribution"] = r.get("tuning_distribution", pd.Series("", index=r.index)).fillna("")
@@ -69,6 +72,14 @@ def tuning_data(runs: pd.DataFrame, problem: str = "P2", select_by: str = "val")
     # no released value (every candidate diverged, or K = 0) ranks last
     out["_key"] = np.where(np.isfinite(out["value"].astype(float)), sign * out["value"].astype(float), np.inf)
     out["rank"] = out.groupby(["epsilon", "procedure"])["_key"].rank(method="min").astype(int)
+    bounds = {keys: t_interval(g["value"].to_numpy(dtype=float))[1:3]
+              for keys, g in per_search.groupby(["optimizer", "epsilon", "procedure"], sort=True)}
+    out["ci_low"] = [bounds[k][0] for k in zip(out["optimizer"], out["epsilon"], out["procedure"])]
+    out["ci_high"] = [bounds[k][1] for k in zip(out["optimizer"], out["epsilon"], out["procedure"])]
+    out = out.sort_values(["epsilon", "procedure", "rank", "optimizer"], kind="stable").reset_index(drop=True)
+    out["tied"] = False
+    for _, g in out.groupby(["epsilon", "procedure"], sort=False):
+        out.loc[g.index, "tied"] = tied_with_above(g)
     return out[columns]
 
 
@@ -84,9 +95,15 @@ def draw_tuning(data: pd.DataFrame, problem: str) -> Figure:
         d = data[data["epsilon"] == eps]
         for i, procedure in enumerate(PROCEDURES):
             values = [d[(d["optimizer"] == o) & (d["procedure"] == procedure)]["value"] for o in optimizers]
-            heights = [float(v.iloc[0]) if len(v) else np.nan for v in values]
-            ax.bar(np.arange(len(optimizers)) + (i - 1) * width, heights, width, color=colours[procedure],
-                   label=PROCEDURE_LABELS[procedure])
+            rows = [d[(d["optimizer"] == o) & (d["procedure"] == procedure)] for o in optimizers]
+            heights = np.array([float(r["value"].iloc[0]) if len(r) else np.nan for r in rows])
+            x = np.arange(len(optimizers)) + (i - 1) * width
+            ax.bar(x, heights, width, color=colours[procedure], label=PROCEDURE_LABELS[procedure])
+            for xi, r in zip(x, rows):
+                if len(r) and r["searches"].iloc[0] >= 2 and np.isfinite(r[["ci_low", "ci_high"]].iloc[0]).all():
+                    ax.errorbar(xi, r["value"].iloc[0], yerr=[[r["value"].iloc[0] - r["ci_low"].iloc[0]],
+                                                             [r["ci_high"].iloc[0] - r["value"].iloc[0]]],
+                                fmt="none", ecolor="black", elinewidth=0.8, capsize=2, gid="interval")
         ax.set_xticks(np.arange(len(optimizers)), [label(o) for o in optimizers], rotation=30, ha="right")
         ax.set_title(f"total ε = {fmt_tick(eps)}")
     axes[0][0].set_ylabel(data["metric"].iloc[0])
@@ -94,6 +111,7 @@ def draw_tuning(data: pd.DataFrame, problem: str) -> Figure:
     fig.legend(handles, names, fontsize=7, loc="lower center", ncol=len(PROCEDURES), frameon=False)
     fig.suptitle(f"{problem}: untuned, tuned by composition and tuned privately at the same total ε", fontsize=9)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.text(0.01, -0.01, _seeds_note(data), fontsize=6.5, ha="left", va="top", wrap=True, gid="caption")
     return fig
 
 
@@ -111,12 +129,26 @@ def tuning_table(runs: pd.DataFrame, problem: str = "P2", select_by: str = "val"
     if data.empty:
         return f"{problem}: no private runs to compare\n"
     lines = [f"{problem}: {data['metric'].iloc[0]}, at the same total ε; rank among the optimizers of each ε and "
-             "procedure (1: best). untuned: one run's ε, the best rate chosen afterwards and not paid for.", "",
+             "procedure (1: best). untuned: one run's ε, the best rate chosen afterwards and not paid for. "
+             + _seeds_note(data), "",
              "| total ε | procedure | optimizer | value | rank | searches | mean K | candidate σ | accounted ε | δ | "
              "rate(s) released |", "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for _, row in data.sort_values(["epsilon", "procedure", "rank"]).iterrows():
+    for _, row in data.iterrows():
         k = "" if np.isnan(row["repetitions"]) else f"{row['repetitions']:.3g}"
+        half = row["ci_high"] - row["value"]
+        value = f"{row['value']:.4f}" + (f" ± {half:.4f}" if row["searches"] >= 2 and np.isfinite(half) else "")
+        rank = f"= {row['rank']}" if row["tied"] else f"{row['rank']}"
         lines.append(f"| {fmt_tick(row['epsilon'])} | {row['procedure']} | {label(row['optimizer'])} | "
-                     f"{row['value']:.4f} | {row['rank']} | {row['searches']} | {k} | {row['noise_multiplier']:.4g} | "
+                     f"{value} | {rank} | {row['searches']} | {k} | {row['noise_multiplier']:.4g} | "
                      f"{row['total_epsilon']:.4g} | {row['delta']:g} | {row['lr']} |")
     return "\n".join(lines) + "\n"
+
+
+def _seeds_note(data: pd.DataFrame) -> str:
+    """What the values are over: one seed index (a single draw of each search), or the mean and
+    interval over several, and what a tie mark means."""
+    n = int(data["searches"].max())
+    if n < 2:
+        return "One seed index: each value is a single run or search, no interval."
+    return (f"Mean over {n} seed indices (each its own searches) and the {INTERVAL.replace('seeds', 'seed indices')} "
+            "(± its half-width); a rank marked = is tied with the one above (their intervals overlap).")
