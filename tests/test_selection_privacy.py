@@ -104,9 +104,9 @@ def test_a_run_event_from_its_row_gives_its_epsilon_back():
 def test_selection_privacy_of_committed_groups():
     compare = pd.read_parquet(RESULTS / "beyond-setup2-compare" / "runs.parquet")
     group = compare[(compare.optimizer == "dpmatrix-se") & (compare.target_epsilon == 10.0)]
-    # its two learning rates ran on one seed: the same noise, so no composed epsilon is claimed
+    # its two learning rates ran on the same three seeds: the same noise, so no composed epsilon is claimed
     s = spent.selection_privacy(group, ["lr"])
-    assert s["k"] == len(group) == 2 and s["n_configs"] == group.lr.nunique() == 2
+    assert s["k"] == len(group) == 6 and s["n_configs"] == group.lr.nunique() == 2 and s["n_seeds"] == 3
     assert math.isnan(s["selection_epsilon"]) and s["not_composed"] == spent.SHARED_SEEDS
     # the same runs on seeds of their own: independent Gaussian releases, mu * sqrt(k)
     own = group.assign(seed=range(len(group)))
