@@ -308,6 +308,19 @@ def test_seed_sensitivity_mean_and_std_of_the_best_config_per_lr(runs):
     assert figures.seed_sensitivity_data(runs, min_seeds=4).empty
 
 
+def test_a_loss_task_chosen_on_validation_reports_log10_test_loss_lowest_best(runs):
+    # select_by="val" reports test_loss_at_best_val: still a loss (log10, lower is better), not
+    # an accuracy; the VAE rows have val = test, so the choice is the test one
+    s = figures.scored(runs[runs.problem == "P3"], "val")
+    finite = s[np.isfinite(s["value"])]
+    assert finite["lower_is_better"].all() and (finite["metric"] == "best log10 test loss (selected by best_val_loss)").all()
+    assert np.allclose(finite["value"], np.log10(finite["test_loss_at_best_val"]))
+    by_val = figures.heatmap_data(runs, "P3", select_by="val")
+    by_test = figures.heatmap_data(runs, "P3")
+    assert by_val[by_val.is_best].run_id.tolist() == by_test[by_test.is_best].run_id.tolist()
+    assert np.allclose(by_val["value"], by_test["value"], equal_nan=True)
+
+
 def test_validation_selection_picks_another_configuration(runs):
     by_test = figures.best_per_setting(runs).set_index(["problem", "optimizer", "epsilon"])
     by_val = figures.best_per_setting(runs, select_by="val").set_index(["problem", "optimizer", "epsilon"])

@@ -81,7 +81,9 @@ def scored(runs: pd.DataFrame, select_by: str = "test") -> pd.DataFrame:
         sel = -sel if "loss" in sel_col else sel
         out.loc[rows, "score"] = sel.where(np.isfinite(sel), -np.inf)
         rep = out.loc[rows, rep_col].astype(float)
-        is_loss = rep_col.endswith("loss")
+        # the task's metric, not the column's ending: with select_by="val" the reported column
+        # is test_loss_at_best_val
+        is_loss = task_facts(task).metric == "loss"
         with np.errstate(divide="ignore", invalid="ignore"):
             out.loc[rows, "value"] = np.log10(rep) if is_loss else rep
         out.loc[rows, "lower_is_better"] = is_loss
