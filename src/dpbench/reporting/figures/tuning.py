@@ -108,10 +108,11 @@ def draw_tuning(data: pd.DataFrame, problem: str) -> Figure:
         ax.set_title(f"total ε = {fmt_tick(eps)}")
     axes[0][0].set_ylabel(data["metric"].iloc[0])
     handles, names = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, names, fontsize=7, loc="lower center", ncol=len(PROCEDURES), frameon=False)
+    fig.legend(handles, names, fontsize=7, loc="lower center", ncol=len(PROCEDURES), frameon=False,
+               bbox_to_anchor=(0.5, 0.02))
     fig.suptitle(f"{problem}: untuned, tuned by composition and tuned privately at the same total ε", fontsize=9)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.text(0.01, -0.01, _seeds_note(data), fontsize=6.5, ha="left", va="top", wrap=True, gid="caption")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.text(0.01, 0.0, _seeds_note(data), fontsize=6.5, ha="left", va="top", wrap=True, gid="caption")
     return fig
 
 
