@@ -54,10 +54,8 @@ def best_per_setting(runs: pd.DataFrame, select_by: str = "test", privacy: bool 
     best["select_by"] = select_by
     best["selection_epsilon"] = np.nan
     if privacy and not best.empty:
-        for i, b in best.iterrows():
-            group = r[(r["problem"] == b["problem"]) & (r["optimizer"] == b["optimizer"])
-                      & (r["epsilon"] == b["epsilon"])]
-            best.loc[i, "selection_epsilon"] = selection_privacy(group, list(CONFIG_KEYS))["selection_epsilon"]
+        best["selection_epsilon"] = [s["selection_epsilon"]
+                                     for s in _spent_by(best, r, ["problem", "optimizer", "epsilon"])]
     cols = ["problem", "dataset", "optimizer", "epsilon", "private", "value", "ci_low", "ci_high", "n_seeds",
             "metric", "lower_is_better", "diverged", "n_runs", "n_configs", "run_id", "lr", "batch_size", "epochs",
             "seed", "achieved_epsilon", "selection_epsilon", "select_by"]
@@ -112,13 +110,12 @@ def heatmap_data(runs: pd.DataFrame, problem: str, y: str = "batch_size", x: str
         return pd.DataFrame(columns=cols)
     best = best.assign(is_best=False, tied=False, select_by=select_by, panel_runs=0, selection_epsilon=np.nan,
                        not_composed="")
-    for (opt, e), panel in best.groupby(["optimizer", "epsilon"], sort=False):
-        runs_here = r[(r["optimizer"] == opt) & (r["epsilon"] == e)]
-        best.loc[panel.index, "panel_runs"] = len(runs_here)
-        if privacy:
-            spent = selection_privacy(runs_here, list(CONFIG_KEYS))
-            best.loc[panel.index, "selection_epsilon"] = spent["selection_epsilon"]
-            best.loc[panel.index, "not_composed"] = spent["not_composed"]
+    spent = _spent_by(best, r, ["optimizer", "epsilon"], privacy)
+    best["panel_runs"] = [s["k"] for s in spent]
+    if privacy:
+        best["selection_epsilon"] = [s["selection_epsilon"] for s in spent]
+        best["not_composed"] = [s["not_composed"] for s in spent]
+    for _, panel in best.groupby(["optimizer", "epsilon"], sort=False):
         finite = panel[np.isfinite(panel["value"]) & np.isfinite(panel["score"])]
         if finite.empty:
             continue
@@ -126,6 +123,19 @@ def heatmap_data(runs: pd.DataFrame, problem: str, y: str = "batch_size", x: str
         best.loc[pick, "is_best"] = True
         best.loc[finite.index, "tied"] = [i != pick and _overlap(finite.loc[pick], c) for i, c in finite.iterrows()]
     return best[cols].sort_values(["optimizer", "epsilon", y, x]).reset_index(drop=True)
+
+
+def _spent_by(chosen: pd.DataFrame, runs: pd.DataFrame, keys: list[str], privacy: bool = True) -> list[dict]:
+    """For each row of ``chosen``, ``spent.selection_privacy`` of the runs sharing its ``keys``
+    (the candidates its choice looked at), computed once per group; without ``privacy`` only
+    the count ``k``."""
+    groups = {tuple(k) if isinstance(k, tuple) else (k,): g for k, g in runs.groupby(keys, sort=False)}
+    done: dict[tuple, dict] = {}
+    for key in chosen[keys].itertuples(index=False, name=None):
+        if key not in done:
+            group = groups.get(key, runs.iloc[:0])
+            done[key] = selection_privacy(group, list(CONFIG_KEYS)) if privacy else {"k": len(group)}
+    return [done[key] for key in chosen[keys].itertuples(index=False, name=None)]
 
 
 def _overlap(a: pd.Series, b: pd.Series) -> bool:
@@ -154,10 +164,9 @@ def best_settings_data(runs: pd.DataFrame, problem: str, epsilons: Iterable[floa
     if best.empty:
         return pd.DataFrame(columns=cols)
     best["select_by"], best["selection_epsilon"] = select_by, np.nan
-    for i, b in best.iterrows() if privacy else ():
-        group = r[(r["optimizer"] == b["optimizer"]) & (r["epsilon"] == b["epsilon"])
-                  & (r["batch_size"] == b["batch_size"])]
-        best.loc[i, "selection_epsilon"] = selection_privacy(group, list(CONFIG_KEYS))["selection_epsilon"]
+    if privacy:
+        best["selection_epsilon"] = [s["selection_epsilon"]
+                                     for s in _spent_by(best, r, ["optimizer", "epsilon", "batch_size"])]
     # a batch size whose configurations all diverged has no best epochs or learning rate
     best.loc[best["diverged"] | ~np.isfinite(best["value"]), ["epochs", "lr"]] = np.nan
     return best[cols].reset_index(drop=True)

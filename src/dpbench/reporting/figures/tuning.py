@@ -94,7 +94,6 @@ def draw_tuning(data: pd.DataFrame, problem: str) -> Figure:
     for ax, eps in zip(axes[0], epsilons):
         d = data[data["epsilon"] == eps]
         for i, procedure in enumerate(PROCEDURES):
-            values = [d[(d["optimizer"] == o) & (d["procedure"] == procedure)]["value"] for o in optimizers]
             rows = [d[(d["optimizer"] == o) & (d["procedure"] == procedure)] for o in optimizers]
             heights = np.array([float(r["value"].iloc[0]) if len(r) else np.nan for r in rows])
             x = np.arange(len(optimizers)) + (i - 1) * width
