@@ -41,6 +41,20 @@ def test_audits_are_one_per_private_optimizer_and_claimed_epsilon():
     assert jobs_of().audits == () and jobs_of().audit is None
 
 
+def test_audits_of_several_seeds_keep_seed_zero_names():
+    seeded = jobs_of(audit={"optimizers": ["dpsgd"], "epsilons": [1, 0.5], "seed": [2, 0, 1]})
+    assert seeded.audits == ("dpsgd-eps0.5", "dpsgd-eps0.5-seed1", "dpsgd-eps0.5-seed2",
+                             "dpsgd-eps1", "dpsgd-eps1-seed1", "dpsgd-eps1-seed2")
+    assert [seeded.audit_job(n) for n in seeded.audits[:3]] == [("dpsgd", 0.5, 0), ("dpsgd", 0.5, 1), ("dpsgd", 0.5, 2)]
+    assert jobs_of(audit={"optimizers": ["dpmatrix-me-lambda"], "epsilons": [1e-3], "seed": 7}).audits == \
+        ("dpmatrix-me-lambda-eps0.001-seed7",)
+    assert seeded.audit_job("dpmatrix-me-lambda-eps0.001-seed7") == ("dpmatrix-me-lambda", 0.001, 7)
+    with pytest.raises(ValueError, match="not an audit's name"):
+        seeded.audit_job("dpsgd-1")
+    with pytest.raises(ConfigError, match="audit.seed"):
+        jobs_of(audit={"optimizers": ["dpsgd"], "epsilons": [1], "seed": [1, 1]})
+
+
 @pytest.mark.parametrize("optimizers,line", [
     (["sgd"], "config key audit.optimizers: 'sgd' is not private: there is no claim to audit"),
     (["dpsgdd"], "config key audit.optimizers: unknown optimizer 'dpsgdd' (choose from ["),
@@ -100,7 +114,7 @@ def test_every_job_and_the_file_it_writes():
     jobs = load_jobs(REPO / ".test" / "config" / "config.yaml")
     listing = jobs.listing()
     assert Counter(rule for rule, _ in listing) == {
-        "data": 1, "factorize": 2, "noise": 2, "train": 6, "aggregate": 1, "audit": 2, "audit_table": 1,
+        "data": 1, "factorize": 2, "noise": 2, "train": 6, "aggregate": 1, "audit": 4, "audit_table": 1,
         "plot_fig5_1": 1, "plot_fig5_2": 1, "plot_fig5_6": 1, "plot_audit": 1}
     assert [rule for rule, _ in listing][:3] == ["data", "factorize", "factorize"]  # stage by stage
     files = dict((path, rule) for rule, path in listing)
@@ -108,7 +122,8 @@ def test_every_job_and_the_file_it_writes():
     assert files["results/cache/matrix/se-k1-b9/factorization.npz"] == "factorize"
     assert files["results/cache/matrix/me-lambda-k2-b9-tau4/factorization.npz"] == "factorize"
     assert files["results/runs/P3/dpmatrix-me-lambda/L100-E2-eps10-lr0.01-tau4-s0.parquet"] == "train"
-    assert files["results/audit/runs/dpdice-eps10.parquet"] == "audit"
+    assert files["results/audit/runs/dpdice-eps10.parquet"] == "audit"  # seed 0
+    assert files["results/audit/runs/dpdice-eps10-seed1.parquet"] == "audit"
     assert jobs.figure_files("fig5_1") == ["results/figures/fig5_1.png", "results/figures/fig5_1.pdf"]
     noise = [path for rule, path in listing if rule == "noise"]
     assert noise[1].startswith("results/cache/matrix/se-k1-b9/noise-d225034-seed")  # d: P2's parameters

@@ -133,20 +133,31 @@ def test_t_interval_and_ties():
     assert intervals.tied_with_above(one_seed) == [False, False]  # equal points without intervals
 
 
-def test_audit_figure_takes_several_seeds():
+def test_audit_figure_and_table_take_several_seeds():
     from dpbench.reporting import figures
-    from dpbench.reporting.figures.audit import over_seeds
+    from dpbench.reporting.audits import markdown, over_seeds
 
     audits = pd.read_parquet(RESULTS / "audit" / "audits.parquet")
-    one, n = over_seeds(audits)
-    assert n == 1 and (one.ci_low == one.epsilon_lower).all()
-    shifted = [audits.assign(epsilon_lower=audits.epsilon_lower + d) for d in (-0.1, 0.0, 0.1)]
-    three, n = over_seeds(pd.concat(shifted))
-    assert n == 3 and len(three) == len(audits)
+    audits = audits[audits.seed == 0].reset_index(drop=True)  # the committed table has seeds 0, 1, 2
+    assert len(audits) == 72  # 18 private optimizers x 4 claims
+    one = over_seeds(audits)
+    assert (one.n_seeds == 1).all() and (one.ci_low == one.epsilon_lower).all() and len(one) == len(audits)
+    shifted = [audits.assign(epsilon_lower=audits.epsilon_lower + d, seed=s) for s, d in enumerate((-0.1, 0.0, 0.1))]
+    three = over_seeds(pd.concat(shifted))
+    assert (three.n_seeds == 3).all() and len(three) == len(audits)
     row = three[(three.optimizer == "dpsgd") & (three.epsilon_claimed == 8)].iloc[0]
     base = audits[(audits.optimizer == "dpsgd") & (audits.epsilon_claimed == 8)].epsilon_lower.iloc[0]
     half = 4.302652729749464 * 0.1 / math.sqrt(3)
     assert row.epsilon_lower == pytest.approx(base) and row.ci_high == pytest.approx(base + half)
+    line = next(x for x in markdown(pd.concat(shifted)).splitlines() if x.startswith("| `dpsgd` |"))
+    assert f"{base:.2f} ± {half:.2f} / " in line and "(3 seeds)" in line
+    # one seed's violation flags the pair: a claim refuted by any seed is refuted
+    flagged = [s.assign(violation=(s.optimizer == "dpsgd") & (s.seed == 2)) for s in shifted]
+    assert three.violation.sum() == audits.violation.sum()
+    assert over_seeds(pd.concat(flagged)).query("optimizer == 'dpsgd'").violation.all()
     fig = figures.build("audit", pd.concat(shifted))
-    assert "3 seeds" in fig.legends[0].get_title().get_text()
+    assert "3 seeds: mean and 95 % t interval" in fig.legends[0].get_title().get_text()
+    figures.plt.close(fig)
+    fig = figures.build("audit", pd.concat(shifted[:2] + [shifted[2][shifted[2].optimizer == "dpsgd"]]))
+    assert "2-3 seeds per claim" in fig.legends[0].get_title().get_text()
     figures.plt.close(fig)

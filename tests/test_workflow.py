@@ -3,6 +3,7 @@
 
 import re
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -132,6 +133,9 @@ def test_tiny_grid_end_to_end(tiny_workflow):
     audits = pd.read_parquet(out / "audit" / "audits.parquet")
     assert set(zip(audits.optimizer, audits.violation)) == {("dpsgd", False), ("dpdice", True)}
     assert (audits.trials == 200).all()
+    assert sorted(zip(audits.optimizer, audits.seed, audits.file.map(lambda f: Path(f).name))) == [
+        ("dpdice", 0, "dpdice-eps10.parquet"), ("dpdice", 1, "dpdice-eps10-seed1.parquet"),
+        ("dpsgd", 0, "dpsgd-eps10.parquet"), ("dpsgd", 1, "dpsgd-eps10-seed1.parquet")]
     assert runs.audit_violation.dtype == "boolean"
     assert (runs.loc[runs.optimizer == "dpsgd", "audit_violation"] == False).all()  # noqa: E712
     assert runs.loc[runs.optimizer == "sgd", "audit_violation"].isna().all()  # not private: not audited

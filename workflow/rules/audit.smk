@@ -1,23 +1,26 @@
-# Empirical privacy audits (dpbench audit): one job per optimizer and claimed epsilon, on the
-# CPU in float64 (as the method asks), then one table of all of them.
+# Empirical privacy audits (dpbench audit): one job per optimizer, claimed epsilon and seed,
+# named <optimizer>-eps<epsilon>[-seed<seed>] (JOBS.audit_job), on the CPU in float64 (as the
+# method asks), then one table of all of them.
 
 
 wildcard_constraints:
-    audit_epsilon=r"[0-9.e+-]+",
+    audit=r"[^/]+-eps[0-9.e+-]+?(-seed[0-9]+)?",
 
 
 rule audit:
     output:
-        f"{RESULTS}/audit/runs/{{optimizer}}-eps{{audit_epsilon}}.parquet",
+        f"{RESULTS}/audit/runs/{{audit}}.parquet",
     log:
-        f"{RESULTS}/logs/audit/{{optimizer}}-eps{{audit_epsilon}}.log",
+        f"{RESULTS}/logs/audit/{{audit}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/audit/{{optimizer}}-eps{{audit_epsilon}}.tsv"
+        f"{RESULTS}/benchmarks/audit/{{audit}}.tsv"
     params:
         dpbench=DPBENCH,
+        optimizer=lambda wildcards: JOBS.audit_job(wildcards.audit)[0],
+        epsilon=lambda wildcards: f"{JOBS.audit_job(wildcards.audit)[1]:g}",
         trials=lambda wildcards: AUDIT["trials"],
         beta=lambda wildcards: AUDIT["beta"],
-        seed=lambda wildcards: AUDIT["seed"],
+        seed=lambda wildcards: JOBS.audit_job(wildcards.audit)[2],
         accountant=config["train"]["accountant"],
         delta=config["train"]["delta"],
         cache=f"{RESULTS}/cache",
@@ -29,7 +32,7 @@ rule audit:
     conda:
         "../../envs/train-cpu.yaml"
     shell:
-        "{params.dpbench} audit --optimizer {wildcards.optimizer} --epsilon {wildcards.audit_epsilon} "
+        "{params.dpbench} audit --optimizer {params.optimizer} --epsilon {params.epsilon} "
         "--trials {params.trials} --beta {params.beta} --seed {params.seed} --accountant {params.accountant} "
         "--delta {params.delta} "
         "--cache-dir {params.cache} "

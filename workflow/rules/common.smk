@@ -8,8 +8,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from snakemake.utils import min_version
 
-from dpbench.pipeline import cluster, jobs, watch
-from dpbench.pipeline import fingerprint
+from dpbench.pipeline import cluster, fingerprint, jobs, watch
 from dpbench.pipeline.grid import ConfigError
 
 min_version("9.0")
@@ -109,7 +108,8 @@ def train_code(wildcards):
 
 
 def audit_code(wildcards):
-    return fingerprint.modules_fingerprint(("dpbench.audit.run",)) + fingerprint.optimizer_fingerprint(wildcards.optimizer)
+    optimizer = JOBS.audit_job(wildcards.audit)[0]
+    return fingerprint.modules_fingerprint(("dpbench.audit.run",)) + fingerprint.optimizer_fingerprint(optimizer)
 
 
 MATRIX_CODE = fingerprint.modules_fingerprint(("dpbench.matrix.store.dense_files", "dpbench.matrix.store.noise_files"))

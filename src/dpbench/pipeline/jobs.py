@@ -11,6 +11,7 @@ unasked (the default's grid, its audits).
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ class Jobs:
     config: dict[str, Any]  # validated, defaults filled in
     cells: dict[str, Cell]  # cell id -> cell, in id order
     audit: dict[str, Any] | None  # the config's own audit section
-    audits: tuple[str, ...]  # "<optimizer>-eps<epsilon>", one audit job each
+    audits: tuple[str, ...]  # "<optimizer>-eps<epsilon>[-seed<seed>]", one audit job each
     figures: dict[str, dict[str, Any]]  # figure id -> its options
 
     @property
@@ -47,6 +48,10 @@ class Jobs:
 
     def audit_file(self, name: str) -> str:
         return f"{self.results}/audit/runs/{name}.parquet"
+
+    def audit_job(self, name: str) -> tuple[str, float, int]:
+        """The (optimizer, claimed epsilon, seed) of an audit, by its name."""
+        return audit_job(name)
 
     @property
     def audit_table(self) -> str:
@@ -168,9 +173,22 @@ def own_audit(config: dict[str, Any], configfiles, given: dict[str, Any]) -> dic
 
 
 def audit_names(audit: dict[str, Any], cells: list[Cell]) -> list[str]:
-    """One audit per optimizer and claimed epsilon, ``<optimizer>-eps<epsilon>`` (its file's name)."""
-    return [f"{o}-eps{float(e):g}" for o in audited_optimizers(audit["optimizers"], cells)
-            for e in audited_epsilons(audit["epsilons"], cells)]
+    """One audit per optimizer, claimed epsilon and seed (its file's name): ``<optimizer>-eps<epsilon>``
+    for seed 0, ``<optimizer>-eps<epsilon>-seed<seed>`` for the others (so seeds added to a
+    config leave the audits already run in place)."""
+    seeds = audit.get("seed", 0)
+    seeds = sorted(set(seeds)) if isinstance(seeds, list) else [seeds]
+    return [f"{o}-eps{float(e):g}" + (f"-seed{s}" if s else "")
+            for o in audited_optimizers(audit["optimizers"], cells)
+            for e in audited_epsilons(audit["epsilons"], cells) for s in seeds]
+
+
+def audit_job(name: str) -> tuple[str, float, int]:
+    """(optimizer, claimed epsilon, seed) of an audit's name (``audit_names``)."""
+    m = re.fullmatch(r"(.+)-eps([0-9.e+-]+?)(?:-seed([0-9]+))?", name)
+    if m is None:
+        raise ValueError(f"{name!r} is not an audit's name (<optimizer>-eps<epsilon>[-seed<seed>])")
+    return m[1], float(m[2]), int(m[3] or 0)
 
 
 def audited_optimizers(names, cells: list[Cell]) -> list[str]:

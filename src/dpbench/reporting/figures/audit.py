@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from dpbench.reporting.figures.intervals import INTERVAL, t_interval
+from dpbench.reporting.audits import over_seeds
+from dpbench.reporting.figures.intervals import INTERVAL, draw_intervals
 from dpbench.reporting.figures.style import empty_figure, fmt_tick, label, ordered
 
 
@@ -23,7 +24,8 @@ def draw_audit(audits: pd.DataFrame, optimizers: list[str] | None = None) -> Fig
     trials = audits[audits["mode"] == "trials"] if "mode" in audits else audits
     if trials.empty:
         return empty_figure("no audits")
-    trials, n_seeds = over_seeds(trials)
+    trials = over_seeds(trials)
+    n_seeds = int(trials["n_seeds"].max())
     names = ordered(trials["optimizer"].unique(), optimizers)
     cols = min(4, len(names))
     rows = -(-len(names) // cols)
@@ -40,9 +42,7 @@ def draw_audit(audits: pd.DataFrame, optimizers: list[str] | None = None) -> Fig
         ax.bar(x, here["epsilon_lower"], width=0.5, color="#c0392b" if flagged else "#2e86c1", alpha=0.85,
                label="ε_lower (certified)" + (", mean" if n_seeds > 1 else ""))
         if n_seeds > 1:
-            ax.errorbar(x, here["epsilon_lower"], yerr=[here["epsilon_lower"] - here["ci_low"],
-                                                        here["ci_high"] - here["epsilon_lower"]],
-                        fmt="none", ecolor="black", elinewidth=0.8, capsize=2, gid="interval")
+            draw_intervals(ax, x, here["epsilon_lower"], here["ci_low"], here["ci_high"])
         gdp = here["epsilon_gdp"].clip(upper=top)
         ax.scatter(x, gdp, facecolors="none", edgecolors="k", s=22, zorder=3, label="ε_GDP (estimate)")
         if "max_certifiable_epsilon" in here:
@@ -63,31 +63,21 @@ def draw_audit(audits: pd.DataFrame, optimizers: list[str] | None = None) -> Fig
     r = int(trials["trials"].max())
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, frameon=False,
                title=f"R = {r} trials, β = {trials['beta'].iloc[0]:g}, δ = {trials['delta'].iloc[0]:g}; "
-                     + ("one seed" if n_seeds < 2 else f"{n_seeds} seeds: mean and {INTERVAL}"),
+                     + seeds_caption(trials["n_seeds"]),
                title_fontsize=7, bbox_to_anchor=(0.5, -0.02))
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
 
 
-def over_seeds(trials: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """One row per (optimizer, claimed ε): with audits of several seeds (rows of the same pair,
-    e.g. tables of ``audit.seed`` 0, 1, 2 concatenated), the mean ε_lower and ε_GDP, the 95 % t
-    interval of ε_lower (``ci_low``, ``ci_high``), violation if any seed's; and the most seeds
-    of a pair."""
-    keys = ["optimizer", "epsilon_claimed"]
-    n = int(trials.groupby(keys).size().max())
-    if n < 2:
-        return trials.assign(ci_low=trials["epsilon_lower"], ci_high=trials["epsilon_lower"]), 1
-    rows = []
-    for (opt, eps), g in trials.groupby(keys, sort=True):
-        row = g.iloc[0].copy()
-        row["epsilon_lower"], row["ci_low"], row["ci_high"], _ = t_interval(g["epsilon_lower"])
-        row["epsilon_gdp"] = float(g["epsilon_gdp"].astype(float).mean())
-        row["violation"] = bool(g["violation"].any())
-        if "max_certifiable_epsilon" in g:
-            row["max_certifiable_epsilon"] = float(g["max_certifiable_epsilon"].min())
-        rows.append(row)
-    return pd.DataFrame(rows).reset_index(drop=True), n
+def seeds_caption(n_seeds: pd.Series) -> str:
+    """"one seed", "3 seeds: mean and 95 % t interval", or, where the pairs have different
+    counts, "1-3 seeds per claim: mean, and 95 % t interval where ≥ 2"."""
+    low, high = int(n_seeds.min()), int(n_seeds.max())
+    if high < 2:
+        return "one seed"
+    if low == high:
+        return f"{high} seeds: mean and {INTERVAL}"
+    return f"{low}-{high} seeds per claim: mean, and {INTERVAL} where ≥ 2"
 
 
 def audit_figure(audits: pd.DataFrame, optimizers: list[str] | None = None) -> Figure:

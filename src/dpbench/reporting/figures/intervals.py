@@ -32,6 +32,11 @@ def t_interval(values, level: float = LEVEL) -> tuple[float, float, float, int]:
     return mean, mean - half, mean + half, len(v)
 
 
+def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether two intervals (low, high) overlap, both finite."""
+    return bool(np.isfinite([*a, *b]).all() and a[0] <= b[1] and b[0] <= a[1])
+
+
 def tied_with_above(ranked: pd.DataFrame, low: str = "ci_low", high: str = "ci_high") -> list[bool]:
     """For rows in rank order: whether each row's interval overlaps the one ranked just above
     (the first row: False; a row without an interval, one seed, is never marked)."""
@@ -39,6 +44,13 @@ def tied_with_above(ranked: pd.DataFrame, low: str = "ci_low", high: str = "ci_h
     out = [False]
     for i in range(1, len(ranked)):
         a, b = (lows[i - 1], highs[i - 1]), (lows[i], highs[i])
-        wide = a[0] < a[1] or b[0] < b[1]
-        out.append(bool(wide and np.isfinite([*a, *b]).all() and a[0] <= b[1] and b[0] <= a[1]))
+        out.append((a[0] < a[1] or b[0] < b[1]) and overlap(a, b))
     return out
+
+
+def draw_intervals(ax, x, value, low, high) -> None:
+    """Error bars from ``low`` to ``high`` around ``value`` at ``x`` (scalars or arrays), in the one
+    style every comparison figure uses (gid "interval", which the tests look for)."""
+    value, low, high = (np.atleast_1d(np.asarray(v, dtype=float)) for v in (value, low, high))
+    ax.errorbar(x, value, yerr=[value - low, high - value], fmt="none", ecolor="black", elinewidth=0.8,
+                capsize=2, gid="interval")

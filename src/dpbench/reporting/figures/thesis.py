@@ -18,7 +18,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from dpbench.reporting.figures.intervals import INTERVAL
+from dpbench.reporting.figures.intervals import INTERVAL, draw_intervals, overlap
 from dpbench.reporting.figures.selection import CONFIG_KEYS, by_privacy, scored, select_best_config, select_runs
 from dpbench.reporting.figures.spent import caption, selection_privacy
 from dpbench.reporting.figures.style import (AXIS_LABELS, DATASETS, empty_figure, fmt_tick, label, legend_labels,
@@ -141,9 +141,7 @@ def _spent_by(chosen: pd.DataFrame, runs: pd.DataFrame, keys: list[str], privacy
 def _overlap(a: pd.Series, b: pd.Series) -> bool:
     """Whether two cells' intervals over seeds overlap (``intervals.tied_with_above``'s rule),
     only where both have two or more seeds: a single seed has no interval to overlap."""
-    bounds = [a["ci_low"], a["ci_high"], b["ci_low"], b["ci_high"]]
-    return bool(min(a["n_seeds"], b["n_seeds"]) >= 2 and np.isfinite(bounds).all()
-                and a["ci_low"] <= b["ci_high"] and b["ci_low"] <= a["ci_high"])
+    return min(a["n_seeds"], b["n_seeds"]) >= 2 and overlap((a["ci_low"], a["ci_high"]), (b["ci_low"], b["ci_high"]))
 
 
 def best_settings_data(runs: pd.DataFrame, problem: str, epsilons: Iterable[float] | None = None,
@@ -237,8 +235,7 @@ def _intervals_and_labels(ax, private: pd.DataFrame, x_order: list[str], hue: li
             r = rows.loc[x_order[x]]
             centre = bar.get_x() + bar.get_width() / 2
             if r.get("n_seeds", 1) >= 2 and np.isfinite(r.get("ci_low", np.nan)):
-                ax.errorbar(centre, r["value"], yerr=[[r["value"] - r["ci_low"]], [r["ci_high"] - r["value"]]],
-                            fmt="none", ecolor="black", elinewidth=0.8, capsize=2, gid="interval")
+                draw_intervals(ax, centre, r["value"], r["ci_low"], r["ci_high"])
             sel = r.get("selection_epsilon", np.nan)
             labels.append(f"{r['value']:.3f}" + (f" · ε_sel {sel:.3g}" if np.isfinite(sel) else ""))
         ax.bar_label(container, labels=labels, fontsize=6, label_type="center", rotation=90,

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from dpbench.reporting.figures.intervals import INTERVAL, t_interval, tied_with_above
+from dpbench.reporting.figures.intervals import INTERVAL, draw_intervals, t_interval, tied_with_above
 from dpbench.reporting.figures.selection import scored, select_runs
 from dpbench.reporting.figures.style import empty_figure, fmt_tick, label, ordered
 
@@ -100,9 +100,7 @@ def draw_tuning(data: pd.DataFrame, problem: str) -> Figure:
             ax.bar(x, heights, width, color=colours[procedure], label=PROCEDURE_LABELS[procedure])
             for xi, r in zip(x, rows):
                 if len(r) and r["searches"].iloc[0] >= 2 and np.isfinite(r[["ci_low", "ci_high"]].iloc[0]).all():
-                    ax.errorbar(xi, r["value"].iloc[0], yerr=[[r["value"].iloc[0] - r["ci_low"].iloc[0]],
-                                                             [r["ci_high"].iloc[0] - r["value"].iloc[0]]],
-                                fmt="none", ecolor="black", elinewidth=0.8, capsize=2, gid="interval")
+                    draw_intervals(ax, xi, r["value"].iloc[0], r["ci_low"].iloc[0], r["ci_high"].iloc[0])
         ax.set_xticks(np.arange(len(optimizers)), [label(o) for o in optimizers], rotation=30, ha="right")
         ax.set_title(f"total ε = {fmt_tick(eps)}")
     axes[0][0].set_ylabel(data["metric"].iloc[0])
