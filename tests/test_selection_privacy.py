@@ -139,7 +139,10 @@ def test_audit_figure_and_table_take_several_seeds():
 
     audits = pd.read_parquet(RESULTS / "audit" / "audits.parquet")
     audits = audits[audits.seed == 0].reset_index(drop=True)  # the committed table has seeds 0, 1, 2
-    assert len(audits) == 72  # 18 private optimizers x 4 claims
+    assert len(audits) == 76  # 19 private optimizers x 4 claims
+    committed = over_seeds(pd.read_parquet(RESULTS / "audit" / "audits.parquet"))
+    assert (committed.n_seeds == 3).all() and len(committed) == 76
+    assert set(committed[committed.violation].optimizer) == {"dpdice"}  # refuted by some seed: DP-Dice alone
     one = over_seeds(audits)
     assert (one.n_seeds == 1).all() and (one.ci_low == one.epsilon_lower).all() and len(one) == len(audits)
     shifted = [audits.assign(epsilon_lower=audits.epsilon_lower + d, seed=s) for s, d in enumerate((-0.1, 0.0, 0.1))]
