@@ -69,9 +69,10 @@ from dpbench.mechanisms.sampling import PoissonSampler
 
 REPO = Path(__file__).resolve().parents[1]
 
-N_TRAIN = {"P1": 50_000, "P2": 60_000, "P3": 60_000}
+N_TRAIN = {"P1": 50_000, "P2": 60_000, "P3": 60_000, "P4": 12_979}
 SHAPES = {"P1": (3, 32, 32), "P2": (1, 28, 28), "P3": (1, 28, 28)}
-BATCH_SIZES = {"P1": [256, 512, 1024, 2048], "P2": [32, 64, 256, 512, 1024, 2048], "P3": [1024, 2048]}
+BATCH_SIZES = {"P1": [256, 512, 1024, 2048], "P2": [32, 64, 256, 512, 1024, 2048], "P3": [1024, 2048],
+               "P4": [64, 256, 1024]}
 OURS = ["sgd", "dpsgd", "dpadambc", "dpdice", "dpdisk", "dpmatrix-se", "dpsgd-unfold"]
 OPACUS = ["opacus-hooks", "opacus-ghost", "opacus-functorch"]
 SETUP2_METHODS = {"sgd", "dpsgd", "dpmatrix-se"}  # what Setup 2 runs at L = 32, 64
@@ -118,13 +119,42 @@ def write_json(path: Path, obj) -> None:
 # -- data and steps ---------------------------------------------------------------------------
 
 def synthetic_data(problem_id: str, n: int, device, seed: int = 0):
-    """n images of the problem's shape (uint8 -> the problem's preprocessing) and labels."""
+    """n images of the problem's shape (uint8 -> the problem's preprocessing) and labels; for
+    P4, ``lm_records``."""
     problem = get_problem(problem_id)
+    if problem_id == "P4":
+        return lm_records(n, device, seed)
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (n, *SHAPES[problem_id]), dtype=np.uint8)
     x = problem.preprocess(images).to(device)
     y = torch.from_numpy(rng.integers(0, 10, n)).to(device)
     return x, y
+
+
+LM_DATA: dict[str, str] = {}  # P4: where its records came from (the throughput output says)
+
+
+def lm_records(n: int, device, seed: int = 0):
+    """P4's training records as token rows (n, 129), labels unused zeros: the real fortunes
+    records where the corpus is installed, else generated rows in the same format ([BOS]
+    bytes [EOS], lengths of 3 to 129 tokens, PAD after), which time the same shapes."""
+    from dpbench.data.image_datasets import DataError
+    from dpbench.problems import tokenizer
+
+    problem = get_problem("P4")
+    try:
+        x = problem.preprocess(problem.load(None).x_train)
+        LM_DATA["P4"] = f"the fortunes training records ({x.shape[0]})"
+    except DataError:
+        rng = np.random.default_rng(seed)
+        width = problem.build().context + 1
+        x = torch.full((n, width), tokenizer.PAD, dtype=torch.int64)
+        for row, k in zip(x, rng.integers(3, width + 1, n)):
+            row[:k] = torch.from_numpy(rng.integers(0, 256, k))
+            row[0], row[k - 1] = tokenizer.BOS, tokenizer.EOS
+        LM_DATA["P4"] = f"generated token rows ({n}; the fortunes corpus is not installed here)"
+    x = x[:n] if x.shape[0] >= n else x.repeat((n + x.shape[0] - 1) // x.shape[0], 1)[:n]
+    return x.to(device), torch.zeros(n, dtype=torch.int64, device=device)
 
 
 class RowPool:
@@ -177,7 +207,9 @@ def our_step(problem_id: str, name: str, L: int, device, steps: int, n: int | No
         inner, model = our_step(problem_id, name.removesuffix("+graphs"), L, device, steps, n)
         n = n or N_TRAIN[problem_id]
         caps = capture.capacities(PoissonSampler(n, L / n, seed=0))
-        return capture.CapturedStep(inner.__self__, caps, graphs=torch.device(device).type == "cuda"), model
+        problem, gen = get_problem(problem_id), torch.Generator(device=device).manual_seed(1)
+        return capture.CapturedStep(inner.__self__, caps, graphs=torch.device(device).type == "cuda",
+                                    loss_fn=lambda m, x, y: problem.task.fixed_shape_loss(m, x, y, gen)), model
     if name.endswith("-unfold"):
         inner, model = our_step(problem_id, name.removesuffix("-unfold"), L, device, steps)
 
@@ -329,7 +361,8 @@ def throughput_markdown(result: dict) -> str:
     env = result["environment"]
     lines = [f"### Step throughput on {env['device']}", "",
              f"torch {env['torch']}, Opacus {env['opacus']}, TF32 off, deterministic kernels "
-             f"(dpbench.training.cuda); sigma = 1, C = 1, SGD; synthetic data; median of 3 timed blocks.", "",
+             f"(dpbench.training.cuda); sigma = 1, C = 1, SGD; synthetic images"
+             + (f", P4: {env['lm_data']}" if env.get("lm_data") else "") + "; median of 3 timed blocks.", "",
              "| problem | L | method | ms / step | steps / s | examples / s | x non-private | x dpsgd |",
              "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
     rows = result["rows"]
@@ -368,6 +401,8 @@ def cmd_throughput(args) -> None:
         n = 512 if args.quick else N_TRAIN[p]
         data[p] = synthetic_data(p, n, device)
         result["eval_s_per_example"][p] = eval_seconds_per_example(p, *data[p], device)
+        if p in LM_DATA:
+            result["environment"]["lm_data"] = LM_DATA[p]
     for p, L, method in plan:
         row = {"problem": p, "L": L, "method": method}
         if time.perf_counter() - t_start > args.budget_s:

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The GPU checks of captured steps (docs/gpu.md, "Captured steps (CUDA graphs)") as one short
-# script for a GPU session (about 6 minutes): the cuda tests of tests/test_capture.py (graph
-# replays against eager steps, fresh noise per replay, whole runs with and without the option,
-# a captured run killed and resumed), then ms per step of sgd, dpsgd and dpmatrix-se, eager and
-# captured, on P2 and P1 at L = 64, 256, 1024 (benchmarks/bench_gpu.py throughput --cuda-graphs;
-# each captured row keeps its capture record: captures, replays, a failure's reason).
+# script for a GPU session (about 8 minutes): the cuda tests of tests/test_capture.py and
+# tests/test_capture_lm.py (graph replays against eager steps, P4's included, fresh noise per
+# replay, whole runs with and without the option, a captured run killed and resumed), then ms per
+# step of sgd, dpsgd and dpmatrix-se, eager and captured, on P2 and P1 at L = 64, 256, 1024, and
+# of sgd and dpsgd, eager and captured, on P4 at L = 64, 256, 1024 (benchmarks/bench_gpu.py
+# throughput --cuda-graphs; each captured row keeps its capture record: captures, replays, a
+# failure's reason).
 #
 # From the repository root, with a python that has torch (CUDA), pytest, scipy, pandas, pyyaml:
 #   OUT=/tmp/capture-out PY=python3 bash scripts/gpu/capture.sh
-# $OUT gets log.txt, pytest-cuda.xml, throughput.json and throughput.md.
+# $OUT gets log.txt, pytest-cuda.xml, throughput.json and throughput.md (P4's in $OUT/p4).
 # Smoke test on a CPU (the cuda tests skip; tiny sizes):
 #   DPBENCH_GPU_SMOKE=1 PY=.venv/bin/python bash scripts/gpu/capture.sh
 set -uo pipefail   # no -e: the benchmark runs whatever the tests said
@@ -27,10 +29,15 @@ else
 fi
 
 timeout -k 10 200 "$PY" -m pytest -m cuda -q -rfEs -p no:cacheprovider --junitxml="$OUT/pytest-cuda.xml" \
-    tests/test_capture.py
-echo "=== pytest -m cuda tests/test_capture.py: exit $?"
+    tests/test_capture.py tests/test_capture_lm.py
+echo "=== pytest -m cuda tests/test_capture.py tests/test_capture_lm.py: exit $?"
 
 timeout -k 10 300 "$PY" benchmarks/bench_gpu.py throughput --device "$DEVICE" --cuda-graphs --no-opacus \
     --problems P2,P1 --methods sgd,dpsgd,dpmatrix-se,sgd+graphs,dpsgd+graphs,dpmatrix-se+graphs \
     --budget-s 240 --out "$OUT" "${SIZES[@]}"
 echo "=== bench_gpu.py throughput --cuda-graphs: exit $?"
+
+mkdir -p "$OUT/p4"
+timeout -k 10 200 "$PY" benchmarks/bench_gpu.py throughput --device "$DEVICE" --cuda-graphs --no-opacus \
+    --problems P4 --methods sgd,dpsgd,sgd+graphs,dpsgd+graphs --budget-s 150 --out "$OUT/p4" "${SIZES[@]}"
+echo "=== bench_gpu.py throughput --cuda-graphs --problems P4: exit $?"

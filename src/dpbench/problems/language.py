@@ -80,7 +80,12 @@ def per_sample_loss(model: nn.Module, x: torch.Tensor, y=None, generator=None):
     The batch is cut to its longest record first: padding changes no record's loss or gradient
     (the model is causal and padded targets carry no loss), so this only saves compute."""
     length = int((x != tokenizer.PAD).sum(1).max().item()) if x.shape[0] else 2
-    x = x[:, :max(length, 2)]
+    return fixed_shape_loss(model, x[:, :max(length, 2)])
+
+
+def fixed_shape_loss(model: nn.Module, x: torch.Tensor, y=None, generator=None):
+    """``per_sample_loss`` on the batch's full width, uncut: no host sync and a shape that does
+    not depend on the data (what a captured step runs; the same losses and gradients)."""
     return token_losses(model(x[:, :-1]), x[:, 1:], tokenizer.PAD), None
 
 
@@ -100,12 +105,16 @@ class LanguageModel(Task):
     """Next-token prediction on token records with planted canaries (see the module docstring)."""
 
     facts = catalog.LANGUAGE_MODEL
+    capture_refusal = None  # captured steps run the uncut batch (fixed_shape_loss)
 
     def preprocess(self, raw: np.ndarray) -> torch.Tensor:
         return preprocess(raw)
 
     def per_sample_loss(self, model, x, y=None, generator=None):
         return per_sample_loss(model, x, y, generator)
+
+    def fixed_shape_loss(self, model, x, y=None, generator=None):
+        return fixed_shape_loss(model, x, y, generator)
 
     def make_canaries(self, seed: int) -> list[canary_lib.Canary]:
         return make_canaries(seed)

@@ -45,6 +45,18 @@ class Task:
                         generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise NotImplementedError
 
+    # Why a captured step (dpbench.training.capture: one CUDA graph replaying fixed shapes)
+    # cannot run this task's loss, or None where ``fixed_shape_loss`` runs on the batch's full
+    # shape with no host sync and no random draw. Read from the task's own class only: a task
+    # class that does not declare it (a subclass may change the loss) is not captured.
+    capture_refusal: str | None
+
+    def fixed_shape_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor | None,
+                         generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``per_sample_loss`` as a captured step runs it, on the batch's full shape: the same
+        losses and gradients (a task that trims its batches for speed trims nothing here)."""
+        return self.per_sample_loss(model, x, y, generator)
+
     def make_canaries(self, seed: int) -> list:
         """The canaries a run with the ``seed``'s canary stream plants: none."""
         return []
@@ -70,6 +82,7 @@ class Classification(Task):
     logits, and a prediction is correct where the largest logit is the label's."""
 
     facts = catalog.CLASSIFICATION
+    capture_refusal = None  # one forward pass over the batch as given
 
     def __init__(self, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
                  scale: float = 255.0):
@@ -97,6 +110,7 @@ class VAE(Task):
     over pixels) + KL summed over latent dimensions; the latent noise comes from ``generator``."""
 
     facts = catalog.VAE
+    capture_refusal = "draws its latent noise from the run's loss generator at every step"
 
     def __init__(self, scale: float = 255.0):
         self.scale = scale

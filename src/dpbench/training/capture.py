@@ -28,12 +28,14 @@ host-side state that changes between steps. Three things make a DP step so:
 
 Which steps are captured (``refusal`` says why not, and the run records it): ``DPStep`` and
 ``NonPrivateStep`` with the ``SGD`` rule exactly (dpsgd, sgd, the dense and streamed matrix
-mechanisms), noise from the built-in sources, on classification problems, one lane. The others
-keep host-side state that changes every step, which a graph would freeze: the Adam family's step
-count t in its bias correction, DiSK's first step and direction, Dice's residual allocation,
-D2P2's projection seed per step, Opacus's hooks; the VAE draws its latent noise from the run's
-loss generator per step, and the language model cuts each batch to its longest record (a host
-sync and a data-dependent shape). They run eagerly, unchanged.
+mechanisms), noise from the built-in sources, one lane, on a problem whose task declares that
+its loss runs on fixed shapes (``Task.capture_refusal`` None: classification; the language model,
+whose padded steps run the uncut batch, ``Task.fixed_shape_loss``, where its eager steps cut each
+batch to its longest record, a host sync and a data-dependent shape). The others keep host-side
+state that changes every step, which a graph would freeze: the Adam family's step count t in its
+bias correction, DiSK's first step and direction, Dice's residual allocation, D2P2's projection
+seed per step, Opacus's hooks; the VAE draws its latent noise from the run's loss generator per
+step. They run eagerly, unchanged.
 
 Capture: per bucket, ``WARMUP_STEPS`` throwaway padded steps run on a side stream (lazy
 initialisation: cuBLAS handles, autograd's buffers), reading zero noise buffers (the noise source
@@ -63,7 +65,6 @@ import torch
 from dpbench.mechanisms.noise import BandedNoise, BLTNoise, CorrelatedNoise, GaussianNoise
 from dpbench.mechanisms.sampling import CyclicPoissonSampler, FixedBatchSampler, PoissonSampler
 from dpbench.optimizers.base import SGD, DPStep, NonPrivateStep, StepOutput
-from dpbench.problems.tasks import Classification
 
 GRANULARITY = 64  # bucket sizes are multiples of this
 OVERFLOW_PROBABILITY = 1e-6  # per step: a batch above the largest bucket (runs eagerly)
@@ -131,14 +132,22 @@ def refusal(step, problem=None, sampler=None) -> str | None:
     if step.private and step.noise_std != 0 and \
             getattr(type(step.ctx.noise), "sample", None) not in {c.sample for c in SHAPE_ONLY_NOISE}:
         return f"its noise source {type(step.ctx.noise).__name__} is not one known to draw from shapes alone"
-    if problem is not None and type(problem.task) is not Classification:
-        why = {"vae": "draws its latent noise from the run's loss generator at every step",
-               "language-model": "cuts each batch to its longest record (a host sync and a data-dependent shape)"}
-        task = problem.task.facts.name
-        return f"its problem's task ({task}) {why.get(task, 'is not a classification task')}"
+    if problem is not None:
+        why = task_refusal(problem.task)
+        if why is not None:
+            return f"its problem's task ({problem.task.name}) {why}"
     if sampler is not None and capacities(sampler) is None:
         return f"its sampler {type(sampler).__name__} has batch sizes of unknown distribution"
     return None
+
+
+def task_refusal(task) -> str | None:
+    """Why a captured step cannot run ``task``'s loss (``Task.capture_refusal``, read from the
+    task's own class: a class that does not declare it is refused), or None."""
+    if "capture_refusal" not in type(task).__dict__:
+        return (f"does not declare whether its loss runs on fixed shapes ({type(task).__name__}.capture_refusal, "
+                "see dpbench.problems.tasks.Task)")
+    return type(task).__dict__["capture_refusal"]
 
 
 class StaticNoise:
@@ -204,13 +213,16 @@ class CapturedStep:
     batches past the largest bucket, every step after a failed capture); ``warmup_steps`` are
     the throwaway steps before each capture, whose effect on the parameters is undone."""
 
-    def __init__(self, step, capacities: tuple[int, ...], *, graphs: bool, warmup: int = WARMUP_STEPS):
+    def __init__(self, step, capacities: tuple[int, ...], *, graphs: bool, warmup: int = WARMUP_STEPS,
+                 loss_fn: Callable | None = None):
         reason = refusal(step)
         if reason is not None:
             raise ValueError(f"this step cannot be captured: {reason}")
         if warmup < 1:  # a throwaway step tells whether the step draws noise at all (sigma = 0)
             raise ValueError(f"warmup must be >= 1, got {warmup}")
         self.step, self.capacities, self.graphs, self.warmup = step, tuple(sorted(capacities)), graphs, warmup
+        # the loss of padded steps (the task's fixed_shape_loss); eager steps keep the step's own
+        self.loss_fn = loss_fn
         self.buckets: dict[int, _Bucket] = {}
         self.stopped: str | None = None  # why capture stopped (a failed capture)
         self.pool = None
@@ -246,10 +258,11 @@ class CapturedStep:
         the clipped sum, the noise from the bucket's ``StaticNoise``."""
         step, ctx = self.step, self.step.ctx
         loss_fn, noise = ctx.loss_fn, ctx.noise
+        padded_loss = self.loss_fn or loss_fn
         mask = bucket.mask
 
         def masked_loss(model, x, y):
-            losses, correct = loss_fn(model, x, y)
+            losses, correct = padded_loss(model, x, y)
             return torch.where(mask, losses, torch.zeros((), dtype=losses.dtype, device=losses.device)), correct
 
         bucket.noise.calls = 0
@@ -323,11 +336,13 @@ def _graph_device(device) -> bool:
 
 
 def for_run(enabled: bool, step, problem, sampler, device: torch.device,
-            log: Callable[[str], None] | None = None) -> tuple[Callable, Callable[[], dict | None]]:
+            log: Callable[[str], None] | None = None, loss_fn: Callable | None = None,
+            ) -> tuple[Callable, Callable[[], dict | None]]:
     """(the callable a run steps with, a function giving what the run's record says about
     capture at its end): the step itself unless ``enabled`` (the run option ``cuda_graphs``),
     and also where the device is not a CUDA GPU or the step cannot be captured (``refusal``),
-    which ``log`` is told (the record then holds the reason)."""
+    which ``log`` is told (the record then holds the reason). ``loss_fn``: the loss padded
+    steps run (the task's ``fixed_shape_loss`` with the run's loss generator), else the step's."""
     if not enabled:
         return step, lambda: None
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -340,5 +355,5 @@ def for_run(enabled: bool, step, problem, sampler, device: torch.device,
         return step, lambda: {"enabled": False, "reason": reason}
     caps = capacities(sampler)
     log(f"[cuda graphs] on: batches padded to buckets of {', '.join(map(str, caps))} rows")
-    captured = CapturedStep(step, caps, graphs=True)
+    captured = CapturedStep(step, caps, graphs=True, loss_fn=loss_fn)
     return captured, captured.record

@@ -266,7 +266,9 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     if saved:
         restore(saved, parts, loss_gen, trace)
 
-    stepper, capture_record = capture.for_run(cfg.cuda_graphs, parts.step, problem, parts.sampler, device)
+    stepper, capture_record = capture.for_run(
+        cfg.cuda_graphs, parts.step, problem, parts.sampler, device,
+        loss_fn=lambda m, x, y: problem.task.fixed_shape_loss(m, x, y, loss_gen))
     ends = epoch_ends(plan.steps, cfg.epochs, steps)
     label = f"{cfg.problem} {cfg.optimizer} lr={cfg.lr:g} L={plan.batch_size} eps={cfg.epsilon} seed={cfg.seed}"
     print(f"[{label}] N={n_train} q={plan.sample_rate} T={plan.steps} steps={steps} sigma={calibration.sigma:.6g} "
