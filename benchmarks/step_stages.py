@@ -23,18 +23,24 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import importlib.util
+import os
 import statistics
 import sys
 import tempfile
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
 from dpbench.mechanisms.sampling import PoissonSampler
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-import count_ops  # noqa: E402 (benchmarks/ is not a package)
+# benchmarks/count_ops.py, imported by its file (benchmarks/ is not a package): its build_step
+# builds both steps as the harness does, and its _sibling loads bench_step
+_spec = importlib.util.spec_from_file_location("count_ops", Path(__file__).resolve().with_name("count_ops.py"))
+count_ops = sys.modules.setdefault("count_ops", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(count_ops)
 
 DEFAULTS = {"P2": 256, "P4": 64}
 
@@ -94,7 +100,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     bench = count_ops._sibling("bench_step")
     started = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}"
-    load_start = " ".join(f"{v:.2f}" for v in __import__("os").getloadavg())
+    load_start = " ".join(f"{v:.2f}" for v in os.getloadavg())
 
     pid, L = args.problem, args.batch_size or DEFAULTS[args.problem]
     x, y = bench.data(pid, args.data_dir)
@@ -110,7 +116,7 @@ def main() -> None:
     med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     np_total = sum(v for k, v in med.items() if k.startswith("non-private"))
     dp_total = sum(v for k, v in med.items() if k.startswith("DP-SGD"))
-    load_end = " ".join(f"{v:.2f}" for v in __import__("os").getloadavg())
+    load_end = " ".join(f"{v:.2f}" for v in os.getloadavg())
     lines = [f"{pid}, L = {L}: stages of the DP-SGD and the non-private step, median ms per step over "
              f"{args.steps} steps (after one untimed), the steps alternating batch by batch, {args.threads} CPU threads",
              f"machine: {bench.machine()}",
