@@ -136,10 +136,10 @@ LM_DATA: dict[str, str] = {}  # P4: where its records came from (the throughput 
 
 def lm_records(n: int, device, seed: int = 0):
     """P4's training records as token rows (n, 129), labels unused zeros: the real fortunes
-    records where the corpus is installed, else generated rows in the same format ([BOS]
-    bytes [EOS], lengths of 3 to 129 tokens, PAD after), which time the same shapes."""
+    records where the corpus is installed, else generated records of 1 to 127 random letters
+    encoded as P4 encodes its records (``tokenizer.encode_records``), which time the same shapes."""
     from dpbench.data.image_datasets import DataError
-    from dpbench.problems import tokenizer
+    from dpbench.problems import language, tokenizer
 
     problem = get_problem("P4")
     try:
@@ -147,12 +147,10 @@ def lm_records(n: int, device, seed: int = 0):
         LM_DATA["P4"] = f"the fortunes training records ({x.shape[0]})"
     except DataError:
         rng = np.random.default_rng(seed)
-        width = problem.build().context + 1
-        x = torch.full((n, width), tokenizer.PAD, dtype=torch.int64)
-        for row, k in zip(x, rng.integers(3, width + 1, n)):
-            row[:k] = torch.from_numpy(rng.integers(0, 256, k))
-            row[0], row[k - 1] = tokenizer.BOS, tokenizer.EOS
-        LM_DATA["P4"] = f"generated token rows ({n}; the fortunes corpus is not installed here)"
+        letters = np.array(list("abcdefghijklmnopqrstuvwxyz "))
+        texts = ["".join(rng.choice(letters, k)) for k in rng.integers(1, language.CONTEXT, n)]
+        x = problem.preprocess(tokenizer.encode_records(texts, language.CONTEXT))
+        LM_DATA["P4"] = f"generated records ({n}; the fortunes corpus is not installed here)"
     x = x[:n] if x.shape[0] >= n else x.repeat((n + x.shape[0] - 1) // x.shape[0], 1)[:n]
     return x.to(device), torch.zeros(n, dtype=torch.int64, device=device)
 

@@ -45,17 +45,14 @@ def lm_step(optimizer: str, device="cpu"):
 
 
 def records(sizes, longest=(WIDTH,), seed=0, device="cpu"):
-    """Token batches as P4 stores them: [BOS] bytes [EOS] right-padded with PAD to WIDTH, the
+    """Token batches encoded as P4 encodes its records ([BOS] bytes [EOS], PAD to WIDTH), the
     records of batch i at most ``longest[i % len(longest)]`` tokens (so eager steps cut)."""
     rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz "))
     out = []
     for i, n in enumerate(sizes):
-        x = np.full((n, WIDTH), tokenizer.PAD, dtype=np.int64)
-        top = longest[i % len(longest)]
-        for row in x:
-            k = int(rng.integers(3, top + 1))
-            row[:k] = rng.integers(0, 256, k)
-            row[0], row[k - 1] = tokenizer.BOS, tokenizer.EOS
+        lengths = rng.integers(1, longest[i % len(longest)] - 2, n, endpoint=True)  # + BOS and EOS
+        x = tokenizer.encode_records(["".join(rng.choice(letters, k)) for k in lengths], WIDTH - 1)
         out.append((torch.from_numpy(x).to(device), None))
     return out
 
