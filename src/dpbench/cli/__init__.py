@@ -1,8 +1,9 @@
-"""Command line: ``dpbench train | data | aggregate | audits | plot | factorize | noise | audit | cost | grid | list``.
+"""Command line: ``dpbench train | data | aggregate | audits | plot | factorize | noise | audit | cost | grid |
+pretrain | list``.
 
 The parser and ``main`` are here; the commands are grouped by concern: ``training`` (train,
 data), ``matrix`` (factorize, noise), ``audit`` (audit, audits), ``reporting`` (aggregate, plot,
-grid, cost, list); ``arguments`` holds the argument types every command shares."""
+grid, cost, list), ``pretrain``; ``arguments`` holds the argument types every command shares."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dpbench.cli.arguments import (device, hyperparameter, nonnegative_float, no
                                    positive_int, probability, tuning_setting)
 from dpbench.cli.audit import AUDIT_HELP, cmd_audit, cmd_audits
 from dpbench.cli.matrix import cmd_factorize, cmd_noise
+from dpbench.cli.pretrain import add_pretrain_parser
 from dpbench.cli.reporting import cmd_aggregate, cmd_cost, cmd_grid, cmd_list, cmd_plot
 from dpbench.cli.training import cmd_data, cmd_train
 
@@ -154,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "rule and the file it writes (datasets, matrix stages, training "
                                                        "cells, aggregate, audits, figures)")
     g.set_defaults(func=cmd_grid)
+
+    add_pretrain_parser(sub)
 
     ls = sub.add_parser("list", help="every optimizer, problem and figure, built-in or from a plugin (exits 1 if "
                                      "a plugin is broken)")

@@ -200,3 +200,13 @@ def _plot_closure() -> list:
 def modules_fingerprint(roots: tuple[str, ...]) -> str:
     """Hash of some dpbench modules and everything they import (e.g. the matrix solvers)."""
     return _digest([(n, _module_file(n).read_text()) for n in module_closure(roots)])
+
+
+# What a public pretraining executes (dpbench.training.pretrain): its loop, the recipes, the
+# corpora's loaders, the removal of the private text, the model and the tokenizer.
+PRETRAIN = ("dpbench.training.pretrain",)
+
+
+def pretrain_fingerprint() -> str:
+    """Hash of the code behind a pretrained checkpoint; with the recipe's key, what names it."""
+    return modules_fingerprint(PRETRAIN)
