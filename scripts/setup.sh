@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Shared set-up, sourced by scripts/run.sh and scripts/test.sh: a virtual environment in
-# .venv with dpbench and its pinned dependencies, the official Fashion-MNIST files and Debian's
-# fortunes corpus (problem P4).
+# .venv with dpbench and its pinned dependencies, the official Fashion-MNIST files, Debian's
+# fortunes corpus (problem P4) and Debian's WordNet (the public corpus of pretraining).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -48,5 +48,17 @@ if [ ! -f /usr/share/games/fortunes/art ] && [ ! -d data/fortunes ] && command -
         echo "==> installing Debian's fortunes" >&2
         { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq fortunes; } >&2 \
             || echo "    (apt-get failed; P4 needs the fortunes files: apt-get install fortunes)" >&2
+    fi
+fi
+
+# WordNet 3.0 (the public corpus of pretraining, docs/finetune.md): Debian's wordnet-base
+# installs the data files in /usr/share/wordnet (verified by SHA-256 when loaded); without the
+# package, copy its data.adj, data.adv, data.noun and data.verb into data/wordnet/.
+if [ ! -f /usr/share/wordnet/data.noun ] && [ ! -d data/wordnet ] && command -v apt-get >/dev/null; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && sudo -n true 2>/dev/null && SUDO="sudo -n"
+    if [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; then
+        echo "==> installing Debian's wordnet-base" >&2
+        { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq wordnet-base; } >&2 \
+            || echo "    (apt-get failed; pretraining needs the WordNet files: apt-get install wordnet-base)" >&2
     fi
 fi
