@@ -98,8 +98,6 @@ def _inverse(a: np.uint64) -> np.uint64:
     return np.uint64(x)
 
 
-
-
 def _filter_bits(entries: int) -> int:
     """Size (log2) of the table of flags, indexed by a hash's top bits, that screens the public
     windows: about 64 flags per private hash (few false candidates), at most 2^26 (64 MB)."""
@@ -142,9 +140,10 @@ def remove_overlap(public: Sequence[str], private: Sequence[str], span: int = SP
             reason[q] = "record"
     # shared spans; a public record holding the whole private record it shares a span with: "record"
     for q, p in _matches(pub, priv, span, np.flatnonzero(priv.windows(span)[1])):
-        whole = priv.text(p) in pub.text(q)
-        if whole or q not in reason:
-            reason[q] = "record" if whole else reason.get(q, "span")
+        if priv.text(p) in pub.text(q):
+            reason[q] = "record"
+        else:
+            reason.setdefault(q, "span")
     counts = Counter(reason.values())
     kept = [r for i, r in enumerate(public) if i not in reason]
     report = {"span_bytes": span, "normalisation": "whitespace runs to one space, stripped, lowercase",
