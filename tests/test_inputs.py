@@ -76,7 +76,7 @@ def test_run_config_refuses_non_finite_numbers(name, value):
     if name == "noise_multiplier":  # sigma given: no target (both together are refused first)
         settings["epsilon"] = None
     cfg = RunConfig(**{**settings, name: value})
-    with pytest.raises(ValueError, match=f"{name} must be"):
+    with pytest.raises(ValueError, match=f"^{name}: expected a finite .*, got {value}$"):
         cfg.validate(OPTIMIZERS["dpsgd"])
 
 
@@ -189,7 +189,7 @@ def test_what_a_cell_passes_to_dpbench_train_is_exactly_its_values():
     for cell in expand(validate(config)):
         args = cli.build_parser().parse_args(["train", *cell.train_args(config["train"]), "--out", "x.parquet"])
         assert (args.lr, args.epsilon, args.seed) == (cell.lr, cell.epsilon, cell.seed)
-        given = dict(args.hp or [])
+        given = dict(args.hyperparameters or [])
         assert given == dict(cell.hyperparameters)
         assert all(type(given[k]) is type(v) for k, v in cell.hyperparameters)  # True stays a bool
 
@@ -344,7 +344,7 @@ def test_device_cuda_without_a_gpu_names_the_option(tmp_path, capsys, device):
     code, err = cli_error(train_argv(tmp_path, "--device", device), capsys)
     assert code == 2 and f"argument --device: {device}: no CUDA GPU is available" in err, err
     with pytest.raises(ValueError, match="no CUDA GPU is available"):
-        __import__("dpbench.training.config").training.config.resolve_device(device)
+        __import__("dpbench.training.cuda").training.cuda.resolve_device(device)
 
 
 def test_a_damaged_run_file_is_refused_naming_it_and_the_fix(tmp_path):
@@ -569,7 +569,7 @@ def test_test_subset_above_the_test_set_is_refused_naming_the_option(tmp_path, c
 
 @pytest.mark.parametrize("problem,argv,held,drawn,dataset", [
     ("P4", [], 12979, 12979, "fortunes"),  # the 93 canaries would keep N positive
-    ("P2", ["--train-subset", "500"], 600, 500, "fashion-mnist"),
+    ("P2", ["--train-subset", "500"], 600, 500, "fashion-mnist after --train-subset"),
 ])
 def test_a_validation_split_holding_out_every_record_is_refused_naming_the_option(tmp_path, capsys, problem, argv,
                                                                                  held, drawn, dataset):
@@ -577,7 +577,7 @@ def test_a_validation_split_holding_out_every_record_is_refused_naming_the_optio
     code, err, seconds = timed_cli_error([problem if a == "P2" else a for a in argv], capsys)
     assert code == 2 and seconds < 1
     assert err == f"dpbench train: error: argument --validation-size: {held} is not below the {drawn} training " \
-                  f"examples of {dataset}: none would be left to train on\n"
+                  f"examples of {problem} ({dataset}): none would be left to train on\n"
 
 
 @pytest.mark.parametrize("figure,option,why", [

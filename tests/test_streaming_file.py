@@ -269,7 +269,7 @@ def test_hp_flags_carry_auto_and_integers():
     args = build_parser().parse_args(["train", "--problem", "P2", "--optimizer", "dpmatrix-band-amp", "--lr", "1",
                                       "--batch-size", "32", "--epochs", "1", "--seed", "0", "--out", "x.parquet",
                                       "--hp", "bands=auto", "--hp", "buffers=3"])
-    assert args.hp == [("bands", "auto"), ("buffers", 3)]
+    assert args.hyperparameters == [("bands", "auto"), ("buffers", 3)]
     mech = get_optimizer("dpmatrix-band").mechanism
     with pytest.raises(ValueError, match="'bands' must be a positive integer or 'auto', got 'abc'"):
         mech.key(request(600, 60, 1, hyperparameters={"bands": "abc"}))

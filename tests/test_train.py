@@ -84,7 +84,7 @@ def test_noise_multiplier_given_is_recorded(tiny_fmnist):
     (dict(optimizer="dpsgd"), "give --epsilon or --noise-multiplier"),
     (dict(optimizer="nope", epsilon=1.0), "unknown optimizer 'nope'"),
     (dict(optimizer="dpsgd", epsilon=1.0, hyperparameters={"kappa": 1}), "no hyperparameter 'kappa'"),
-    (dict(optimizer="dpsgd", epsilon=-1.0), "epsilon must be positive"),
+    (dict(optimizer="dpsgd", epsilon=-1.0), "^epsilon: expected a finite positive number, got -1.0$"),
     (dict(optimizer="dpsgd", problem="P9", epsilon=1.0), "unknown problem 'P9'"),
     (dict(optimizer="dpsgd", epsilon=1.0, noise_multiplier=0.3), "--epsilon .* or --noise-multiplier .*not both"),
 ])

@@ -1,102 +1,71 @@
-"""The command line's argument types (argparse names the option in their messages) and the
-check that an output location can be written (``check_output``)."""
+"""The command line's argument types (argparse names the option in their messages), the options
+made from a settings dataclass (``add_settings``, ``settings_of``: ``dpbench train``'s from
+``RunConfig``) and the check that an output location can be written (``check_output``)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from dpbench.files import refuse_special
+from dpbench.training import settings
 
 
-def hyperparameter(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--hp expects KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
+def argument_type(value_type: settings.ValueType):
+    """A value type (``dpbench.training.settings``) as an argparse type: its ValueError becomes
+    argparse's one line naming the option ("argument --epsilon: expected a finite positive
+    number, got 'inf'")."""
+
+    def parse(text: str):
+        try:
+            return value_type.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = value_type.what
+    return parse
 
 
-def tuning_setting(text: str) -> dict:
-    """``--tuning``: a JSON object with the search's distribution, mean, shape, repetitions and
-    candidate (dpbench.training.tuning), checked here so that a bad one stops before any work."""
-    from dpbench.privacy.tuning import Tuning
-
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}") from None
-    keys = {"distribution", "mean", "shape", "repetitions", "candidate"}
-    if not isinstance(value, dict) or not {"distribution", "mean", "repetitions", "candidate"} <= set(value) <= keys:
-        raise argparse.ArgumentTypeError(f"expected an object with keys {sorted(keys)} (shape optional), got {text!r}")
-    try:
-        Tuning(value["distribution"], value["mean"], value.get("shape") or 1.0)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    k, j = value["repetitions"], value["candidate"]
-    if not (isinstance(k, int) and isinstance(j, int) and 0 <= j < k):
-        raise argparse.ArgumentTypeError(f"candidate must be an index below repetitions, got {j!r} of {k!r}")
-    return value
+# Argument types shared by every command. Each refuses what no run can use, before any work starts.
+positive_float = argument_type(settings.positive_float)  # epsilon, learning rate, clipping norm, seconds
+nonnegative_float = argument_type(settings.nonnegative_float)  # a noise multiplier
+probability = argument_type(settings.probability)  # delta
+positive_int = argument_type(settings.positive_int)
+nonnegative_int = argument_type(settings.nonnegative_int)  # a seed
+hyperparameter = argument_type(settings.hyperparameter)  # --hp KEY=VALUE
 
 
-# Argument types shared by every command (argparse names the option in its message:
-# "argument --epsilon: expected a finite positive number, got 'inf'"). Each refuses what no
-# run can use, before any work starts.
+def add_settings(groups: dict[str, Any], cls) -> None:
+    """An option for each setting of ``cls`` (``RunConfig``), from its field, in the argument
+    group of its scope (``groups``: scope -> group): flag, value type, help, default (shown),
+    required where the field has none; a switch flips its default, a repeated setting appends
+    (``--hp``). The option's dest is the field's name."""
+    for s in settings.settings(cls):
+        shown = "" if s.required or s.default in (None, {}) or s.type is settings.switch else " (default: %(default)s)"
+        kw = {"dest": s.name, "help": s.help + shown}
+        if s.type is settings.switch:
+            kw["action"] = "store_false" if s.default else "store_true"
+        else:
+            kw.update(type=argument_type(s.type), metavar=s.metavar, required=s.required)
+            if s.repeated:
+                kw["action"] = "append"
+            elif not s.required:
+                kw["default"] = s.default
+            if s.type.choices:
+                kw["choices"] = s.type.choices
+        groups[s.scope].add_argument(s.flag, **kw)
 
 
-def _number(text: str, ok, what: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if not (math.isfinite(value) and ok(value)):
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-    return value
-
-
-def finite_float(text: str) -> float:
-    return _number(text, lambda x: True, "a finite number")
-
-
-def positive_float(text: str) -> float:
-    """A finite number > 0 (epsilon, learning rate, clipping norm, seconds)."""
-    return _number(text, lambda x: x > 0, "a finite positive number")
-
-
-def nonnegative_float(text: str) -> float:
-    """A finite number >= 0 (a noise multiplier)."""
-    return _number(text, lambda x: x >= 0, "a finite number >= 0")
-
-
-def probability(text: str) -> float:
-    """A number in the open interval (0, 1) (delta)."""
-    return _number(text, lambda x: 0 < x < 1, "a finite number in (0, 1)")
-
-
-def _integer(text: str, ok, what: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if not ok(value):
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    return _integer(text, lambda n: n > 0, "a positive integer")
-
-
-def nonnegative_int(text: str) -> int:
-    """An integer >= 0 (a seed: numpy's SeedSequence takes no negative entropy)."""
-    return _integer(text, lambda n: n >= 0, "an integer >= 0")
-
+def settings_of(args, cls):
+    """``cls`` (``RunConfig``) from the options ``add_settings`` added, parsed into ``args``."""
+    values = {}
+    for s in settings.settings(cls):
+        value = getattr(args, s.name)
+        values[s.name] = dict(value or []) if s.repeated else value
+    return cls(**values)
 
 
 # Free space an output location must have before a run starts: a run file and its
@@ -128,17 +97,3 @@ def check_output(path: str | Path, option: str, need: int = OUTPUT_SPACE) -> Non
     if free < need:
         raise ValueError(f"argument {option}: only {free / 2**20:.1f} MiB free on its file system "
                          f"({path.parent}); a run needs {need / 2**20:.0f} MiB for its file and checkpoint")
-
-
-def device(text: str) -> str:
-    """auto, cpu, or a device torch has here (cuda needs a CUDA GPU: checked now, not after
-    the data is loaded)."""
-    if text in ("auto", "cpu"):
-        return text
-    from dpbench.training.config import resolve_device
-
-    try:
-        resolve_device(text)
-    except (ValueError, RuntimeError) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text

@@ -3,9 +3,41 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-from dpbench.cli.arguments import check_output
+from dpbench.cli.arguments import (check_output, hyperparameter, nonnegative_int, positive_float, positive_int,
+                                   probability)
+
+
+def add_parsers(sub) -> None:
+    from dpbench.privacy import accounting
+
+    au = sub.add_parser("audit", help="empirical privacy audit of an optimizer (lower bound on epsilon, "
+                                      "violation test)", description=AUDIT_HELP,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    au.add_argument("--optimizer", help="a private optimizer of the registry")
+    au.add_argument("--epsilon", type=positive_float, help="the claimed epsilon (sigma is calibrated for it)")
+    au.add_argument("--hp", type=hyperparameter, action="append", metavar="KEY=VALUE", help="optimizer hyperparameter")
+    au.add_argument("--trials", type=positive_int, default=2000, help="R: trials, half with the canary (even)")
+    au.add_argument("--mode", default="trials", choices=["trials", "one-run"],
+                    help="trials (default) or one-run (Steinke et al. 2023: 1000 canaries in one run; a smoke "
+                         "test, never flags)")
+    au.add_argument("--beta", type=probability, default=0.05, help="false-alarm probability of the audit")
+    au.add_argument("--delta", type=probability, default=accounting.DELTA)
+    au.add_argument("--accountant", default=accounting.DEFAULT_ACCOUNTANT, choices=accounting.ACCOUNTANTS,
+                    help="the accountant sigma is calibrated with and whose privacy profile is tested")
+    au.add_argument("--seed", type=nonnegative_int, default=0)
+    au.add_argument("--out", help="output .parquet (written atomically)")
+    au.add_argument("--cache-dir", help="where matrix factorizations are cached (as for dpbench train)")
+    au.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    au.add_argument("--self-test", action="store_true", help="audit the built-in mutants and correct mechanisms")
+    au.set_defaults(func=cmd_audit)
+
+    at = sub.add_parser("audits", help="collect audit files (dpbench audit) into one table")
+    at.add_argument("audits", nargs="+", help="audit .parquet files")
+    at.add_argument("--out", required=True)
+    at.set_defaults(func=cmd_audits)
 
 
 def cmd_audits(args) -> int:

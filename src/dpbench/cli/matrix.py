@@ -6,7 +6,31 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dpbench.cli.arguments import nonnegative_int, positive_float, positive_int
 from dpbench.files import refuse_special
+
+
+def add_parsers(sub) -> None:
+    f = sub.add_parser("factorize", help="matrix mechanisms: factorize A = B C for a key, e.g. me-k30-b48 or "
+                                         "band-n1875-b64")
+    f.add_argument("--key", required=True, help="dense: <kind>-k<epochs>-b<batches>[-tau<tau>], kind in se, "
+                                                "se-lambda, me, me-lambda, identity; streamed: band-n<T>-b<b>, "
+                                                "blt-n<T>-sep<b'>-k<k>-m<m|auto>, "
+                                                "band-auto-N<N>-L<L>-n<T>-eps<eps>-delta<delta>")
+    f.add_argument("--out", required=True, help="output .npz (dense) or .json (streamed), written atomically")
+    f.add_argument("--report", help="the report as JSON (default: next to --out)")
+    f.add_argument("--tol", type=positive_float, help="relative duality gap to stop at")
+    f.set_defaults(func=cmd_factorize)
+
+    n = sub.add_parser("noise", help="matrix mechanisms: write the correlated noise C^-1 Z (T x d, float32), "
+                                     "or --estimate the disk a config's noise files need")
+    n.add_argument("--estimate", metavar="CONFIG", help="print the noise files (and dense factorizations) a workflow "
+                                                        "config needs, their sizes and the total; writes nothing")
+    n.add_argument("--factorization", help="the factorization .npz")
+    n.add_argument("--dim", type=positive_int, help="d, the number of model parameters")
+    n.add_argument("--seed", type=nonnegative_int, help="the run's noise seed (dpbench.seeds.stream_seeds)")
+    n.add_argument("--out", help="output .npy (written atomically, JSON sidecar next to it)")
+    n.set_defaults(func=cmd_noise)
 
 
 def cmd_factorize(args) -> int:

@@ -8,7 +8,7 @@ import sys
 from dpbench.cli.arguments import check_output, positive_float
 
 
-def add_pretrain_parser(sub) -> None:
+def add_parsers(sub) -> None:
     p = sub.add_parser("pretrain", help="train a language model non-privately on a public corpus (the private "
                                         "text removed); writes the checkpoint and its JSON sidecar")
     p.add_argument("--recipe", required=True, help="wordnet-lm, tiny, or a JSON object of recipe fields "

@@ -5,7 +5,45 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from dpbench.cli.arguments import positive_int
 from dpbench.files import refuse_special
+
+
+def add_parsers(sub) -> None:
+    a = sub.add_parser("aggregate", help="collect run files into a runs table and a per-epoch table")
+    a.add_argument("runs", nargs="+", help="run .parquet files")
+    a.add_argument("--out-runs", required=True)
+    a.add_argument("--out-epochs", required=True)
+    a.add_argument("--audits", help="the audits table (dpbench audits): adds the runs' audit_violation column")
+    a.set_defaults(func=cmd_aggregate)
+
+    p = sub.add_parser("plot", help="a figure of thesis chapter 5 / appendix B, as PNG and PDF")
+    p.add_argument("figure", help="fig5_1 ... fig5_8, figB_1, figB_2, lm_loss, lm_exposure, lm_ranking, audit or "
+                                  "a plugin's figure (dpbench list)")
+    p.add_argument("--runs", required=True, help="the aggregated runs table")
+    p.add_argument("--out", required=True, help="output stem: writes STEM.png and STEM.pdf (a table: STEM.md)")
+    p.add_argument("-o", "--option", action="append", metavar="KEY=VALUE",
+                   help="figure option, e.g. problem=P2, select_by=val, filters=thesis, filter.epochs=250,500")
+    p.set_defaults(func=cmd_plot)
+
+    g = sub.add_parser("grid", help="list the cells a workflow config expands to (--jobs: every job of the workflow)")
+    g.add_argument("config")
+    g.add_argument("--jobs", action="store_true", help="every job the workflow runs for the config, one a line: its "
+                                                       "rule and the file it writes (datasets, matrix stages, training "
+                                                       "cells, aggregate, audits, figures)")
+    g.set_defaults(func=cmd_grid)
+
+    ls = sub.add_parser("list", help="every optimizer, problem and figure, built-in or from a plugin (exits 1 if "
+                                     "a plugin is broken)")
+    ls.set_defaults(func=cmd_list)
+
+    c = sub.add_parser("cost", help="projected GPU-hours of workflow configs (dpbench.pipeline.cluster's cost model)")
+    c.add_argument("configs", nargs="*", default=[f"config/{n}.yaml" for n in ("setup1", "setup2", "setup3", "thesis")],
+                   help="workflow configs (default: the three setups and the thesis grid)")
+    c.add_argument("--costs", help="a cost file of benchmarks/bench_gpu.py costs (default: src/dpbench/gpu_costs.json "
+                                   "if committed, else the assumed costs)")
+    c.add_argument("--cells-per-gpu", type=positive_int, default=8, help="cells sharing one GPU (measured gain)")
+    c.set_defaults(func=cmd_cost)
 
 
 def cmd_aggregate(args) -> int:

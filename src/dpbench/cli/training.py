@@ -2,12 +2,45 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
-from dpbench.cli.arguments import check_output
+from dpbench.cli.arguments import add_settings, check_output, nonnegative_float, positive_int, settings_of
 from dpbench.files import refuse_special
+
+
+def add_parsers(sub) -> None:
+    from dpbench.training.config import RunConfig
+
+    t = sub.add_parser("train", help="train one grid cell and write one Parquet file",
+                       description="Train one grid cell and write one Parquet file. The run's settings are "
+                                   "RunConfig's fields (dpbench.training.config), a workflow config's train: keys "
+                                   "among them (config/README.md).")
+    add_settings({"cell": t.add_argument_group("a grid cell's own settings"),
+                  "train": t.add_argument_group("the settings a workflow config's train: section holds"),
+                  "command": t.add_argument_group("the settings of where the run is made")}, RunConfig)
+    o = t.add_argument_group("this invocation (not settings of the run)")
+    o.add_argument("--out", required=True, help="output .parquet file (written atomically)")
+    o.add_argument("--run-id", help="name recorded in the run (default: the output file's stem)")
+    o.add_argument("--checkpoint", help="checkpoint file (default OUT.ckpt): saved every epoch and every "
+                                        "--checkpoint-every seconds; a killed run resumes from it")
+    o.add_argument("--checkpoint-every", type=nonnegative_float, default=600.0,
+                   help="seconds between mid-epoch checkpoints (default: %(default)s)")
+    o.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    t.set_defaults(func=cmd_train)
+
+    d = sub.add_parser("data", help="find (or download) a dataset, verify its checksums, write a manifest")
+    d.add_argument("--dataset", required=True,
+                   help="fashion-mnist, cifar10, fortunes, or a plugin problem's dataset (dpbench list)")
+    d.add_argument("--data-dir", help="where to look first and where downloads go")
+    d.add_argument("--download", action=argparse.BooleanOptionalAction, default=True,
+                   help="image datasets only; fortunes comes from Debian (apt-get install fortunes)")
+    d.add_argument("--context", type=positive_int, default=128,
+                   help="fortunes: the context length at which truncated records are counted")
+    d.add_argument("--manifest", help="write the manifest JSON here")
+    d.set_defaults(func=cmd_data)
 
 
 def cmd_train(args) -> int:
@@ -19,44 +52,27 @@ def cmd_train(args) -> int:
     from dpbench.pipeline.fingerprint import optimizer_fingerprint, problem_fingerprint
     from dpbench.optimizers import get_optimizer
     from dpbench.reporting.results import write_run
-    from dpbench.training.train import RunConfig, run
+    from dpbench.training.config import RunConfig
+    from dpbench.training.settings import SettingError, flag_of
+    from dpbench.training.train import run
 
-    if args.train_subset or args.test_subset or args.validation_size:
-        from dpbench.problems import facts
-
-        problem = facts(args.problem)  # subsets are refused, never clamped
-        for option, value, size, split in (("--train-subset", args.train_subset, problem.train_size, "training"),
-                                           ("--test-subset", args.test_subset, problem.test_size, "test")):
-            if value and value > size:
-                raise ValueError(f"argument {option}: {value} is above the {size} {split} examples of "
-                                 f"{problem.dataset}")
-        drawn = min(args.train_subset or problem.train_size, problem.train_size)
-        if args.validation_size >= drawn:
-            raise ValueError(f"argument --validation-size: {args.validation_size} is not below the {drawn} training "
-                             f"examples of {problem.dataset}: none would be left to train on")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    cfg = RunConfig(
-        problem=args.problem, optimizer=args.optimizer, lr=args.lr, batch_size=args.batch_size,
-        epochs=args.epochs, seed=args.seed, epsilon=args.epsilon, noise_multiplier=args.noise_multiplier,
-        delta=args.delta, clip_norm=args.clip_norm, normalize_clipping=not args.flat_clipping,
-        accountant=args.accountant, hyperparameters=dict(args.hp or []), max_steps=args.max_steps,
-        tuning=args.tuning,
-        train_subset=args.train_subset, test_subset=args.test_subset, validation_size=args.validation_size,
-        data_dir=args.data_dir,
-        factorization=args.factorization, noise_file=args.noise_file, cache_dir=args.cache_dir,
-        device=args.device, progress_every_s=args.progress_every, cuda_graphs=args.cuda_graphs,
-    )
-    checkpoint = args.checkpoint or f"{args.out}.ckpt"
+    cfg = settings_of(args, RunConfig)
     # the optimizer and the hash of the code that trains it (a checkpoint of other code is stale)
-    spec = get_optimizer(args.optimizer)
-    for key, value in args.hp or []:
+    spec = get_optimizer(cfg.optimizer)
+    for key, value in cfg.hyperparameters.items():
         try:
             spec.hyperparameters({key: value})
         except ValueError as exc:
             raise ValueError(f"--hp {key}={value if isinstance(value, str) else json.dumps(value)}: {exc}") from None
+    try:  # every check of the settings, before any work; a bad value named by its flag
+        cfg.validate(spec)
+    except SettingError as exc:
+        raise ValueError(exc.as_given(lambda name: flag_of(RunConfig, name), "argument ")) from None
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    checkpoint = args.checkpoint or f"{args.out}.ckpt"
     result = run(cfg, spec, checkpoint=checkpoint, checkpoint_every_s=args.checkpoint_every,
-                 code_key=optimizer_fingerprint(spec.name) + problem_fingerprint(args.problem))
+                 code_key=optimizer_fingerprint(spec.name) + problem_fingerprint(cfg.problem))
     result.meta["run_id"] = args.run_id or Path(args.out).stem
     write_run(args.out, result.metrics, result.meta)
     Path(checkpoint).unlink(missing_ok=True)  # the run file now holds everything

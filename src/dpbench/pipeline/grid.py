@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ import yaml
 from dpbench.pipeline.configfile import ConfigError, check_configfiles, configfiles_of, read_yaml  # noqa: F401
 from dpbench.pipeline import searches
 from dpbench.problems import facts
+from dpbench.training.config import RunConfig, check_data
+from dpbench.training.settings import SettingError
 
 # The config schema ships inside the package (package data), so an installed dpbench validates
 # a config wherever it is; the workflow validates through this module too.
@@ -39,17 +40,6 @@ def fmt(x: float) -> str:
         return "true" if x else "false"
     short = f"{x:g}"
     return short if float(short) == x else repr(x)
-
-
-def _hp_text(value: Any) -> str:
-    """A hyperparameter value as ``dpbench train --hp KEY=VALUE`` reads it back exactly (JSON,
-    so true stays a bool and 0.30000000000000004 a float; a plain word as itself)."""
-    if isinstance(value, str):
-        try:
-            json.loads(value)
-        except json.JSONDecodeError:
-            return value
-    return json.dumps(value)
 
 
 @dataclass(frozen=True, order=True)
@@ -107,26 +97,16 @@ class Cell:
             return {"factorization": cache.streaming_path(cache_dir, mechanism.key(request))}
         return {}
 
+    def run_config(self, train: dict[str, Any]) -> RunConfig:
+        """The settings of this cell's run under the config's ``train`` section (whose keys are
+        RunConfig's ``train`` settings: the schema and RunConfig are held to each other)."""
+        return RunConfig(problem=self.problem, optimizer=self.optimizer, lr=self.lr, batch_size=self.batch_size,
+                         epochs=self.epochs, seed=self.seed, epsilon=self.epsilon,
+                         hyperparameters=dict(self.hyperparameters), tuning=dict(self.tuning) or None, **train)
+
     def train_args(self, train: dict[str, Any]) -> list[str]:
         """The ``dpbench train`` arguments of this cell under the config's ``train`` section."""
-        args = ["--problem", self.problem, "--optimizer", self.optimizer, "--lr", repr(self.lr),
-                "--batch-size", str(self.batch_size), "--epochs", str(self.epochs), "--seed", str(self.seed)]
-        if self.epsilon is not None:
-            args += ["--epsilon", repr(self.epsilon)]
-        for key, value in self.hyperparameters:
-            args += ["--hp", f"{key}={_hp_text(value)}"]
-        if self.tuning:
-            args += ["--tuning", json.dumps(dict(self.tuning), sort_keys=True)]
-        for key, flag in (("delta", "--delta"), ("clip_norm", "--clip-norm"), ("accountant", "--accountant"),
-                          ("max_steps", "--max-steps"), ("train_subset", "--train-subset"),
-                          ("test_subset", "--test-subset"), ("validation_size", "--validation-size")):
-            if train.get(key) not in (None, 0):
-                args += [flag, str(train[key])]
-        if train.get("normalize_clipping") is False:
-            args.append("--flat-clipping")
-        if train.get("cuda_graphs"):
-            args.append("--cuda-graphs")
-        return args
+        return self.run_config(train).to_args()
 
 
 def seeds_from_root(root_seed: int, n: int) -> list[int]:
@@ -202,8 +182,7 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     if errors:
         raise _schema_error(errors[0])
     check_figure_ids(config)
-    cells = expand(config)  # semantic checks: optimizer names, hyperparameter names, batch sizes
-    check_train_subset(config, cells)
+    cells = expand(config)  # semantic checks: optimizer names, hyperparameter names, data sizes, batch sizes
     check_figures(config, cells)
     return config
 
@@ -254,25 +233,14 @@ def _schema_error(e) -> ConfigError:
     return ConfigError(f"config key {key}: {message}{what}")
 
 
-def check_train_subset(config: dict[str, Any], cells: list[Cell]) -> None:
-    """``train.train_subset`` and ``test_subset`` cannot exceed a dataset's training and test
-    sets (they would be clamped)."""
+def check_train_data(config: dict[str, Any], problem: str) -> None:
+    """``train.train_subset``, ``test_subset`` and ``validation_size`` against the problem's
+    dataset (``dpbench.training.config.check_data``: the run's own check, without torch)."""
     train = config.get("train") or {}
-    for key, size, split in (("train_subset", "train_size", "training"), ("test_subset", "test_size", "test")):
-        for dataset, n in sorted({facts(c.problem).dataset: getattr(facts(c.problem), size) for c in cells}.items()):
-            if train.get(key) and train[key] > n:
-                raise ConfigError(f"config key train.{key}: {train[key]} is above the {n} {split} examples of {dataset}")
-
-
-def check_validation_size(train: dict[str, Any], problem: str) -> None:
-    """``train.validation_size`` must leave records of the dataset to train on: the canaries a
-    language-model run plants are not its data, and would keep N positive on their own."""
-    f, held = facts(problem), train.get("validation_size") or 0
-    drawn = min(f.train_size, train.get("train_subset") or f.train_size)
-    if held >= drawn:
-        raise ConfigError(f"config key train.validation_size: {held} is not below the {drawn} training examples of "
-                          f"{problem} ({f.dataset}{' after train.train_subset' * bool(train.get('train_subset'))}): "
-                          "none would be left to train on")
+    try:
+        check_data(problem, train.get("train_subset"), train.get("test_subset"), train.get("validation_size") or 0)
+    except SettingError as exc:
+        raise ConfigError(exc.as_given(lambda name: f"train.{name}", "config key ")) from None
 
 
 def check_figure_ids(config: dict[str, Any]) -> None:
@@ -387,7 +355,7 @@ def expand(config: dict[str, Any]) -> list[Cell]:
             if not epsilons:
                 raise ConfigError(f"config key {where}.epsilons: private optimizer {name!r} needs at least one epsilon")
             for problem, L in itertools.product(block["problems"], block["batch_sizes"]):
-                check_validation_size(config.get("train") or {}, problem)
+                check_train_data(config, problem)
                 probe = Cell(problem, name, int(L), 1, None, 1.0, 0, 0)
                 n = probe.n_train(config.get("train") or {})
                 if L > n:

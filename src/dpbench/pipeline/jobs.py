@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +73,11 @@ class Jobs:
 
     def train_args(self, cell: Cell) -> str:
         """The ``dpbench train`` arguments of a cell, quoted for the shell, with the files it reads."""
-        args = cell.train_args(self.config["train"])
         files = self.cache_files(cell)
-        for name, flag in (("factorization", "--factorization"), ("noise", "--noise-file")):
-            if name in files:
-                args += [flag, str(files[name])]
-        return shlex.join(args)
+        run = replace(cell.run_config(self.config["train"]),
+                      factorization=str(files["factorization"]) if "factorization" in files else None,
+                      noise_file=str(files["noise"]) if "noise" in files else None)
+        return shlex.join(run.to_args())
 
     def listing(self) -> list[tuple[str, str]]:
         """Every job, as (its rule, the file it writes: the first where it writes several), stage

@@ -1,88 +1,130 @@
-"""A run's settings: ``RunConfig`` (one grid cell, validated against its optimizer's spec) and
-the torch device it names (``resolve_device``)."""
+"""A run's settings: ``RunConfig``, the one declaration of what ``dpbench train`` takes.
+
+Each field is a setting (``dpbench.training.settings.setting``): its value type, flag, help and
+scope travel with it, so the ``train`` command's options (``cli.arguments.add_settings``), a
+grid cell's command line (``pipeline.grid.Cell.run_config``, then ``to_args``) and the checks
+of its values (``validate``) are all made from these fields. Adding a setting is one field here
+plus its use (and, for a ``train`` setting, its key in the config schema: a test holds the two
+together). ``check_data`` is the one check that needs the problem's facts; the config check
+calls it too. Importable without torch: the workflow reads it to build its jobs.
+"""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.privacy import accounting
-from dpbench.problems import get_problem
+from dpbench.problems import facts
+from dpbench.training.settings import (SettingError, check_values, choice, hyperparameter, nonnegative_float,
+                                       nonnegative_int, path, positive_float, positive_int, probability,
+                                       search_candidate, setting, switch, text, to_args, torch_device)
+
+if TYPE_CHECKING:
+    from dpbench.optimizers.spec import OptimizerSpec
 
 
+# The field order is the order of a cell's arguments (to_args): kept as it was written before
+# settings were declared here, so that no cell's command line, and so no cell, changes.
 @dataclass(frozen=True)
 class RunConfig:
-    problem: str
-    optimizer: str
-    lr: float
-    batch_size: int  # expected batch size L; sample rate q = L / N
-    epochs: int  # E; T = round(E * N / L)
-    seed: int
-    epsilon: float | None = None  # target epsilon (private optimizers); not with noise_multiplier
-    noise_multiplier: float | None = None  # use this sigma instead of calibrating; not with epsilon
-    delta: float = accounting.DELTA
-    clip_norm: float = 1.0
-    normalize_clipping: bool = True
-    accountant: str = accounting.DEFAULT_ACCOUNTANT
-    hyperparameters: dict[str, Any] = field(default_factory=dict)
-    max_steps: int | None = None
-    train_subset: int | None = None
-    test_subset: int | None = None
-    validation_size: int = 0  # examples held out of the training set for model selection
-    # a candidate of a hyperparameter search (training.tuning): distribution, mean, shape,
-    # repetitions (K), candidate; sigma is then calibrated for the whole search
-    tuning: dict[str, Any] | None = None
-    data_dir: str | None = None
-    # matrix mechanisms: the factorization and noise files (computed into cache_dir if absent)
-    factorization: str | None = None
-    noise_file: str | None = None
-    cache_dir: str | None = None
-    device: str = "auto"
-    eval_batch_size: int = 1000
-    progress_every_s: float = 10.0
+    # -- a grid cell's own values ------------------------------------------------------------
+    problem: str = setting(type=text, scope="cell", help="P1, P2, P3, P4 or a plugin's problem (dpbench list)")
+    optimizer: str = setting(type=text, scope="cell", help="an optimizer of the registry (dpbench list)")
+    lr: float = setting(type=positive_float, scope="cell", help="learning rate")
+    batch_size: int = setting(type=positive_int, scope="cell", metavar="L",
+                              help="expected batch size L; sample rate q = L / N")
+    epochs: int = setting(type=positive_int, scope="cell", metavar="E", help="E; T = round(E N / L) steps")
+    seed: int = setting(type=nonnegative_int, scope="cell", help="the run's root seed (dpbench.seeds)")
+    epsilon: float | None = setting(None, type=positive_float, scope="cell",
+                                    help="target epsilon (private optimizers; sigma is calibrated to it): not "
+                                         "with --noise-multiplier. The run file records the epsilon achieved")
+    hyperparameters: dict[str, Any] = setting(default_factory=dict, type=hyperparameter, scope="cell", flag="--hp",
+                                              metavar="KEY=VALUE", repeated=True,
+                                              help="optimizer hyperparameter (repeat the flag for several)")
+    # a candidate of a hyperparameter search (training.tuning): sigma is then calibrated for the whole search
+    tuning: dict[str, Any] | None = setting(
+        None, type=search_candidate, scope="cell", metavar="JSON",
+        help='this run is candidate j of K of a hyperparameter search, sigma calibrated for the whole search: '
+             '{"distribution": "negative_binomial"|"poisson"|"composition", "mean": .., "shape": .., '
+             '"repetitions": K, "candidate": j}')
+    # -- a workflow config's train: section (config/README.md) --------------------------------
+    # always: every cell's command line has carried these three, at their defaults too
+    delta: float = setting(accounting.DELTA, type=probability, scope="train", always=True,
+                           help="delta of the (epsilon, delta) guarantee")
+    clip_norm: float = setting(1.0, type=positive_float, scope="train", always=True, metavar="C",
+                               help="C, the clipping norm")
+    accountant: str = setting(accounting.DEFAULT_ACCOUNTANT, type=choice(accounting.ACCOUNTANTS), scope="train",
+                              always=True, help="the accountant sigma is calibrated with and epsilon reported by")
+    max_steps: int | None = setting(None, type=positive_int, scope="train", metavar="N",
+                                    help="stop after N steps (epsilon is reported for them)")
+    train_subset: int | None = setting(None, type=positive_int, scope="train", metavar="N",
+                                       help="train on a random subset of N examples")
+    test_subset: int | None = setting(None, type=positive_int, scope="train", metavar="N",
+                                      help="evaluate on a random subset of N examples")
+    validation_size: int = setting(0, type=nonnegative_int, scope="train", metavar="N",
+                                   help="hold N training examples out as a validation split for model selection")
+    normalize_clipping: bool = setting(True, type=switch, scope="train", flag="--flat-clipping",
+                                       help="g/max(1,|g|/C) instead of normalised clipping")
     # replay each step as a CUDA graph on Poisson batches padded to a few sizes (training.capture);
     # off until measured on a GPU; a no-op, with a message, on a CPU
-    cuda_graphs: bool = False
+    cuda_graphs: bool = setting(False, type=switch, scope="train",
+                                help="replay each step as a CUDA graph on padded batches (a GPU only; docs/gpu.md)")
+    # -- given where dpbench train is called (the workflow's rule gives the same to every cell) --
+    # matrix mechanisms: the factorization and noise files (computed into cache_dir if absent)
+    factorization: str | None = setting(None, type=path, scope="command",
+                                        help="matrix mechanisms: the factorization file, .npz (dense) or .json "
+                                             "(streamed), made by dpbench factorize")
+    noise_file: str | None = setting(None, type=path, scope="command",
+                                     help="matrix mechanisms: the correlated noise .npy (dpbench noise)")
+    noise_multiplier: float | None = setting(None, type=nonnegative_float, scope="command", metavar="SIGMA",
+                                             help="use this sigma instead of calibrating it from epsilon")
+    data_dir: str | None = setting(None, type=path, scope="command", help="directory with the official dataset files")
+    cache_dir: str | None = setting(None, type=path, scope="command",
+                                    help="matrix mechanisms: where missing factorization/noise files are made "
+                                         "(default $DPBENCH_CACHE_DIR or <tmp>/dpbench-cache)")
+    device: str = setting("auto", type=torch_device, scope="command", help="auto, cpu, cuda, cuda:1, ...")
+    eval_batch_size: int = setting(1000, type=positive_int, scope="command", metavar="N",
+                                   help="examples per forward pass of an evaluation")
+    progress_every_s: float = setting(10.0, type=positive_float, scope="command", flag="--progress-every",
+                                      metavar="SECONDS", help="seconds between progress lines")
+
+    def to_args(self) -> list[str]:
+        """The ``dpbench train`` arguments that give these settings (``settings.to_args``)."""
+        return to_args(self)
 
     def validate(self, spec: OptimizerSpec) -> None:
-        """Raises ValueError naming the first bad setting; ``spec`` is this run's optimizer."""
+        """Raises ValueError naming the first bad setting (SettingError where it is one setting's
+        value); ``spec`` is this run's optimizer."""
         if spec.name != self.optimizer:
             raise ValueError(f"optimizer {self.optimizer!r} was given the spec of {spec.name!r}")
+        from dpbench.problems import get_problem  # the registry (it imports torch)
+
         get_problem(self.problem)
-        for name in ("lr", "batch_size", "epochs", "clip_norm") + (("epsilon",) if self.epsilon is not None else ()):
-            if not 0 < getattr(self, name) < math.inf:
-                raise ValueError(f"{name} must be positive and finite, got {getattr(self, name)}")
-        if not 0 < self.delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+        check_values(self)
         if self.noise_multiplier is not None and self.epsilon is not None:
             # sigma given is used as is: the run would carry a target it may not meet
             raise ValueError("give --epsilon (sigma calibrated to it) or --noise-multiplier (epsilon accounted "
                              "for it), not both")
         if spec.private and self.noise_multiplier is None and self.epsilon is None:
             raise ValueError(f"optimizer {self.optimizer!r} is private: give --epsilon or --noise-multiplier")
-        if self.noise_multiplier is not None and not 0 <= self.noise_multiplier < math.inf:
-            raise ValueError(f"noise_multiplier must be >= 0 and finite, got {self.noise_multiplier}")
-        if self.validation_size < 0:
-            raise ValueError(f"validation_size must be >= 0, got {self.validation_size}")
+        check_data(self.problem, self.train_subset, self.test_subset, self.validation_size)
         spec.hyperparameters(self.hyperparameters)
 
 
-
-def resolve_device(device: str) -> torch.device:
-    """The torch device of ``device`` (auto: the GPU where there is one); a CUDA device this
-    machine does not have is an error saying so (not a failure after the data is loaded)."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            build = "without CUDA" if torch.version.cuda is None else f"with CUDA {torch.version.cuda}"
-            raise ValueError(f"{device}: no CUDA GPU is available (torch {torch.__version__}, built {build}); "
-                             "use --device cpu (or auto)")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"{device}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
-    return dev
+def check_data(problem: str, train_subset: int | None = None, test_subset: int | None = None,
+               validation_size: int = 0) -> None:
+    """The subsets within the problem's dataset (they are refused, never clamped), and a
+    validation split that leaves records to train on (the canaries a language-model run plants
+    are not its data, and would keep N positive on their own). SettingError naming the setting;
+    the problem's facts come from the torch-free catalog."""
+    f = facts(problem)
+    for name, value, size, split in (("train_subset", train_subset, f.train_size, "training"),
+                                     ("test_subset", test_subset, f.test_size, "test")):
+        if value and value > size:
+            raise SettingError(name, f"{value} is above the {size} {split} examples of {f.dataset}")
+    held, drawn = validation_size or 0, min(train_subset or f.train_size, f.train_size)
+    if held >= drawn:
+        raise SettingError("validation_size", f"{held} is not below the {drawn} training examples of {problem} "
+                                              f"({f.dataset}{' after `train_subset`' if train_subset else ''}): "
+                                              "none would be left to train on")

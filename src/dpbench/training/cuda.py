@@ -22,6 +22,7 @@ determinism`` (docs/gpu.md).
 
 These settings are process-wide; ``configure`` is called by the training harness whenever a
 run's device is a GPU, and by the GPU benchmarks for every method they compare.
+``resolve_device`` is the torch device a run's ``device`` setting names.
 """
 
 from __future__ import annotations
@@ -54,3 +55,19 @@ def settings() -> dict[str, object]:
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
     }
+
+
+def resolve_device(device: str) -> torch.device:
+    """The torch device of ``device`` (auto: the GPU where there is one); a CUDA device this
+    machine does not have is an error saying so (not a failure after the data is loaded)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "without CUDA" if torch.version.cuda is None else f"with CUDA {torch.version.cuda}"
+            raise ValueError(f"{device}: no CUDA GPU is available (torch {torch.__version__}, built {build}); "
+                             "use --device cpu (or auto)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{device}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    return dev

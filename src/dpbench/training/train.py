@@ -33,7 +33,8 @@ from dpbench.seeds import stream_seeds
 from dpbench.training import capture, cuda
 from dpbench.training.calibration import Calibration, plan_request, timed_noise_multiplier
 from dpbench.training.checkpoint import Checkpoint, Trace, checkpoint_state, restore
-from dpbench.training.config import RunConfig, resolve_device
+from dpbench.training.config import RunConfig
+from dpbench.training.cuda import resolve_device
 from dpbench.training.harness import Assembly, assemble, build_model
 from dpbench.training.splits import Splits, load_splits
 

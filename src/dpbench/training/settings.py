@@ -1,0 +1,246 @@
+"""What a run setting is: a field of ``RunConfig`` declared with ``setting``, which carries
+everything the package does with it, so that adding a setting is one field plus its use.
+
+A setting's field metadata holds
+* its value type (``ValueType``): what reads the flag's text, checks a value given in Python or
+  a config, and writes the value back as text (``positive_float``, ``probability``, ...);
+* its flag of ``dpbench train`` (``--`` and the name with hyphens, unless given) and its help:
+  the command's options are made from the fields (``dpbench.cli.arguments.add_settings``);
+* its scope: ``cell`` (a grid cell's own value: ``pipeline.grid.Cell``), ``train`` (a key of a
+  workflow config's ``train:`` section, which the config schema holds too: a test holds the
+  two to each other) or ``command`` (given where ``dpbench train`` is called: on the command
+  line, or by the workflow's rule for every cell);
+* ``always``: written on a cell's command line even at its default (``to_args``).
+
+``to_args`` writes a config's settings as ``dpbench train`` arguments, ``SettingError`` is a
+refused value naming its setting, which the command line shows as a flag and the config
+check as a config key. Standard library only: the workflow reads settings without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import re
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any, Callable
+
+SCOPES = ("cell", "train", "command")
+
+
+class SettingError(ValueError):
+    """A setting's value refused: ``name`` is the field, ``reason`` the rest of the line, in
+    which a backquoted field name (`train_subset`) stands for another setting. ``str`` names
+    settings by their fields; ``as_given`` as the reader gave them (a flag, a config key)."""
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+        super().__init__(self.as_given(lambda n: n))
+
+    def as_given(self, named: Callable[[str], str], prefix: str = "") -> str:
+        """The one-line message with each setting as ``named`` calls it, e.g. ``--train-subset``."""
+        return f"{prefix}{named(self.name)}: " + re.sub(r"`(\w+)`", lambda m: named(m.group(1)), self.reason)
+
+
+@dataclass(frozen=True)
+class ValueType:
+    """The values a setting takes. ``what`` says them ("a finite positive number"); ``parse``
+    reads a flag's text (ValueError: "expected <what>, got '<text>'"); ``ok`` checks a value
+    given in Python or a config; ``text`` writes a value as the text ``parse`` reads back.
+    Each raises ValueError, which the command line shows naming the flag (cli.arguments)."""
+
+    what: str
+    parse: Callable[[str], Any]
+    ok: Callable[[Any], bool]
+    text: Callable[[Any], str] = str
+    choices: tuple[str, ...] = ()  # where the values are a few words (shown in the usage)
+
+    def check(self, name: str, value: Any) -> None:
+        if not self.ok(value):
+            raise SettingError(name, f"expected {self.what}, got {value!r}")
+
+
+def _number(kind: type, ok: Callable[[Any], bool], what: str) -> ValueType:
+    """A finite number (``kind``: int or float) for which ``ok`` holds."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(f"expected {what}, got {text!r}") from None
+        if not (math.isfinite(value) and ok(value)):
+            raise ValueError(f"expected {what}, got {text!r}")
+        return value
+
+    numbers_of_kind = numbers.Integral if kind is int else numbers.Real
+    return ValueType(what, parse, lambda v: (isinstance(v, numbers_of_kind) and not isinstance(v, bool)
+                                             and math.isfinite(v) and ok(v)))
+
+
+positive_float = _number(float, lambda x: x > 0, "a finite positive number")  # epsilon, lr, C, seconds
+nonnegative_float = _number(float, lambda x: x >= 0, "a finite number >= 0")  # a noise multiplier
+probability = _number(float, lambda x: 0 < x < 1, "a finite number in (0, 1)")  # delta
+positive_int = _number(int, lambda n: n > 0, "a positive integer")
+nonnegative_int = _number(int, lambda n: n >= 0, "an integer >= 0")  # a seed: SeedSequence takes no negative entropy
+text = ValueType("a text", str, lambda v: isinstance(v, str))
+path = ValueType("a path", str, lambda v: isinstance(v, (str, os.PathLike)))
+switch = ValueType("true or false", lambda t: t, lambda v: isinstance(v, bool))  # its flag flips the default
+
+
+def choice(values: tuple[str, ...]) -> ValueType:
+    what = "one of " + ", ".join(values)
+
+    def parse(t: str) -> str:
+        if t not in values:
+            raise ValueError(f"expected {what}, got {t!r}")
+        return t
+
+    return ValueType(what, parse, lambda v: v in values, choices=values)
+
+
+def _hp_text(value: Any) -> str:
+    """A hyperparameter value as ``--hp KEY=VALUE`` reads it back exactly (JSON, so true stays
+    a bool and 0.30000000000000004 a float; a plain word as itself)."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return json.dumps(value)
+
+
+def _hyperparameter(text_: str) -> tuple[str, object]:
+    key, sep, value = text_.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--hp expects KEY=VALUE, got {text_!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+# One KEY=VALUE pair of an optimizer's hyperparameters (a repeated flag: the field is their dict;
+# their names and values are the optimizer spec's to check).
+hyperparameter = ValueType("KEY=VALUE", _hyperparameter, lambda kv: isinstance(kv, tuple) and len(kv) == 2,
+                           lambda kv: f"{kv[0]}={_hp_text(kv[1])}")
+
+TUNING_KEYS = {"distribution", "mean", "shape", "repetitions", "candidate"}
+
+
+def _tuning(text_: str) -> dict:
+    """``--tuning``: a JSON object with the search's distribution, mean, shape, repetitions and
+    candidate (dpbench.training.tuning), checked here so that a bad one stops before any work."""
+    from dpbench.privacy.tuning import Tuning
+
+    try:
+        value = json.loads(text_)
+    except json.JSONDecodeError:
+        raise ValueError(f"expected a JSON object, got {text_!r}") from None
+    if not isinstance(value, dict) or not TUNING_KEYS - {"shape"} <= set(value) <= TUNING_KEYS:
+        raise ValueError(f"expected an object with keys {sorted(TUNING_KEYS)} (shape optional), got {text_!r}")
+    Tuning(value["distribution"], value["mean"], value.get("shape") or 1.0)
+    k, j = value["repetitions"], value["candidate"]
+    if not (isinstance(k, int) and isinstance(j, int) and 0 <= j < k):
+        raise ValueError(f"candidate must be an index below repetitions, got {j!r} of {k!r}")
+    return value
+
+
+search_candidate = ValueType("a search's candidate (JSON)", _tuning, lambda v: isinstance(v, dict),
+                   lambda v: json.dumps(v, sort_keys=True))
+
+
+def _device(text_: str) -> str:
+    """auto, cpu, or a device torch has here (cuda needs a CUDA GPU: checked now, not after
+    the data is loaded)."""
+    if text_ in ("auto", "cpu"):
+        return text_
+    from dpbench.training.cuda import resolve_device
+
+    try:
+        resolve_device(text_)
+    except RuntimeError as exc:
+        raise ValueError(str(exc)) from None
+    return text_
+
+
+torch_device = ValueType("auto, cpu or a CUDA device", _device, lambda v: isinstance(v, str))
+
+
+def setting(default: Any = MISSING, *, type: ValueType, help: str, scope: str, flag: str | None = None,  # noqa: A002
+            metavar: str | None = None, always: bool = False, repeated: bool = False,
+            default_factory: Callable[[], Any] | Any = MISSING) -> Any:
+    """A field of ``RunConfig``: its default (none: the flag is required), value type, help and
+    scope (``SCOPES``); ``flag`` where it is not ``--`` and the name with hyphens; ``repeated``:
+    the flag is given once per item of the field's dict (``--hp``); ``always``: written on a
+    cell's command line even at its default (a changed command line reruns a cell)."""
+    assert scope in SCOPES, scope
+    meta = {"type": type, "help": help, "scope": scope, "flag": flag, "metavar": metavar, "always": always,
+            "repeated": repeated}
+    return field(default=default, default_factory=default_factory, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting as read from its field."""
+
+    name: str
+    type: ValueType
+    help: str
+    scope: str
+    flag: str
+    metavar: str | None
+    always: bool
+    repeated: bool
+    default: Any  # MISSING where the setting is required
+
+    @property
+    def required(self) -> bool:
+        return self.default is MISSING
+
+
+def settings(cls) -> list[Setting]:
+    """The settings of a dataclass whose fields are made by ``setting``, in field order."""
+    return [_setting(f) for f in fields(cls)]
+
+
+def _setting(f: Field) -> Setting:
+    m = f.metadata
+    default = f.default if f.default is not MISSING else (
+        f.default_factory() if f.default_factory is not MISSING else MISSING)
+    return Setting(f.name, m["type"], m["help"], m["scope"], m["flag"] or "--" + f.name.replace("_", "-"),
+                   m["metavar"], m["always"], m["repeated"], default)
+
+
+def flag_of(cls, name: str) -> str:
+    """The ``dpbench train`` flag of setting ``name``."""
+    return next(s.flag for s in settings(cls) if s.name == name)
+
+
+def to_args(config) -> list[str]:
+    """A settings dataclass as ``dpbench train`` arguments, in field order: each setting away
+    from its default (or ``always``), a switch as its flag, a repeated setting once per item."""
+    args: list[str] = []
+    for s in settings(type(config)):
+        value = getattr(config, s.name)
+        if value is None or (value == s.default and not s.always):
+            continue
+        if s.type is switch:
+            args.append(s.flag)  # the switch's flag flips its default
+        elif s.repeated:
+            for item in value.items():
+                args += [s.flag, s.type.text(item)]
+        else:
+            args += [s.flag, s.type.text(value)]
+    return args
+
+
+def check_values(config) -> None:
+    """Each setting's value against its value type (None: not given); SettingError names the first bad one."""
+    for s in settings(type(config)):
+        value = getattr(config, s.name)
+        if value is None:
+            continue
+        for item in (value.items() if s.repeated else [value]):
+            s.type.check(s.name, item)
