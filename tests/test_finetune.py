@@ -138,7 +138,8 @@ def test_start_record():
     assert rec["kind"] == "public checkpoint" and rec["checkpoint_sha256"] == "ab" * 32
     assert rec["recipe"] == "wordnet-lm" and rec["pretraining_epsilon"] == 0.0
     assert (rec["mode"], rec["lora_rank"], rec["lora_alpha"]) == ("lora", 4, 16)
-    assert rec["trainable_parameters"] == trainable_parameters(TINY, None, Finetune("lora", 4)) == 2 * 4 * (4 * 32 + 48 + 48)  # 2 blocks, r = 4
+    # 2 blocks of r (4 (16 + 16) + (16 + 32) + (32 + 16)) adapter weights, r = 4
+    assert rec["trainable_parameters"] == trainable_parameters(TINY, None, Finetune("lora", 4)) == 2 * 4 * 224
     scratch = start_record(None, None, build_model(get_problem("P4"), 0, "cpu"))
     assert scratch["kind"] == "scratch" and scratch["trainable_parameters"] == 876_034 == scratch["parameters"]
 
@@ -149,7 +150,8 @@ def test_start_record():
     (lambda: Finetune("adapters"), "finetune mode 'adapters' is unknown"),
     (lambda: Finetune("lora", 0), "finetune lora_rank must be an integer >= 1"),
     (lambda: Finetune("bias", 4), "finetune lora_rank=4 is given with mode 'bias'"),
-    (lambda: modes.check(Finetune("lora", 17), TINY), r"finetune lora_rank=17 exceeds the width 16 of layer blocks.\*.attn.q"),
+    (lambda: modes.check(Finetune("lora", 17), TINY),
+     r"finetune lora_rank=17 exceeds the width 16 of layer blocks.\*.attn.q"),
     (lambda: modes.check(Finetune("lora", 17), {**TINY, "d_model": 32, "d_mlp": 16}),
      r"finetune lora_rank=17 exceeds the width 16 of layer blocks.\*.mlp.0"),
     (lambda: build_model(get_problem("P5"), 0, "cpu", checkpoint(), Finetune("lora", 17)), "lora_rank=17 exceeds"),
@@ -212,7 +214,8 @@ def test_per_sample_gradients_of_trainable_parameters_match_autograd(finetune):
     torch.testing.assert_close(torch.cat([summed[p].reshape(-1) for p in params]), coef @ want,
                                rtol=1e-10, atol=1e-12)
     if finetune.mode == "bias":  # Linear and LayerNorm layers with a frozen weight and a trained bias
-        frozen_weight = [m for m in tape.layers if isinstance(m, (nn.Linear, nn.LayerNorm)) and not m.weight.requires_grad]
+        frozen_weight = [m for m in tape.layers
+                         if isinstance(m, (nn.Linear, nn.LayerNorm)) and not m.weight.requires_grad]
         # per block 2 LayerNorms and 6 Linear layers; ln_f; the head
         assert len(frozen_weight) == 2 * 8 + 2 and all(m.bias.requires_grad for m in frozen_weight)
     if finetune.mode == "lora":

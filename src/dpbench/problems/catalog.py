@@ -122,7 +122,7 @@ class ProblemFacts:
     task: str  # a TASKS name; recorded as the run's problem.task
     train_size: int  # records of the official training split (canaries not included)
     test_size: int
-    parameters: int  # d, the model's parameter count (checked by the tests)
+    parameters: int  # d, the model's parameter count (checked by the tests); from a checkpoint: mode full's
     features: float
     gpu_s_per_example: float
     cpu_s_per_example: float

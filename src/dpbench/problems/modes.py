@@ -67,7 +67,8 @@ class Finetune:
         return None if self.mode != "lora" else LORA_ALPHA / self.lora_rank
 
     def record(self) -> dict:
-        return {"mode": self.mode, "lora_rank": self.lora_rank, "lora_alpha": LORA_ALPHA if self.mode == "lora" else None}
+        alpha = LORA_ALPHA if self.mode == "lora" else None
+        return {"mode": self.mode, "lora_rank": self.lora_rank, "lora_alpha": alpha}
 
 
 def dims_of(model_dims: dict | None) -> dict:
