@@ -89,7 +89,7 @@ def test_vae_loss_is_summed_per_sample():
 
 
 def test_catalog_holds_the_facts_of_every_registered_problem():
-    assert list(catalog.FACTS) == list(PROBLEMS) == ["P1", "P2", "P3", "P4"]
+    assert list(catalog.FACTS) == list(PROBLEMS) == ["P1", "P2", "P3", "P4", "P5", "P6"]
     for pid, problem in PROBLEMS.items():
         facts = problems_facts(pid)
         assert problem.facts is facts and problem.task.facts is catalog.TASKS[facts.task]
@@ -98,7 +98,9 @@ def test_catalog_holds_the_facts_of_every_registered_problem():
     assert sizes == {"P1": ("cifar10", "classification", "accuracy", 50_000, 10_000, 0),
                      "P2": ("fashion-mnist", "classification", "accuracy", 60_000, 10_000, 0),
                      "P3": ("fashion-mnist", "vae", "loss", 60_000, 10_000, 0),
-                     "P4": ("fortunes", "language-model", "loss", 12_979, 1_417, 93)}
+                     "P4": ("fortunes", "language-model", "loss", 12_979, 1_417, 93),
+                     "P5": ("fortunes", "language-model", "loss", 12_979, 1_417, 93),
+                     "P6": ("fortunes", "classification", "accuracy", 12_979, 1_417, 0)}
     with pytest.raises(KeyError, match="unknown problem 'P9'; choose one of"):
         problems_facts("P9")
     with pytest.raises(KeyError, match="unknown problem 'P9'; choose one of"):

@@ -21,6 +21,12 @@ record, not per author or per quotation: a text that occurs r times (the corpus 
 duplicates across files) is protected only at group size r, with the usual group-privacy
 degradation.
 
+Files. Each record keeps the name of the file it came from (``Corpus.train_files``,
+``Corpus.validation_files``, aligned with the records): P6's label. A text that occurs in two
+files (78 texts of the package, 156 records) is two records with their own files: a record's
+example depends on that record alone, so the guarantee stays per record (merging or dropping
+such texts would make one record's presence change another's example).
+
 Split. A record goes to validation iff ``int(sha256(text.encode()).hexdigest()[:8], 16) % 100 <
 VALIDATION_PERCENT``, a function of its text alone: not of its position, so adding or
 reordering files moves no existing record, and every copy of a duplicated text lands on the same
@@ -98,6 +104,8 @@ class Corpus:
     train: tuple[str, ...]
     validation: tuple[str, ...]
     source: str  # the directory the files were read from
+    train_files: tuple[str, ...] = ()  # the file of each training record (the same order)
+    validation_files: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- locating
@@ -183,7 +191,8 @@ def split(records: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def load(data_dir: str | Path | None = None, *, manifest: Mapping[str, str] | None = None) -> Corpus:
-    """Locate, verify and parse the corpus; records in file-name order, then file order.
+    """Locate, verify and parse the corpus; records in file-name order, then file order, each
+    with its file.
 
     ``manifest`` ({file: SHA-256 hex}) replaces ``SHA256``, file set included; tests use it to
     load generated files.
@@ -191,9 +200,11 @@ def load(data_dir: str | Path | None = None, *, manifest: Mapping[str, str] | No
     manifest = SHA256 if manifest is None else manifest
     directory = locate(data_dir, manifest=manifest)
     texts = _read_checked(directory, manifest)
-    records = [r for name in sorted(texts) for r in parse(texts[name])]
-    train, validation = split(records)
-    return Corpus(train, validation, str(directory))
+    labelled = [(r, name) for name in sorted(texts) for r in parse(texts[name])]
+    train, validation = split([r for r, _ in labelled])
+    train_files = tuple(name for r, name in labelled if not is_validation(r))
+    validation_files = tuple(name for r, name in labelled if is_validation(r))
+    return Corpus(train, validation, str(directory), train_files, validation_files)
 
 
 # --------------------------------------------------------------------------- statistics

@@ -16,6 +16,11 @@ How each layer type does this is registered by type in ``dpbench.privacy.per_sam
 (``Linear``, ``Conv2d``, ``ConvTranspose2d``, ``Embedding``, ``LayerNorm`` built in;
 ``register_per_sample`` adds a type). This module tapes a model's layers and sums over them.
 
+Only trainable parameters (``requires_grad``) get per-sample gradients: a layer whose
+parameters are all frozen is not taped at all (a LoRA adapter's frozen base), and a layer with
+some frozen is taped for the others (a bias-only fine-tuning's Linear: its bias), where the
+layer's rule says it can (``LayerGrads.partly_frozen``; the built-in rules can).
+
 A parameter shared by two layers (tied weights) is refused: its per-sample gradient is the sum
 of the two layers' contributions, whose squared norm is not the sum of their squared norms.
 
@@ -130,8 +135,10 @@ def trainable_layers(model: nn.Module) -> list[nn.Module]:
         if type(module) not in LAYER_GRADS:
             raise UnsupportedLayerError(f"layer {name!r} ({type(module).__name__}) has trainable parameters, but "
                                         + _unregistered(type(module)))
-        if any(not p.requires_grad for p in module.parameters(recurse=False)):
-            raise UnsupportedLayerError(f"layer {name!r} has partly frozen parameters")
+        if any(not p.requires_grad for p in module.parameters(recurse=False)) and \
+                not LAYER_GRADS[type(module)].partly_frozen:
+            raise UnsupportedLayerError(f"layer {name!r} has partly frozen parameters, and the per-sample rule of "
+                                        f"{type(module).__name__} forms every parameter's gradients")
         reason = LAYER_GRADS[type(module)].unsupported_option(module)
         if reason is not None:
             raise UnsupportedLayerError(f"layer {name!r} ({type(module).__name__}): {reason}")

@@ -61,6 +61,8 @@ class LayerGrads:
     type (``unsupported_option``) or override ``inner`` and ``weighted_sum`` with cheaper forms
     (``FactorGrads``)."""
 
+    partly_frozen = False  # True: forms the trainable parameters' only (a partly frozen layer is accepted)
+
     def __init__(self, module: nn.Module, x: torch.Tensor, gy: torch.Tensor):
         reason = self.unsupported_option(module)
         if reason is not None:
@@ -194,10 +196,11 @@ class _FunctionGrads(LayerGrads):
 
 
 class FactorGrads(LayerGrads):
-    """A layer whose per-sample weight gradient is ``G_i^T A_i`` (A: (B, P, da) inputs, G:
-    (B, P, dg) output gradients at its P positions) plus an optional bias: norms and inner
-    products by the ghost identity where that is cheaper, a weighted sum as one native call.
-    A subclass gives ``factors``, ``_positions`` and ``_native_weighted_sum``."""
+    """A layer whose per-sample weight gradient is ``G_i^T A_i`` (A: (B, P, da) inputs, G: (B, P, dg) output
+    gradients at its P positions) plus an optional bias: norms and inner products by the ghost identity where
+    that is cheaper, a weighted sum as one native call. A subclass gives ``factors``, ``_positions`` and
+    ``_native_weighted_sum``. A frozen weight or bias gets nothing (a frozen weight: the base class's forms)."""
+    partly_frozen = True
 
     @cached_property
     def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,14 +231,14 @@ class FactorGrads(LayerGrads):
 
     @cached_property
     def bias(self) -> torch.Tensor | None:
-        """Per-sample bias gradients, (B, *bias.shape): gy summed over positions."""
-        if getattr(self.module, "bias", None) is None:
+        """Per-sample bias gradients, (B, *bias.shape): gy summed over positions (None: no bias or frozen)."""
+        if getattr(self.module, "bias", None) is None or not self.module.bias.requires_grad:
             return None
         return _sum_over_positions(self.module, self.gy)
 
     @cached_property
     def per_sample(self) -> dict[nn.Parameter, torch.Tensor]:
-        out = {self.module.weight: self.materialised}
+        out = {self.module.weight: self.materialised} if self.module.weight.requires_grad else {}
         if self.bias is not None:
             out[self.module.bias] = self.bias
         return out
@@ -260,6 +263,8 @@ class FactorGrads(LayerGrads):
         return A[:, 0], G[:, 0]
 
     def inner(self, other: "FactorGrads") -> torch.Tensor:
+        if not self.module.weight.requires_grad:
+            return super().inner(other)
         if self.use_ghost:
             w = self._ghost_inner(other)
         else:
@@ -269,7 +274,7 @@ class FactorGrads(LayerGrads):
         return w
 
     def norm_terms(self) -> list[tuple[bool, torch.Tensor]]:
-        if type(self).inner is not FactorGrads.inner:
+        if type(self).inner is not FactorGrads.inner or not self.module.weight.requires_grad:
             return [(False, self.inner(self))]
         terms = [(False, self._ghost_inner(self)) if self.use_ghost else (True, _rowwise_norm(self.materialised))]
         if self.bias is not None:
@@ -286,6 +291,8 @@ class FactorGrads(LayerGrads):
 
     def weighted_sum(self, coef: torch.Tensor, out: dict | None = None) -> dict[nn.Parameter, torch.Tensor]:
         m = self.module
+        if not m.weight.requires_grad:
+            return super().weighted_sum(coef, out)
         if out is None:
             if "materialised" in self.__dict__:  # formed for the norms already: one contraction
                 w = torch.tensordot(coef, self.materialised, dims=1)
@@ -421,10 +428,9 @@ class ConvTranspose2dGrads(Conv2dGrads):
     transposed = True
 
 
-# nn.Embedding options (and their supported values) that change its gradient: padding_idx zeroes
-# one row's gradient, max_norm renormalises rows in place during the forward pass,
-# scale_grad_by_freq divides by each index's frequency in the whole batch (which mixes samples),
-# sparse makes the gradient a sparse tensor.
+# nn.Embedding options (and their supported values) that change its gradient: padding_idx zeroes one row's gradient,
+# max_norm renormalises rows in place during the forward pass, scale_grad_by_freq divides by each index's frequency
+# in the whole batch (which mixes samples), sparse makes the gradient a sparse tensor.
 _EMBEDDING_OPTIONS = {"padding_idx": None, "max_norm": None, "scale_grad_by_freq": False, "sparse": False}
 
 
@@ -475,11 +481,15 @@ class EmbeddingGrads(FactorGrads):
 
 @register_per_sample(nn.LayerNorm)
 class LayerNormGrads(LayerGrads):
-    """Affine ``nn.LayerNorm``: weight and bias gradients materialised (each one output row)."""
+    """Affine ``nn.LayerNorm``: weight and bias gradients materialised (each one output row), if trained."""
+    partly_frozen = True
 
     @cached_property
     def per_sample(self) -> dict[nn.Parameter, torch.Tensor]:
         m, x, gy, B = self.module, self.x, self.gy, self.batch_size
+        out = {} if m.bias is None or not m.bias.requires_grad else {m.bias: _sum_over_positions(m, gy)}
+        if not m.weight.requires_grad:
+            return out
         n = m.weight.numel()
         xhat = F.layer_norm(x, m.normalized_shape, None, None, m.eps)
         # sum over positions p of gy_p * x^_p, as a batched contraction (no (B, P, d) temporary)
@@ -487,7 +497,4 @@ class LayerNormGrads(LayerGrads):
         if gy.dim() != 3 or gy.shape[-1] != n:
             g3, xhat = gy.reshape(B, -1, n), xhat.reshape(B, -1, n)
         weight = torch.einsum("bpk,bpk->bk", g3, xhat)
-        out = {m.weight: weight if m.weight.dim() == 1 else weight.view(B, *m.weight.shape)}
-        if m.bias is not None:
-            out[m.bias] = _sum_over_positions(m, gy)
-        return out
+        return {m.weight: weight if m.weight.dim() == 1 else weight.view(B, *m.weight.shape), **out}

@@ -2,7 +2,9 @@
 reported) and the facts the pipeline needs. P1-P3 are the thesis's (Table 4.1): image datasets
 read by ``dpbench.data``, the networks of ``convnets`` (``images``). P4 is a private transformer
 language model on the fortunes corpus with planted canaries (``language``, ``transformer``,
-``tokenizer``).
+``tokenizer``). P5 and P6 start from a transformer pretrained on public text: P5 is P4's task
+(``language``), P6 a record's fortunes file from its text (``text_classification``), in a
+fine-tuning mode (``modes``: the trained parameters, torch-free; ``finetune``: the model).
 
 * ``catalog``: every problem's facts, importable without torch (the grid, the cluster cost
   model, the matrix cache and the reports read them);

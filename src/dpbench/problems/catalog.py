@@ -12,6 +12,13 @@ reading its data.
 * ``training_examples``: N, the number of examples a run trains on, the one function both the
   training run and the grid use (the grid keys a matrix mechanism's factorization by N, so the
   two must agree: tested for every problem, canaries included).
+* ``pretrained``: the public pretraining recipe a problem starts from (P5, P6: ``PRETRAINED``,
+  the transformer pretrained on WordNet's glosses), or None where it trains from scratch; the
+  workflow makes such a problem's runs depend on the pretraining, and only such a problem takes
+  a fine-tuning mode (``dpbench.problems.modes``, whose ``trainable_parameters`` is d under a
+  mode: ``ProblemFacts.trainable``).
+* ``FORTUNE_FILES``: P6's classes, the files of Debian's fortunes package (version
+  ``FORTUNES_VERSION``): public facts of the package, not counted from the private records.
 * ``CANARY_REPEATS``, ``CANARIES_PER_REPEAT``, ``PLANTED``: the canaries a language-model run
   plants (``dpbench.problems.language``) and the runs table's columns per repetition count.
 
@@ -25,12 +32,30 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dpbench.problems.modes import Finetune, check, trainable_parameters
+
 # Canaries (Carlini et al. 2019, arXiv:1802.08232): CANARIES_PER_REPEAT canaries for each
 # repetition count k (25 as in Gong, Pavliv & Peng; k = 0: never inserted, the reference), so a
 # run adds PLANTED canary records to its training split.
 CANARY_REPEATS = (0, 1, 5, 25)
 CANARIES_PER_REPEAT = 3
 PLANTED = CANARIES_PER_REPEAT * sum(CANARY_REPEATS)  # 93
+
+# The public pretraining recipe P5 and P6 start from: a TransformerLM trained without privacy on
+# WordNet's glosses and examples (the fortunes records removed from them first).
+PRETRAINED = "wordnet-lm"
+
+# P6's classes: the plain-text files of Debian's fortunes package 1:1.99.1-7.3 (the keys of
+# dpbench.data.fortunes.SHA256 for that PACKAGE_VERSION; tests/test_problems_finetune.py checks
+# both), in sorted order: class c is the c-th name.
+FORTUNES_VERSION = "1:1.99.1-7.3"
+FORTUNE_FILES = (
+    "art", "ascii-art", "computers", "cookie", "debian", "definitions", "disclaimer", "drugs", "education",
+    "ethnic", "food", "goedel", "humorists", "kids", "knghtbrd", "law", "linux", "linuxcookie", "love", "magic",
+    "medicine", "men-women", "miscellaneous", "news", "paradoxum", "people", "perl", "pets", "platitudes",
+    "politics", "pratchett", "science", "songs-poems", "sports", "startrek", "tao", "translate-me", "wisdom",
+    "work", "zippy",
+)
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # ids name directories of runs and parts of cell ids
 
@@ -97,10 +122,12 @@ class ProblemFacts:
     task: str  # a TASKS name; recorded as the run's problem.task
     train_size: int  # records of the official training split (canaries not included)
     test_size: int
-    parameters: int  # d, the model's parameter count (checked by the tests)
+    parameters: int  # d, the model's parameter count (checked by the tests); from a checkpoint: mode full's
     features: float
     gpu_s_per_example: float
     cpu_s_per_example: float
+    pretrained: str | None = None  # the public pretraining recipe it starts from (None: from scratch)
+    classes: tuple[str, ...] | None = None  # a classifier's class names, where they are public facts
 
     def __post_init__(self):
         if not isinstance(self.id, str) or not _ID.fullmatch(self.id):
@@ -114,6 +141,8 @@ class ProblemFacts:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"problem {self.id!r}: {name} must be a positive number, got {value!r}")
+        if self.pretrained is not None and not (isinstance(self.pretrained, str) and _ID.fullmatch(self.pretrained)):
+            raise ValueError(f"problem {self.id!r}: pretrained must name a pretraining recipe, got {self.pretrained!r}")
 
     @property
     def metric(self) -> str:
@@ -123,6 +152,14 @@ class ProblemFacts:
     def planted(self) -> int:
         """Canary records a run adds to its training split (0 unless the task plants canaries)."""
         return PLANTED if task_facts(self.task).plants_canaries else 0
+
+    def trainable(self, model_dims: dict | None, finetune: Finetune | None) -> int:
+        """d of a run that fine-tunes this problem's model from a checkpoint of ``model_dims``
+        under ``finetune`` (``modes.trainable_parameters``; a classifier's head has one output per
+        class). A mode for a problem that starts from no checkpoint is refused."""
+        if finetune is not None and self.pretrained is None:
+            check(finetune, model_dims, pretrained=None, problem=self.id)
+        return trainable_parameters(model_dims, None if self.classes is None else len(self.classes), finetune)
 
     def n_train(self, train_subset: int | None = None, validation_size: int = 0) -> int:
         """N of a run on the official data under a config's ``train_subset`` and ``validation_size``."""
@@ -135,10 +172,16 @@ class ProblemFacts:
 # the 2-thread P2 DP-SGD step of an earlier benchmarks/bench_step.py (74.7 ms at L = 256,
 # docs/speed.md: 0.29 ms per example), P1 and P3 scaled by their FLOPs; P4 a 2-thread DP step
 # of the default transformer on 128-token records, measured with OMP_NUM_THREADS=2 (about 2.4 s
-# of CPU time for 64 records, rounded up).
+# of CPU time for 64 records, rounded up). P5 is P4 from the public checkpoint (the same data,
+# canaries and model); P6 classifies P4's records (the same hash split) by their file, with the
+# LM head replaced by one of 40 classes (876,034 - 33,282 + 128*40 + 40 = 847,912), and P4's costs.
 FACTS: dict[str, ProblemFacts] = {f.id: f for f in (
     ProblemFacts("P1", "cifar10", "classification", 50_000, 10_000, 258_762, 3 * 32 * 32, 40e-6, 0.45e-3),
     ProblemFacts("P2", "fashion-mnist", "classification", 60_000, 10_000, 225_034, 28 * 28, 30e-6, 0.29e-3),
     ProblemFacts("P3", "fashion-mnist", "vae", 60_000, 10_000, 1_875_265, 28 * 28, 120e-6, 1.2e-3),
     ProblemFacts("P4", "fortunes", "language-model", 12_979, 1_417, 876_034, 129 * 8 // 5, 400e-6, 40e-3),
+    ProblemFacts("P5", "fortunes", "language-model", 12_979, 1_417, 876_034, 129 * 8 // 5, 400e-6, 40e-3,
+                 pretrained=PRETRAINED),
+    ProblemFacts("P6", "fortunes", "classification", 12_979, 1_417, 847_912, 129 * 8 // 5, 400e-6, 40e-3,
+                 pretrained=PRETRAINED, classes=FORTUNE_FILES),
 )}

@@ -30,7 +30,7 @@ whether greedy decoding of 50 tokens after the prefix reproduces the secret. DIG
 the exact enumeration (11,111 batched forward rows of <= 25 tokens) to seconds on a CPU.
 
 ``LanguageModel`` is the task that does all this (preprocessing, loss, canaries, memorisation);
-``P4`` the problem's spec.
+``P4`` the problem's spec, and ``P5`` the same task fine-tuned from a public checkpoint.
 """
 
 from __future__ import annotations
@@ -129,3 +129,8 @@ class LanguageModel(Task):
 # P4: byte-level transformer LM (876,034 parameters), one fortune = one record; loss = the
 # held-out records' mean per-record token cross-entropy (perplexity = exp(loss))
 P4 = Problem(catalog.FACTS["P4"], LanguageModel(), TransformerLM, load)
+# P5: P4's task (data, canaries, exposure) started from the public checkpoint (the pretraining
+# recipe catalog.PRETRAINED) and fine-tuned in a mode of dpbench.problems.modes; build() is its
+# from-scratch twin, P4's model.
+P5 = Problem(catalog.FACTS["P5"], LanguageModel(), TransformerLM, load,
+             build_pretrained=lambda dims: TransformerLM(**dims))

@@ -23,12 +23,16 @@ class Problem:
     constants); ``task``: the task object that preprocesses, computes per-sample losses and plants
     canaries; ``build()``: a new model, its parameters initialised from the global torch RNG
     (the harness seeds it); ``load(data_dir)``: the dataset, train and test splits in a fixed
-    order, from verified files (``data_dir`` may be None: the problem's own default places)."""
+    order, from verified files (``data_dir`` may be None: the problem's own default places);
+    ``build_pretrained(model_dims)``, for a problem that starts from a public checkpoint
+    (``facts.pretrained``): its model of the checkpoint's dimensions, to be loaded from it
+    (``dpbench.problems.finetune.from_checkpoint``); ``build()`` is then its from-scratch twin."""
 
     facts: ProblemFacts
     task: Task
     build: Callable[[], nn.Module]
     load: Callable[[str | None], Dataset]
+    build_pretrained: Callable[[dict], nn.Module] | None = None
 
     @property
     def id(self) -> str:

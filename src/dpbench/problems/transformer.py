@@ -90,6 +90,10 @@ class TransformerLM(nn.Module):
         self.head = nn.Linear(d_model, vocab_size)  # untied from tok_emb
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.hidden(tokens))
+
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The final LayerNorm's output (B, T, d_model): what the head reads at each position."""
         B, T = tokens.shape
         if T > self.context:
             raise ValueError(f"sequence length {T} exceeds the context {self.context}")
@@ -99,7 +103,7 @@ class TransformerLM(nn.Module):
         x = self.tok_emb(tokens) + self.pos_emb(pos)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        return self.ln_f(x)
 
 
 def token_losses(logits: torch.Tensor, targets: torch.Tensor, pad_id: int) -> torch.Tensor:

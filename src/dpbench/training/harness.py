@@ -14,7 +14,10 @@ source and sampler seeded from the same streams. Both build them here:
   draws its batches, in this order (the order fixes which random numbers each piece sees).
   Private optimizers clip (normalised clipping: sensitivity 1; flat: C); the non-private
   references do not clip and add no noise.
-* ``build_model``: the problem's model, initialised from the run's init stream.
+* ``build_model``: the problem's model, initialised from the run's init stream; or, for a
+  problem that starts from a public checkpoint, loaded from it with the parameters of a
+  fine-tuning mode trainable (``dpbench.problems.finetune``: a new head and LoRA's adapters
+  drawn from the init stream).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from dpbench.mechanisms.base import Plan, Sampler
 from dpbench.optimizers.base import Context, DPStep, LossFn
 from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.problems import Problem
+from dpbench.problems import finetune as finetuning
+from dpbench.problems.modes import Finetune, check
 
 # where a run's sigma came from (recorded as privacy.noise_multiplier_source)
 SOURCE_NON_PRIVATE, SOURCE_GIVEN, SOURCE_CALIBRATED = "none (non-private)", "given", "calibrated"
@@ -50,12 +55,19 @@ def choose_noise_multiplier(spec: OptimizerSpec, plan: Plan, *, target_epsilon: 
     return spec.mechanism.calibrate(plan, target_epsilon, delta, accountant), SOURCE_CALIBRATED
 
 
-def build_model(problem: Problem, init_seed: int, device: torch.device | str) -> nn.Module:
+def build_model(problem: Problem, init_seed: int, device: torch.device | str, checkpoint=None,
+                finetune: Finetune | None = None) -> nn.Module:
     """The problem's model initialised from ``init_seed`` (the global torch RNG is left as it
-    was), on ``device``, in training mode."""
+    was), on ``device``, in training mode. With ``checkpoint`` (a loaded public checkpoint: its
+    ``state_dict`` and ``model_dims``), the model loaded from it under ``finetune``'s mode (None:
+    ``full``); a mode without a checkpoint, or for a problem that starts from none, is refused."""
+    if checkpoint is None and finetune is not None:
+        check(finetune, pretrained=problem.facts.pretrained, problem=problem.id)
+        raise ValueError(f"finetune mode {finetune.mode!r}: no checkpoint given; problem {problem.id} fine-tunes "
+                         f"the checkpoint of pretraining recipe {problem.facts.pretrained!r}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(init_seed)
-        model = problem.build()
+        model = problem.build() if checkpoint is None else finetuning.from_checkpoint(problem, checkpoint, finetune)
     return model.to(device).train()
 
 

@@ -27,6 +27,8 @@ from dpbench.mechanisms.base import Plan
 from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.plugins import mechanism_origin, record_of
 from dpbench.problems import Problem, get_problem
+from dpbench.problems.finetune import start_record
+from dpbench.problems.modes import Finetune
 from dpbench.problems.catalog import TaskFacts
 from dpbench.reporting.results import provenance
 from dpbench.seeds import stream_seeds
@@ -174,13 +176,17 @@ class Setup:
     splits: Splits
     plan: Plan
     calibration: Calibration
+    checkpoint: Any = None  # a loaded public checkpoint the model starts from (None: from scratch)
+    finetune: Finetune | None = None  # its fine-tuning mode
 
 
 def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFrame, status: str,
                timing: dict[str, Any]) -> dict[str, Any]:
-    """The run's metadata: its configuration, problem, optimizer, data, the privacy promised
-    (target epsilon, sigma, q, T, delta) and delivered (epsilon for the steps taken), the
-    result, the timing and the environment."""
+    """The run's metadata: its configuration, problem, its start (from scratch, or a public
+    checkpoint: file, SHA-256, recipe, no privacy spent by pretraining; the fine-tuning mode and
+    the trained parameter count), optimizer, data, the privacy promised (target epsilon,
+    sigma, q, T, delta) and delivered (epsilon for the steps taken), the result, the timing and
+    the environment."""
     cfg, spec, problem, plan, splits = setup.cfg, setup.spec, setup.problem, setup.plan, setup.splits
     ctx, sigma, private = parts.context, setup.calibration.sigma, spec.private
     privacy = ({**spec.mechanism.report(plan, sigma, trace.step, cfg.delta, cfg.accountant),
@@ -189,6 +195,7 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
         "config": asdict(cfg),
         "problem": {"id": problem.id, "dataset": problem.dataset, "task": problem.task.name, "metric": problem.metric,
                     "parameters": sum(p.numel() for p in ctx.model.parameters()), "plugin": record_of(problem)},
+        "start": start_record(setup.checkpoint, setup.finetune, ctx.model),
         # plugin: distribution, version, entry point and source hash (dpbench.plugins); None: built-in
         "optimizer": {"name": spec.name, "private": private, "description": spec.description,
                       "reference": spec.reference, "hyperparameters": ctx.hyperparameters, "stats": trace.stats,
@@ -228,12 +235,14 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
 
 
 def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = None,
-        checkpoint_every_s: float = 600.0, code_key: str | None = None) -> RunResult:
+        checkpoint_every_s: float = 600.0, code_key: str | None = None, pretrained=None,
+        finetune: Finetune | None = None) -> RunResult:
     """Train one cell with the optimizer ``spec`` (the registry's entry for ``cfg.optimizer``).
     With ``checkpoint``, state is saved there at every epoch end and every
     ``checkpoint_every_s`` seconds, and a run killed earlier continues from it, ending with
     the same metrics as an uninterrupted run; ``code_key`` (a hash of the code that trains
-    it) makes a checkpoint of other code stale."""
+    it) makes a checkpoint of other code stale. ``pretrained``: a loaded public checkpoint to
+    fine-tune under ``finetune``'s mode (``harness.build_model``)."""
     cfg.validate(spec)
     t_start = time.perf_counter()
     started_at = pd.Timestamp.now(tz="UTC").isoformat()
@@ -251,9 +260,9 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     plan = spec.mechanism.plan(plan_request(cfg, n_train))
     calibration = (Calibration(saved["sigma"], saved["sigma_source"], saved["calibration_s"]) if saved
                    else timed_noise_multiplier(cfg, spec, plan))
-    setup = Setup(cfg, spec, problem, device, seeds, splits, plan, calibration)
+    setup = Setup(cfg, spec, problem, device, seeds, splits, plan, calibration, pretrained, finetune)
 
-    model = build_model(problem, seeds["init"], device)
+    model = build_model(problem, seeds["init"], device, pretrained, finetune)
     loss_gen = torch.Generator(device=device)
     loss_gen.manual_seed(seeds["loss"])
     parts = assemble(spec, plan, model, lambda m, x, y: problem.per_sample_loss(m, x, y, loss_gen), lr=cfg.lr,
