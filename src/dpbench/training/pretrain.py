@@ -51,7 +51,7 @@ import torch.nn.functional as F
 
 from dpbench.data import fortunes, overlap
 from dpbench.files import atomic_write, remove_stale_partials
-from dpbench.problems import tokenizer
+import dpbench.problems.tokenizer as tokenizer
 from dpbench.problems.transformer import TransformerLM
 from dpbench.seeds import stream_seeds
 from dpbench.training.recipes import CORPORA, Recipe
