@@ -111,13 +111,34 @@ class GradBuffer:
         return bool(params) and len({(p.dtype, p.device) for p in params}) == 1
 
 
+class StepClassFound(Exception):
+    """Raised by ``DPStep.__new__`` while ``dpbench.optimizers.stages.step_class`` probes which
+    class an optimizer's ``build`` makes (before any of its ``__init__`` runs)."""
+
+    def __init__(self, cls: type):
+        super().__init__(cls.__qualname__)
+        self.cls = cls
+
+
+_PROBING: list[bool] = [False]  # set by dpbench.optimizers.stages.step_class only
+
+
 class DPStep:
-    """One differentially private step, stage by stage."""
+    """One differentially private step, stage by stage: ``__call__`` runs
+    ``per_sample_gradients`` -> ``clip_and_sum`` -> ``add_noise`` -> ``scale_to_mean`` -> the
+    update rule. A subclass overrides a stage only where its paper changes it; every stage it
+    overrides is recorded as the optimizer's own (``dpbench.optimizers.stages``), and the
+    audit's sensitivity check holds ``clip_and_sum``'s output to the clipping's sensitivity."""
 
     private = True
     # Weights of the batch's rows in the clipped sum, (B,): None gives every row weight 1; a
     # padded batch (dpbench.training.capture) gives its padding rows 0.
     sample_weights: torch.Tensor | None = None
+
+    def __new__(cls, *args, **kwargs):
+        if _PROBING[0]:
+            raise StepClassFound(cls)
+        return super().__new__(cls)
 
     def __init__(self, ctx: Context, rule: UpdateRule):
         self.ctx = ctx
