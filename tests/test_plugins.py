@@ -274,6 +274,21 @@ BROKEN = {
     "field": ({"dpsgd-bad": "badfield:SPEC"}, {"badfield.py": OPTIMIZER.format(name="dpsgd-bad").replace(
                "private=True", "private='yes'")},
               "dpsgd-bad", "malformed OptimizerSpec: private is 'yes', not true or false"),
+    "mechanism without privacy_profile": (
+        {"dpsgd-bad": "noprofile:SPEC"}, {"noprofile.py": """
+from dpbench.plugin import SGD, DPStep, OptimizerSpec, PoissonSubsampledGaussian
+
+BASE = PoissonSubsampledGaussian()
+
+
+class Partial:  # everything the harness calls, nothing the audit calls
+    name, audit = "partial", BASE.audit
+    plan, calibrate, report, sampler, noise = BASE.plan, BASE.calibrate, BASE.report, BASE.sampler, BASE.noise
+
+
+SPEC = OptimizerSpec(name="dpsgd-bad", build=lambda ctx: DPStep(ctx, SGD(ctx.lr)), private=True,
+                     description="a test plugin", reference="none", mechanism=Partial())
+"""}, "dpsgd-bad", "malformed OptimizerSpec: mechanism Partial is not a Mechanism (it lacks privacy_profile)"),
     "collision": ({"dpsgd": "collide:SPEC"}, {"collide.py": OPTIMIZER.format(name="dpsgd")},
                   "dpsgd", "its id 'dpsgd' is a built-in optimizer's; the built-in keeps it"),
 }
