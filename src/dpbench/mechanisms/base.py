@@ -145,6 +145,19 @@ class Mechanism(Protocol):
         ...
 
 
+def recorded_history(mechanism: Any, plan: Plan, noise_multiplier: float, steps: int) -> list[list[float]] | None:
+    """The event a run of ``steps`` steps is accounted as, for its record and for composing runs
+    without torch (``dpbench.reporting.figures.spent``): the mechanism's own ``history`` (segments
+    [sigma, q, n] of Poisson-subsampled Gaussian steps) as plain numbers; None where the mechanism
+    has none (one Gaussian release: the matrix mechanisms, whose epsilon gives mu), or where its
+    sensitivity bound may fail (``delta_fail`` > 0: composing k runs would need k of them)."""
+    history = getattr(mechanism, "history", None)
+    fail = getattr(mechanism, "delta_fail", None)
+    if not callable(history) or (callable(fail) and fail(plan) > 0):
+        return None
+    return [[float(s), float(q), int(n)] for s, q, n in history(plan, noise_multiplier, steps)]
+
+
 def one_release_epsilons(noise_multiplier: float, planned_sensitivity: float, done_sensitivity: float,
                          delta: float) -> dict:
     """The epsilons of a matrix mechanism, one Gaussian release C G + sigma s Z of sensitivity

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from dpbench.mechanisms.base import Plan
+from dpbench.mechanisms.base import Plan, recorded_history
 from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.plugins import mechanism_origin, record_of
 from dpbench.optimizers.stages import own_stages
@@ -218,6 +218,9 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
             # the stages of the private step its class defines itself ({stage: "built-in" or
             # "plugin"}; {}: all DPStep's), compared, not declared (dpbench.optimizers.stages)
             "stages": own_stages(type(parts.step)) if private else None,
+            # the event the steps taken are accounted as, from the mechanism ([[sigma, q, n], ...];
+            # None: one Gaussian release, or a bound that may fail): what composes runs (epsilon_sel)
+            "accounted_history": recorded_history(spec.mechanism, plan, sigma, trace.step) if private else None,
             "step_class": f"{type(parts.step).__module__}.{type(parts.step).__qualname__}" if private else None,
             "calibration_time_s": setup.calibration.seconds,
             **privacy,
