@@ -17,7 +17,7 @@ EXPORTS = [
     "OptimizerSpec", "Context", "DPStep", "NonPrivateStep", "SGD", "StepOutput", "UpdateRule",
     "PerSampleGradients", "LayerGrads", "register_per_sample", "UnsupportedLayerError", "Clipping",
     "Mechanism", "Plan", "PlanRequest", "Sampler", "NoiseSource", "AuditSpec", "PoissonSubsampledGaussian",
-    "GaussianNoise", "Problem", "ProblemFacts", "Classification", "VAE", "Dataset", "DataError", "check_problem",
+    "GaussianNoise", "Problem", "ProblemFacts", "Classification", "TabularClassification", "VAE", "Dataset", "DataError", "check_problem",
     "FigureSpec", "check_figure", "select_runs", "ordered", "assemble", "get_optimizer", "get_problem",
 ]
 

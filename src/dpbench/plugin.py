@@ -19,7 +19,7 @@ Its mechanism:
   its noise, ``GaussianNoise``.
 A problem:
   ``Problem`` (what an entry point of ``dpbench.problems`` names), ``ProblemFacts``, the tasks
-  ``Classification`` and ``VAE``, ``Dataset`` and ``DataError`` (its loader's result and
+  ``Classification`` (images), ``TabularClassification`` (feature vectors) and ``VAE``, ``Dataset`` and ``DataError`` (its loader's result and
   failure), ``check_problem`` (what it must pass).
 A figure:
   ``FigureSpec`` (what an entry point of ``dpbench.figures`` names), ``check_figure``,
@@ -59,6 +59,7 @@ _SOURCES: dict[str, tuple[str, str]] = {
     "Problem": ("dpbench.problems.spec", "Problem"),
     "ProblemFacts": ("dpbench.problems.catalog", "ProblemFacts"),
     "Classification": ("dpbench.problems.tasks", "Classification"),
+    "TabularClassification": ("dpbench.problems.tasks", "TabularClassification"),
     "VAE": ("dpbench.problems.tasks", "VAE"),
     "Dataset": ("dpbench.data.image_datasets", "Dataset"),
     "DataError": ("dpbench.data.image_datasets", "DataError"),
@@ -89,7 +90,7 @@ if TYPE_CHECKING:  # for type checkers, and for dpbench.pipeline.fingerprint, wh
     from dpbench.problems.catalog import ProblemFacts  # noqa: F401
     from dpbench.problems.registry import check as check_problem  # noqa: F401
     from dpbench.problems.spec import Problem  # noqa: F401
-    from dpbench.problems.tasks import VAE, Classification  # noqa: F401
+    from dpbench.problems.tasks import VAE, Classification, TabularClassification  # noqa: F401
     from dpbench.reporting.figures.selection import select_runs  # noqa: F401
     from dpbench.reporting.figures.spec import FigureSpec  # noqa: F401
     from dpbench.reporting.figures.spec import check as check_figure  # noqa: F401
