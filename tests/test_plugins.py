@@ -427,7 +427,8 @@ def test_the_example_plugin_installed_runs_through_the_workflow_and_the_audit(tm
     assert sorted(os.listdir(project_site)) == project_before  # the project's environment is untouched
     listed = run("-m", "dpbench", "list").stdout
     assert "dpsgd-momentum      private      plugin dpbench-example-plugin 0.1.0\n" in listed, listed
-    assert "digits" in listed and listed.count("plugin dpbench-example-plugin 0.1.0") == 2, listed
+    assert "digits" in listed and listed.count("plugin dpbench-example-plugin 0.1.0") == 3, listed
+    assert "figure     privacy_table       -            plugin dpbench-example-plugin 0.1.0\n" in listed, listed
     run("-m", "pytest", "-q", "-p", "no:cacheprovider", example / "tests", cwd=tmp_path)
 
     # a plugin cell beside a built-in one, through Snakemake to a figure
@@ -436,7 +437,7 @@ def test_the_example_plugin_installed_runs_through_the_workflow_and_the_audit(tm
     copy_repo(repo)
     config = {"data_dir": str(fmnist_dir), "results_dir": "results",
               "train": {"accountant": "rdp", "max_steps": 3, "train_subset": 500, "test_subset": 100},
-              "figures": {"fig5_1": {}},
+              "figures": {"fig5_1": {}, "privacy_table": {}},
               "grid": [{"problems": ["P2"], "batch_sizes": [50], "epsilons": [4], "epochs": [1],
                         "optimizers": {"dpsgd": {"lr": 0.5}, "dpsgd-momentum": {"lr": 0.5, "momentum": 0.5}}},
                        {"problems": ["digits"], "batch_sizes": [64], "epsilons": [4], "epochs": [1],
@@ -454,6 +455,9 @@ def test_the_example_plugin_installed_runs_through_the_workflow_and_the_audit(tm
     assert (repo / "results" / "data" / "sklearn-digits.json").is_file()  # the data rule verified it
     assert set(runs.mechanism_origin) == {"built-in"}  # momentum is post-processing of DP-SGD's releases
     assert (runs.epsilon <= 4).all() and (repo / "results" / "figures" / "fig5_1.png").stat().st_size > 10_000
+    # the plugin's figure, drawn by the workflow's rule for it from the same runs
+    table = (repo / "results" / "figures" / "privacy_table.md").read_text()
+    assert "| digits | dpsgd-momentum | plugin dpbench-example-plugin 0.1.0 | built-in | 4 | 1 | 1 |" in table, table
 
     # the audit runs through the plugin's mechanism; no audit code in the plugin
     audit = run("-m", "dpbench", "audit", "--optimizer", "dpsgd-momentum", "--epsilon", "2", "--trials", "200",
