@@ -126,3 +126,45 @@ def test_what_update_returns_is_summed_over_the_steps_of_a_run():
         trace.record(L, out)
     assert trace.stats["steps"] == 4.0 and trace.stats["first"] == 1.0
     assert trace.stats["grad_sq"] == pytest.approx(sum(sum(float(g.square().sum()) for g in c) for c in rule.copies))
+
+
+# -- which stages are the optimizer's own (dpbench.optimizers.stages) ----------------------------
+
+def test_own_stages_are_read_from_the_step_class_without_building_it():
+    """The class ``build`` makes is found before its ``__init__`` runs (no model taped, no noise
+    file, no Opacus imported); its stages are compared with DPStep's methods, by the module of
+    the class that defines each."""
+    import dataclasses
+
+    from dpbench.optimizers import OPTIMIZERS
+    from dpbench.optimizers.stages import describe, own_stages, spec_stages, step_class
+
+    class Refuses(api.DPStep):  # a plugin's class: defined here, not in dpbench
+        def __init__(self, ctx, rule):
+            raise AssertionError("never initialised by the probe")
+
+        def clip_and_sum(self, psg):
+            return super().clip_and_sum(psg)
+
+    class Later(Refuses):  # inherits the plugin's stage, adds its own noise scale
+        @property
+        def noise_std(self):
+            return 2 * super().noise_std
+
+    dpsgd = OPTIMIZERS["dpsgd"]
+    assert step_class(dpsgd) is api.DPStep and spec_stages(dpsgd) == {} and spec_stages(OPTIMIZERS["sgd"]) is None
+    assert spec_stages(OPTIMIZERS["dpdisk"]) == {"per_sample_gradients": "built-in"}
+    assert spec_stages(OPTIMIZERS["opacus-dpsgd"]) == {"__call__": "built-in", "per_sample_gradients": "built-in",
+                                                       "clip_and_sum": "built-in"}
+    plugin = dataclasses.replace(dpsgd, name="mine", build=lambda ctx: Later(ctx, api.SGD(ctx.lr)))
+    assert step_class(plugin) is Later
+    assert describe(own_stages(Later)) == "clip_and_sum (plugin), noise_std (plugin)"
+    assert describe({}) == "none"
+    broken = dataclasses.replace(dpsgd, name="broken", build=lambda ctx: ctx.nope)
+    with pytest.raises(ValueError, match=r"optimizer 'broken': its build failed before it made its step "
+                                         r"\(AttributeError"):
+        step_class(broken)
+    not_a_step = dataclasses.replace(dpsgd, name="odd", build=lambda ctx: Keeps())
+    assert own_stages(step_class(not_a_step)) == {"__call__": "plugin"}
+    assert step_class(dpsgd) is api.DPStep  # the probe is off again: steps are built as ever
+    assert type(dpsgd.build(_step(Keeps()).ctx)) is api.DPStep
