@@ -133,9 +133,15 @@ def _release(spec: OptimizerSpec, claim: Claim, hyper: dict, clipping: Clipping,
 
 def sensitivity_check(spec: OptimizerSpec, claim: Claim, hyper: dict, n_train: int, seed: int = 0) -> dict[str, Any]:
     """The step planned by ``claim`` (for ``n_train`` examples; its sampler is built, never
-    drawn from) on every case of ``cases`` under normalised and flat clipping at C = ``CLIP_NORM``: the
-    largest movement of the clipped sum per claimed sensitivity, the case that gave it, and
-    ``ok`` (no movement above s (1 + RTOL), and ``noise_std`` >= sigma s)."""
+    drawn from) on every case of ``cases`` under normalised and flat clipping at C =
+    ``CLIP_NORM``: the largest movement of the clipped sum per claimed sensitivity, the case
+    that gave it, and ``ok`` (no movement above s (1 + RTOL), and ``noise_std`` >= sigma s).
+    Deterministic, and it draws nothing from the caller's global random stream."""
+    with torch.random.fork_rng(devices=[]):
+        return _check(spec, claim, hyper, n_train, seed)
+
+
+def _check(spec: OptimizerSpec, claim: Claim, hyper: dict, n_train: int, seed: int) -> dict[str, Any]:
     worst, worst_case, noise_ok, count, call_own = 0.0, None, True, 0, False
     stages = None
     for normalize in (True, False):

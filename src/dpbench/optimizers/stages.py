@@ -12,6 +12,7 @@ result (``privacy.stages``), ``dpbench list`` shows it, and the audit's sensitiv
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from dpbench.optimizers import base
@@ -62,7 +63,8 @@ def step_class(spec) -> type:
     a build that fails before it makes its step raises a ValueError saying why."""
     base._PROBING[0] = True
     try:
-        made = spec.build(_probe_context(spec))
+        with torch.random.fork_rng(devices=[]):  # the probe's model draws nothing from the caller's stream
+            made = spec.build(_probe_context(spec))
     except base.StepClassFound as found:
         return found.cls
     except Exception as exc:
