@@ -17,6 +17,7 @@ from dpbench.audit.trials import (AuditProblem, audit_spec, participation_check,
                                   run_trials, sign_worst_norm)
 from dpbench.reporting import audits as audit_table
 from dpbench.optimizers import OPTIMIZERS, get_optimizer
+from dpbench.optimizers.base import SGD, DPStep
 from dpbench.mechanisms.base import AuditSpec
 
 SMALL = AuditProblem(dimension=5, examples=20, batch_size=5, steps=40)  # q = 0.25, E = 10
@@ -223,6 +224,94 @@ def test_cli_refuses_non_private_and_missing_arguments(tmp_path, capsys):
         main(["audit", "--optimizer", "dpsgd", "--epsilon", "inf", "--out", str(tmp_path / "x.parquet")])
     assert refused.value.code == 2
     assert "argument --epsilon: expected a finite positive number" in capsys.readouterr().err
+
+
+# -- the white-box sensitivity check (dpbench.audit.sensitivity) --------------------------------
+
+def _claim(spec, cache, problem=SMALL):
+    from dpbench.audit.trials import make_claim, problem_size
+
+    hyper = spec.hyperparameters({"bands": 2} if spec.name == "dpmatrix-band-amp" else None)
+    claim = make_claim(spec, None, hyper, problem, 1e-5, "rdp", 1.0, cache, noise_multiplier=1.5)
+    return claim, hyper, problem_size(spec, problem)[0]
+
+
+@pytest.mark.parametrize("name", PRIVATE)
+def test_every_built_in_private_optimizer_passes_the_sensitivity_check(name, cache):
+    """One example moves each built-in's clipped sum by at most the clipping's sensitivity, on
+    the layered model, in every case (float64: within 1e-9), under both clippings."""
+    from dpbench.audit.sensitivity import LAYERS, sensitivity_check
+
+    spec = get_optimizer(name)
+    check = sensitivity_check(spec, *_claim(spec, cache))
+    assert check["ok"] and check["noise_std_ok"], check
+    assert 1 - 1e-6 < check["max_moved_per_sensitivity"] <= 1 + 1e-9  # a case clips x: it moves by s
+    assert check["cases"] == 2 * (len(LAYERS) + 9) and len(set(LAYERS)) == len(LAYERS) > 2
+
+
+class PerLayerClip(DPStep):
+    """As a plugin would write it (this module is not dpbench's): each of the K layers clipped at
+    ``C / root``; root = 1 is the bug (one example moves the sum by up to C sqrt(K)), root =
+    sqrt(K) is a valid per-layer clipping."""
+
+    root = 1.0
+
+    def clip_and_sum(self, psg):
+        if psg is None:
+            return super().clip_and_sum(psg)
+        summed = {}
+        for layer in psg.layers:
+            norms = layer.inner(layer).clamp_min(0).sqrt() * self.root
+            summed.update(layer.weighted_sum(self.ctx.clipping.coefficients(norms)))
+        return [summed[p] for p in self.params]
+
+
+class PerLayerClipFixed(PerLayerClip):
+    @property
+    def root(self):
+        return math.sqrt(len(self.tape.layers))
+
+
+def _per_layer(step_class, name):
+    return dataclasses.replace(get_optimizer("dpsgd"), name=name, build=lambda ctx: step_class(ctx, SGD(ctx.lr)))
+
+
+def test_per_layer_clipping_at_c_is_flagged_and_at_c_over_root_k_passes(cache):
+    """The planted bug: K = 4 layers, each clipped at C: x spread over all layers moves the sum
+    by C sqrt(K) = 2 s (normalised: 2). The statistical audit's model has one layer, where the
+    bug is harmless; the sensitivity check flags it, and ``dpbench audit`` reports a violation.
+    Clipping each layer at C / sqrt(K) is valid and passes."""
+    from dpbench.audit.sensitivity import LAYERS, sensitivity_check
+
+    buggy = _per_layer(PerLayerClip, "dpsgd-per-layer")
+    check = sensitivity_check(buggy, *_claim(buggy, cache))
+    assert not check["ok"] and check["stages"] == {"clip_and_sum": "plugin"}
+    assert check["max_moved_per_sensitivity"] == pytest.approx(math.sqrt(len(LAYERS)), rel=1e-9)
+    assert "spread over all layers" in check["worst_case"] or "aligned" in check["worst_case"]
+    _, rec = run.audit(buggy, 2.0, 200, seed=0, problem=SMALL, lanes=200, cache_dir=cache)
+    assert rec["violation"] and not rec["checks"]["sensitivity"]["ok"]
+    assert rec["claim"]["stages"] == {"clip_and_sum": "plugin"}
+    fixed = _per_layer(PerLayerClipFixed, "dpsgd-per-layer-fixed")
+    check = sensitivity_check(fixed, *_claim(fixed, cache))
+    assert check["ok"] and check["max_moved_per_sensitivity"] <= 1 + 1e-9, check
+    # the built-in mutant, which the self-test audits
+    check = sensitivity_check(mutants.per_layer_clipping(), *_claim(get_optimizer("dpsgd"), cache))
+    assert not check["ok"] and check["stages"] == {"clip_and_sum": "built-in"}
+
+
+def test_the_sensitivity_check_flags_a_step_that_shrinks_its_noise(cache):
+    """A step whose ``noise_std`` is below sigma s (a plugin's own noise scale) fails the check."""
+    from dpbench.audit.sensitivity import sensitivity_check
+
+    class Quieter(DPStep):
+        @property
+        def noise_std(self):
+            return super().noise_std / 2
+
+    spec = dataclasses.replace(get_optimizer("dpsgd"), name="dpsgd-quiet", build=lambda ctx: Quieter(ctx, SGD(ctx.lr)))
+    check = sensitivity_check(spec, *_claim(spec, cache))
+    assert not check["ok"] and not check["noise_std_ok"] and check["max_moved_per_sensitivity"] <= 1 + 1e-9
+    assert check["stages"] == {"noise_std": "plugin"}
 
 
 def test_one_run_mode(cache):

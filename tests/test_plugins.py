@@ -177,6 +177,7 @@ def test_a_run_and_its_tables_record_the_plugin_and_whose_mechanism(site, tiny_f
     assert meta["optimizer"]["plugin"]["source_sha256"] == hashlib.sha256(
         b"ownmech.py\0" + (site / "ownmech.py").read_bytes() + b"\0").hexdigest()
     assert meta["privacy"]["mechanism_origin"] == "plugin" and meta["problem"]["plugin"] is None
+    assert meta["privacy"]["stages"] == {} and meta["privacy"]["step_class"] == "dpbench.optimizers.base.DPStep"
     runs, epochs = aggregate(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
     by = runs.set_index("optimizer")
     assert by.loc["dpsgd-own", "mechanism_origin"] == "plugin" and by.loc["dpsgd", "mechanism_origin"] == "built-in"
@@ -202,6 +203,64 @@ def test_dpbench_list_says_where_each_comes_from_and_whose_claim(site, capsys):
     assert len(rows) == len(OPTIMIZERS) + len(PROBLEMS) + len(FIGURES)
 
 
+# a stage of the private step replaced by the plugin: each of the K layers clipped at C / ROOT
+# (ROOT = 1: the per-layer clipping bug, one example moves the sum by up to C sqrt(K); ROOT =
+# sqrt(K): valid)
+PER_LAYER = """
+import math
+
+from dpbench.optimizers.base import SGD, DPStep
+from dpbench.optimizers.spec import OptimizerSpec
+
+
+class PerLayer(DPStep):
+    def clip_and_sum(self, psg):
+        if psg is None:
+            return super().clip_and_sum(psg)
+        root = {root}
+        summed = {{}}
+        for layer in psg.layers:
+            norms = layer.inner(layer).clamp_min(0).sqrt() * root
+            summed.update(layer.weighted_sum(self.ctx.clipping.coefficients(norms)))
+        return [summed[p] for p in self.params]
+
+
+SPEC = OptimizerSpec(name={name!r}, build=lambda ctx: PerLayer(ctx, SGD(ctx.lr)), private=True,
+                     description="per-layer clipping", reference="none")
+"""
+
+
+def test_a_replaced_stage_is_listed_recorded_and_held_to_its_sensitivity(site, tiny_fmnist, tmp_path, capsys):
+    """A stranger's optimizer that replaces ``clip_and_sum``: ``dpbench list`` and its runs say
+    the stage is the plugin's; ``dpbench audit`` flags the per-layer clipping bug (each layer at
+    C) and passes the valid one (each at C / sqrt(K))."""
+    from dpbench.audit import run as audit_run
+    from dpbench.audit.trials import AuditProblem
+    from dpbench.training.train import RunConfig
+
+    fake_optimizer(site, "dpsgd-layers", "layers-plugin", "1.0", "perlayer",
+                   PER_LAYER.format(name="dpsgd-layers", root="1.0"))
+    fake_optimizer(site, "dpsgd-layers-ok", "layers-ok-plugin", "1.0", "perlayerok",
+                   PER_LAYER.format(name="dpsgd-layers-ok", root="math.sqrt(len(self.tape.layers))"))
+    assert listing.main() == 0
+    rows = {line.split(None, 3)[1]: line.split(None, 3)[3] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows["dpsgd-layers"] == "plugin layers-plugin 1.0; stages: clip_and_sum (plugin)"
+    assert rows["dpsgd"] == "built-in" and rows["dpdisk"] == "built-in; stages: per_sample_gradients (built-in)"
+    small = AuditProblem(dimension=5, examples=20, batch_size=5, steps=40)
+    _, bad = audit_run.audit(get_optimizer("dpsgd-layers"), 2.0, 200, problem=small, lanes=200, cache_dir=tmp_path)
+    assert bad["violation"] and not bad["checks"]["sensitivity"]["ok"]
+    assert bad["checks"]["sensitivity"]["max_moved_per_sensitivity"] == pytest.approx(2.0)  # sqrt(4 layers)
+    assert bad["claim"]["stages"] == {"clip_and_sum": "plugin"}
+    _, good = audit_run.audit(get_optimizer("dpsgd-layers-ok"), 2.0, 200, problem=small, lanes=200,
+                              cache_dir=tmp_path)
+    assert good["checks"]["sensitivity"]["ok"] and good["checks"]["sensitivity"]["max_moved_per_sensitivity"] <= 1
+    res = run_cell(RunConfig(problem="P2", optimizer="dpsgd-layers-ok", lr=0.5, batch_size=60, epochs=1, seed=0,
+                             noise_multiplier=1.0, max_steps=2, accountant="rdp", test_subset=50,
+                             progress_every_s=1e9))
+    assert res.meta["privacy"]["stages"] == {"clip_and_sum": "plugin"}
+    assert res.meta["privacy"]["step_class"] == "perlayerok.opt.PerLayer"
+
+
 # each way a plugin can fail: (entry points, files, the id it claims, the error's reason)
 BROKEN = {
     "import": ({"dpsgd-bad": "badimport.opt:SPEC"}, {"badimport/__init__.py": "", "badimport/opt.py": "import nowhere\n"},
@@ -215,6 +274,21 @@ BROKEN = {
     "field": ({"dpsgd-bad": "badfield:SPEC"}, {"badfield.py": OPTIMIZER.format(name="dpsgd-bad").replace(
                "private=True", "private='yes'")},
               "dpsgd-bad", "malformed OptimizerSpec: private is 'yes', not true or false"),
+    "mechanism without privacy_profile": (
+        {"dpsgd-bad": "noprofile:SPEC"}, {"noprofile.py": """
+from dpbench.plugin import SGD, DPStep, OptimizerSpec, PoissonSubsampledGaussian
+
+BASE = PoissonSubsampledGaussian()
+
+
+class Partial:  # everything the harness calls, nothing the audit calls
+    name, audit = "partial", BASE.audit
+    plan, calibrate, report, sampler, noise = BASE.plan, BASE.calibrate, BASE.report, BASE.sampler, BASE.noise
+
+
+SPEC = OptimizerSpec(name="dpsgd-bad", build=lambda ctx: DPStep(ctx, SGD(ctx.lr)), private=True,
+                     description="a test plugin", reference="none", mechanism=Partial())
+"""}, "dpsgd-bad", "malformed OptimizerSpec: mechanism Partial is not a Mechanism (it lacks privacy_profile)"),
     "collision": ({"dpsgd": "collide:SPEC"}, {"collide.py": OPTIMIZER.format(name="dpsgd")},
                   "dpsgd", "its id 'dpsgd' is a built-in optimizer's; the built-in keeps it"),
 }
@@ -353,7 +427,8 @@ def test_the_example_plugin_installed_runs_through_the_workflow_and_the_audit(tm
     assert sorted(os.listdir(project_site)) == project_before  # the project's environment is untouched
     listed = run("-m", "dpbench", "list").stdout
     assert "dpsgd-momentum      private      plugin dpbench-example-plugin 0.1.0\n" in listed, listed
-    assert "digits" in listed and listed.count("plugin dpbench-example-plugin 0.1.0") == 2, listed
+    assert "digits" in listed and listed.count("plugin dpbench-example-plugin 0.1.0") == 3, listed
+    assert "figure     privacy_table       -            plugin dpbench-example-plugin 0.1.0\n" in listed, listed
     run("-m", "pytest", "-q", "-p", "no:cacheprovider", example / "tests", cwd=tmp_path)
 
     # a plugin cell beside a built-in one, through Snakemake to a figure
@@ -362,7 +437,7 @@ def test_the_example_plugin_installed_runs_through_the_workflow_and_the_audit(tm
     copy_repo(repo)
     config = {"data_dir": str(fmnist_dir), "results_dir": "results",
               "train": {"accountant": "rdp", "max_steps": 3, "train_subset": 500, "test_subset": 100},
-              "figures": {"fig5_1": {}},
+              "figures": {"fig5_1": {}, "privacy_table": {}},
               "grid": [{"problems": ["P2"], "batch_sizes": [50], "epsilons": [4], "epochs": [1],
                         "optimizers": {"dpsgd": {"lr": 0.5}, "dpsgd-momentum": {"lr": 0.5, "momentum": 0.5}}},
                        {"problems": ["digits"], "batch_sizes": [64], "epsilons": [4], "epochs": [1],
@@ -380,6 +455,9 @@ def test_the_example_plugin_installed_runs_through_the_workflow_and_the_audit(tm
     assert (repo / "results" / "data" / "sklearn-digits.json").is_file()  # the data rule verified it
     assert set(runs.mechanism_origin) == {"built-in"}  # momentum is post-processing of DP-SGD's releases
     assert (runs.epsilon <= 4).all() and (repo / "results" / "figures" / "fig5_1.png").stat().st_size > 10_000
+    # the plugin's figure, drawn by the workflow's rule for it from the same runs
+    table = (repo / "results" / "figures" / "privacy_table.md").read_text()
+    assert "| digits | dpsgd-momentum | plugin dpbench-example-plugin 0.1.0 | built-in | 4 | 1 | 1 |" in table, table
 
     # the audit runs through the plugin's mechanism; no audit code in the plugin
     audit = run("-m", "dpbench", "audit", "--optimizer", "dpsgd-momentum", "--epsilon", "2", "--trials", "200",

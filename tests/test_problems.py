@@ -47,6 +47,41 @@ def test_preprocessing():
     torch.testing.assert_close(rgb[0, :, 0, 0], (1 - torch.tensor(m)) / torch.tensor(s))
 
 
+def test_classification_refuses_features_and_the_wrong_channels_instead_of_broadcasting():
+    """Feature vectors (N, F) given to the image task used to broadcast against the per-channel
+    constants into an (N, F, N, F)-like 4-D tensor; now a one-line error naming the shape."""
+    with pytest.raises(ValueError, match=r"takes images \(N, C, H, W\), got an array of shape \(5, 30\) "
+                                         r"\(feature vectors: use TabularClassification\)"):
+        get_problem("P2").preprocess(np.zeros((5, 30)))
+    with pytest.raises(ValueError, match=r"mean and std for 3 channels, the images have 1"):
+        get_problem("P1").preprocess(np.zeros((2, 1, 4, 4), np.uint8))
+    with pytest.raises(ValueError, match=r"got an array of shape \(2, 4, 4\)$"):
+        get_problem("P2").preprocess(np.zeros((2, 4, 4), np.uint8))
+
+
+def test_tabular_classification_standardises_by_its_fixed_constants_and_trains_per_sample():
+    from dpbench.problems.tasks import TabularClassification
+
+    task = TabularClassification(mean=[10.0, 0.0, -1.0], std=[2.0, 0.5, 4.0])
+    raw = np.array([[12.0, 0.5, 3.0], [10.0, -1.0, -1.0]])
+    x = task.preprocess(raw)
+    torch.testing.assert_close(x, torch.tensor([[1.0, 1.0, 1.0], [0.0, -2.0, 0.0]]))
+    assert x.dtype == torch.float32 and task.facts is catalog.CLASSIFICATION and task.capture_refusal is None
+    for bad in (np.zeros((2, 4)), np.zeros((2, 3, 1))):
+        with pytest.raises(ValueError, match=r"TabularClassification takes feature vectors \(N, 3\)"):
+            task.preprocess(bad)
+    with pytest.raises(ValueError, match="one mean and one std per feature, got 2 and 1"):
+        TabularClassification([0.0, 1.0], [1.0])
+    with pytest.raises(ValueError, match="std positive"):
+        TabularClassification([0.0], [0.0])
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    losses, correct = task.per_sample_loss(model, x, torch.tensor([0, 1]))
+    assert losses.shape == correct.shape == (2,)
+    torch.testing.assert_close(losses, F.cross_entropy(model(x), torch.tensor([0, 1]), reduction="none"))
+    spec = dataclasses.replace(tiny_spec(features=3), task=task)
+    registry.check(spec)  # a tabular problem is a well-formed problem spec
+
+
 def test_published_normalisation_constants_match_real_data(fmnist_dir):
     from dpbench.data import image_datasets
 

@@ -101,6 +101,63 @@ def test_a_run_event_from_its_row_gives_its_epsilon_back():
     assert spent.run_history(pd.Series({**row.to_dict(), "optimizer": "d2p2sgd", "accountant": "rdp"})) is None
 
 
+def test_the_recorded_event_is_the_mechanisms_own_and_gives_its_epsilon_back(tmp_path):
+    """``accounted_history`` (written into every run record) is each built-in mechanism's own
+    event: accounted as the run is (PRV, or RDP where the mechanism accounts with RDP), it gives
+    the epsilon the mechanism reports for the steps taken. dpdice-strict's is T Gaussian steps
+    without amplification (q = 1), not DP-SGD's amplified one; the matrix mechanisms (one
+    Gaussian release) and the Gaussian projection (a bound that may fail) record none."""
+    from dpbench.mechanisms.base import PlanRequest, recorded_history
+    from dpbench.optimizers import OPTIMIZERS
+
+    seen = {}
+    for name, spec in OPTIMIZERS.builtins.items():
+        if not spec.private:
+            continue
+        mech = spec.mechanism
+        hyper = spec.hyperparameters({"bands": 2} if name == "dpmatrix-band-amp" else None)
+        epochs = 1 if getattr(mech, "single_epoch", False) else 2
+        plan = mech.plan(PlanRequest(40, 5, epochs, hyperparameters=hyper, target_epsilon=4.0, cache_dir=tmp_path))
+        recorded = recorded_history(mech, plan, 1.3, plan.steps - 3)
+        seen[name] = recorded
+        if recorded is None:
+            continue
+        report = mech.report(plan, 1.3, plan.steps - 3, DELTA, "prv")
+        accountant = "rdp" if report.get("accountant") == "rdp" else "prv"
+        history = [tuple(h) for h in recorded]
+        eps = (accounting.fast_rdp_epsilon(history, DELTA) if accountant == "rdp"
+               else accounting.epsilon(history, DELTA, "prv"))
+        assert eps == pytest.approx(report["epsilon"], rel=1e-3), name
+    assert seen["dpsgd"] == [[1.3, 5 / 40, 13]] and seen["dpdice-strict"] == [[1.3, 1.0, 13]]
+    assert seen["dpmatrix-me"] is None and seen["dpmatrix-band"] is None and seen["d2p2sgd"] is not None
+    assert len(seen["d2psgd"]) > 1  # a decaying schedule: segments of sigma_k
+    assert seen["dpmatrix-band-amp"] is not None and seen["dpmatrix-band-amp"][0][2] < 13  # ceil(T / b) rounds
+    gaussian = OPTIMIZERS["d2p2sgd"]
+    plan = gaussian.mechanism.plan(PlanRequest(40, 5, 2, hyperparameters=gaussian.hyperparameters(
+        {"projection": "gaussian"}), cache_dir=tmp_path))
+    assert recorded_history(gaussian.mechanism, plan, 1.3, 13) is None
+
+
+def test_a_plugin_optimizer_on_a_built_in_mechanism_gets_its_selection_epsilon():
+    """epsilon_sel comes from the event the run's mechanism recorded, whatever the optimizer's
+    id: a plugin's optimizer on DP-SGD's mechanism composes as DP-SGD does; on a mechanism of its
+    own class (mechanism_origin plugin) it gets none."""
+    import json
+
+    history = [[1.0, 0.01, 200]]
+    row = {"private": True, "epsilon": accounting.epsilon(DPSGD, DELTA, "prv"), "delta": DELTA, "accountant": "prv",
+           "noise_multiplier": 1.0, "sample_rate": 0.01, "steps": 200, "epochs": 2, "lr": 0.1,
+           "accounted_history": json.dumps(history), "mechanism_origin": "built-in"}
+    runs = pd.DataFrame([{**row, "optimizer": opt, "seed": seed, "lr": lr}
+                         for opt in ("dpsgd", "dpsgd-momentum") for seed, lr in ((0, 0.1), (1, 0.2))])
+    assert spent.run_history(runs.iloc[2]) == [(1.0, 0.01, 200)]
+    mine, theirs = (spent.selection_privacy(runs[runs.optimizer == o], ["lr"]) for o in ("dpsgd-momentum", "dpsgd"))
+    assert mine["selection_epsilon"] == theirs["selection_epsilon"] > row["epsilon"] and mine["not_composed"] == ""
+    own = runs.assign(mechanism_origin="plugin")
+    assert spent.run_history(own.iloc[2]) is None
+    assert spent.selection_privacy(own[own.optimizer == "dpsgd-momentum"], ["lr"])["not_composed"] == "dpsgd-momentum"
+
+
 def test_selection_privacy_of_committed_groups():
     compare = pd.read_parquet(RESULTS / "beyond-setup2-compare" / "runs.parquet")
     group = compare[(compare.optimizer == "dpmatrix-se") & (compare.target_epsilon == 10.0)]

@@ -287,3 +287,17 @@ def test_a_tiny_tuning_config_runs_to_its_figure(tmp_path, repo_copy, fmnist_dir
         assert privacy["noise_multiplier_source"] == "calibrated for the whole search"
         assert privacy["tuning"]["epsilon"] <= 2.0 and privacy["tuning"]["epsilon"] > 1.99
         assert privacy["epsilon"] < 2.0  # one candidate spends less than the search
+
+
+def test_a_candidate_of_dpdice_strict_is_accounted_without_amplification():
+    """dpdice-strict's mechanism accounts T Gaussian steps without amplification: a private
+    search over it composes candidates of that event (q = 1), not DP-SGD's amplified one (which
+    its mechanism inherited before it defined its own ``history``: a sigma far too small)."""
+    from dpbench.mechanisms.base import PlanRequest
+    from dpbench.optimizers import get_optimizer
+    from dpbench.training.tuning import candidate_history
+
+    spec = get_optimizer("dpdice-strict")
+    plan = spec.mechanism.plan(PlanRequest(1000, 50, 2))
+    history_of, fail = candidate_history(spec, plan)
+    assert history_of(3.0) == [(3.0, 1.0, 40)] and fail == 0.0

@@ -6,9 +6,7 @@ a resumed step continues as if never stopped. Run with the plugin installed:
 import torch
 import torch.nn.functional as F
 
-from dpbench.mechanisms.base import PlanRequest
-from dpbench.optimizers import get_optimizer
-from dpbench.training.harness import assemble
+from dpbench.plugin import PlanRequest, assemble, get_optimizer
 from dpbench_example.momentum import DPSGD_MOMENTUM
 
 N, L, EPOCHS = 64, 8, 1  # T = 8 Poisson-sampled steps

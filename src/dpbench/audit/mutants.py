@@ -20,6 +20,10 @@ mechanisms); the expected detection rates below are the simulated ones at eps* =
 * ``reshuffled-participation`` (dpmatrix-me): the loader reshuffles every epoch while (k, b)
   participation is accounted (the thesis code's defect 2). Not detectable statistically
   (the sensitivity grows only 1.1-1.3x): caught by the deterministic participation check.
+* ``per-layer-clipping`` (dpsgd): ``clip_and_sum`` replaced by one that clips each layer at C,
+  so one example moves the sum by up to C sqrt(K) over K layers. The statistical audit's model
+  has one layer, where this is correct: caught by the white-box sensitivity check
+  (``dpbench.audit.sensitivity``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 
 from dpbench.mechanisms.base import Plan
 from dpbench.optimizers import get_optimizer
+from dpbench.optimizers.base import SGD, DPStep
 from dpbench.optimizers.spec import OptimizerSpec
 
 
@@ -120,6 +125,27 @@ class _ReshufflingSampler:
         self.step = state["step"]
 
 
+class PerLayerClipStep(DPStep):
+    """DP-SGD's step with ``clip_and_sum`` replaced as a plugin might write it: each layer's
+    part of a per-sample gradient clipped on its own at C (instead of the whole vector at C,
+    or each of K layers at C / sqrt(K)), so one example moves the sum by up to C sqrt(K)."""
+
+    def clip_and_sum(self, psg):
+        if psg is None:
+            return super().clip_and_sum(psg)
+        summed = {}
+        for layer in psg.layers:
+            coef = self.ctx.clipping.coefficients(layer.inner(layer).clamp_min(0).sqrt())
+            summed.update(layer.weighted_sum(coef))
+        return [summed[p] for p in self.params]
+
+
+def per_layer_clipping(name: str = "dpsgd") -> OptimizerSpec:
+    spec = get_optimizer(name)
+    return dataclasses.replace(spec, name=f"{name}~per-layer-clipping",
+                               build=lambda ctx: PerLayerClipStep(ctx, SGD(ctx.lr)))
+
+
 def noise_over_sqrt_t(name: str = "dpmatrix-me") -> OptimizerSpec:
     spec = get_optimizer(name)
     base = spec.mechanism
@@ -185,4 +211,5 @@ MUTANTS: dict[str, Callable[[], OptimizerSpec]] = {
     "reused-noise": reused_noise,
     "reshuffled-participation": reshuffled_participation,
     "rate-L-over-N": amplified_rate_l_over_n,
+    "per-layer-clipping": per_layer_clipping,
 }

@@ -13,6 +13,10 @@ Two modes:
 * ``one-run`` (Steinke, Nasr & Jagielski 2023, arXiv 2305.08846, App. D): ONE run with m
   canaries on distinct coordinates, each in with probability 1/2; the top k+ scores are
   guessed "in", the bottom k- "out". A smoke test with a weaker bound: it never flags.
+
+Both modes also run the deterministic white-box sensitivity check (``sensitivity``: the
+optimizer's clipped sum on a model of several layers, moved by one example, against the
+claimed sensitivity); its failure is a violation in either mode.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ import numpy as np
 import pandas as pd
 
 from dpbench.audit import bounds, statistics
+from dpbench.audit.sensitivity import sensitivity_check
 from dpbench.audit.trials import (AuditProblem, Trials, audit_spec, make_claim, participation_check,
                                   postprocessing_check, problem_size, run_chunk, run_trials)
 from dpbench.matrix.store.cache import default_cache_dir
 from dpbench.optimizers.spec import OptimizerSpec
+from dpbench.optimizers.stages import own_stages, step_class
 from dpbench.privacy import accounting
 from dpbench.plugins import mechanism_origin, record_of
 
@@ -55,6 +61,7 @@ def claim_record(spec: OptimizerSpec, trials_or_claim, hyper: dict, problem: Aud
         "noise_multiplier": claim.noise_multiplier, "sample_rate": plan.sample_rate, "steps": plan.steps,
         "batch_size": plan.batch_size, "clip_sensitivity": claim.clip_sensitivity, "accountant": claim.accountant,
         "caveat": spec.caveat, "mechanism_origin": mechanism_origin(spec.mechanism), "plugin": record_of(spec),
+        "stages": own_stages(step_class(spec)),  # the step's own stages (dpbench.optimizers.stages)
         "problem": {"dimension": problem.dimension, "examples": problem_size(spec, problem)[0],
                     "epochs": problem_size(spec, problem)[1], "batch_size": problem.batch_size,
                     "steps": problem.steps},
@@ -90,13 +97,15 @@ def audit(spec: OptimizerSpec, epsilon: float, trials: int = 2000, mode: str = "
     profile = spec.mechanism.privacy_profile(tr.claim.plan, tr.claim.noise_multiplier, delta, accountant)
     result = bounds.analyse({k: (v[tr.canary_in], v[~tr.canary_in]) for k, v in scored.items()}, profile,
                             beta=beta, delta=delta, rng=np.random.default_rng([seed, 1]))
-    checks = {"postprocessing": postprocessing_check(spec, tr.claim, hyper, problem, seed)}
+    checks = {"postprocessing": postprocessing_check(spec, tr.claim, hyper, problem, seed),
+              "sensitivity": sensitivity_check(spec, tr.claim, hyper, problem_size(spec, problem)[0], seed)}
     if tr.audit.neighbours == "zero-out" and tr.claim.strategy is not None:
         n, _ = problem_size(spec, problem)
         sampler = spec.mechanism.sampler(tr.claim.plan, n, seed, "cpu")
         checks["participation"] = participation_check(tr.claim.strategy, sampler, tr.claim.plan.steps,
                                                       tr.claim.strategy_sensitivity)
     participation_ok = checks.get("participation", {}).get("ok", True)
+    sensitivity_ok = checks["sensitivity"]["ok"]
     rows = pd.concat([pd.DataFrame({"trial": np.arange(trials, dtype=np.int64), "canary_in": tr.canary_in,
                                     "statistic": name, "score": values.astype(np.float64)})
                       for name, values in scored.items()], ignore_index=True)
@@ -104,8 +113,8 @@ def audit(spec: OptimizerSpec, epsilon: float, trials: int = 2000, mode: str = "
         "epsilon_claimed": float(epsilon), "delta": delta, "beta": beta, "trials": trials, "mode": mode,
         "seed": seed, "statistics": list(result.statistics), "levels": list(result.levels),
         "epsilon_lower": result.epsilon_lower, "epsilon_lower_at": result.epsilon_lower_at,
-        # (B) the statistical test, or the deterministic participation check, failed
-        "violation": bool(result.violation or not participation_ok),
+        # (B) the statistical test, or a deterministic check (participation, sensitivity), failed
+        "violation": bool(result.violation or not participation_ok or not sensitivity_ok),
         "violation_statistical": result.violation, "violation_at": result.violation_at,
         "epsilon_gdp": result.epsilon_gdp, "mu_lower": result.mu_lower,
         "epsilon_gdp_sound": tr.claim.plan.sample_rate is None,  # exactly Gaussian: q = 1 / matrix
@@ -147,15 +156,17 @@ def one_run(spec: OptimizerSpec, epsilon: float, canaries: int, beta: float, see
     guesses = np.concatenate([order[-k:], order[:k]])
     guessed_in = np.concatenate([np.ones(k, bool), np.zeros(k, bool)])
     correct = int((canary_in[guesses] == guessed_in).sum())
+    sensitivity = sensitivity_check(spec, claim, hyper, problem_size(spec, problem)[0], seed)
     eps_lb = bounds.one_run_epsilon(canaries, 2 * k, correct, delta, beta)
     rows = pd.DataFrame({"trial": np.arange(canaries, dtype=np.int64), "canary_in": canary_in,
                          "statistic": primary_name(tr), "score": primary.astype(np.float64)})
     record = {
         "epsilon_claimed": float(epsilon), "delta": delta, "beta": beta, "trials": 1, "mode": "one-run",
         "seed": seed, "statistics": [primary_name(tr)], "levels": [], "canaries": canaries,
-        "guesses": 2 * k, "correct": correct, "epsilon_lower": eps_lb, "violation": False,
+        "guesses": 2 * k, "correct": correct, "epsilon_lower": eps_lb, "violation": not sensitivity["ok"],
         "epsilon_gdp": math.nan, "canary_norm": tr.canary_norm, "family": dataclasses.asdict(audit_),
-        "claim": claim_record(spec, claim, hyper, problem),
-        "note": "one-run mode is a smoke test: its bound is weaker and it never flags a violation",
+        "checks": {"sensitivity": sensitivity}, "claim": claim_record(spec, claim, hyper, problem),
+        "note": "one-run mode is a smoke test: its bound is weaker and never flags a violation (only the "
+                "deterministic sensitivity check does)",
     }
     return rows, record

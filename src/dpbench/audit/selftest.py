@@ -42,6 +42,8 @@ CASES = (
     Case("mutant: participation reshuffled every epoch", mutants.reshuffled_participation, True),
     Case("dpmatrix-band-amp, b = 4 (correct)", lambda: _with_defaults("dpmatrix-band-amp", bands=4), False),
     Case("mutant: amplified BandMF accounted at rate L/N", mutants.amplified_rate_l_over_n, True),
+    # caught by the white-box sensitivity check, whatever the trials say: few trials suffice
+    Case("mutant: each layer clipped at C (per-layer clipping)", mutants.per_layer_clipping, True, trials=400),
 )
 
 
@@ -71,9 +73,11 @@ def self_test(seed: int = 0, out=sys.stdout, log=None, cache_dir: str | None = N
         all_right &= right
         how = ""
         if rec["violation"]:
-            part = rec["checks"].get("participation", {})
+            part, sens = rec["checks"].get("participation", {}), rec["checks"]["sensitivity"]
             how = (f" (participation: max ||Cv|| {part['max_sign_worst_norm']:.3f} > sens {part['accounted_sensitivity']:.3f})"
-                   if not part.get("ok", True) else f" ({rec['violation_at'][0]} at level {rec['violation_at'][1]})")
+                   if not part.get("ok", True) else f" ({rec['violation_at'][0]} at level {rec['violation_at'][1]})"
+                   if rec["violation_statistical"] else
+                   f" (sensitivity: one example moved the clipped sum by {sens['max_moved_per_sensitivity']:.3f} s)")
         print(f"{case.label:56s} {case.trials:6d} {case.epsilon:5g} {rec['epsilon_lower']:7.3f} {rec['epsilon_gdp']:7.2f} "
               f"{str(rec['violation']):>8s} {str(case.expect_violation):>8s} {'ok' if right else 'WRONG'}{how} "
               f"[{time.perf_counter() - t0:.0f}s]", file=out, flush=True)

@@ -74,6 +74,11 @@ def cmd_audit(args) -> int:
                          log=lambda m: print(f"[audit] {m}", file=sys.stderr, flush=True))
     write_table(rows, args.out, meta={"audit": record})
     verdict = ("VIOLATION: the claim is refuted" if record["violation"] else "no violation found")
+    sens = record["checks"]["sensitivity"]
+    own = ", ".join(f"{stage} ({origin})" for stage, origin in record["claim"]["stages"].items()) or "none"
+    print(f"sensitivity check: one example moved the clipped sum by at most {sens['max_moved_per_sensitivity']:.6g} "
+          f"times the claimed sensitivity ({sens['cases']} cases, {len(sens['layers'])} layers; worst: "
+          f"{sens['worst_case']}): {'ok' if sens['ok'] else 'VIOLATION'}; the step's own stages: {own}", file=sys.stderr)
     print(f"wrote {args.out}: {spec.name} claimed eps = {record['epsilon_claimed']:g} (delta = {record['delta']:g}); "
           f"eps_lower = {record['epsilon_lower']:.3f}, eps_gdp = {record['epsilon_gdp']:.3f}; {verdict} "
           f"(beta = {record['beta']:g}, R = {record['trials']})", file=sys.stderr)
@@ -93,7 +98,9 @@ pre-registered statistics {primary, S_diff} and quantile levels {1, 2, 4, ...}):
   (A) epsilon_lower: an assumption-free lower bound on the epsilon of the mechanism;
   (B) violation: true if the measured error rates leave the claim's whole privacy profile
       delta*(eps) (from the run's own accountant), or if the loader's realised participation
-      exceeds the accounted sensitivity (matrix mechanisms); a correct mechanism is flagged
+      exceeds the accounted sensitivity (matrix mechanisms), or if one example moves the
+      optimizer's clipped sum by more than the claimed sensitivity on a model of several
+      layers (the white-box sensitivity check, every mode); a correct mechanism is flagged
       with probability <= beta;
   (C) epsilon_gdp: a tightness estimate from Gaussian DP (sound only for exactly Gaussian
       mechanisms; a heuristic under subsampling: reported, never used to flag).
@@ -103,8 +110,8 @@ trials no epsilon above max_certifiable_epsilon (recorded) can be certified.
 Output: Parquet, one row per trial and statistic (trial int64, canary_in bool, statistic
 string, score float64); metadata JSON under the key "dpbench", object "audit": epsilon_claimed,
 delta, beta, trials, mode, statistics, levels, epsilon_lower, violation, epsilon_gdp,
-canary_norm, checks (post-processing, participation), claim (sigma, q, T, sensitivity,
-accountant, ...), the per-(statistic, level) bounds table.
+canary_norm, checks (post-processing, participation, sensitivity), claim (sigma, q, T,
+sensitivity, accountant, the step's own stages, ...), the per-(statistic, level) bounds table.
 
 --self-test audits built-in mutants (noise / sqrt(T), no clipping, sigma for q/2, reused
 noise, participation reshuffled every epoch), DP-Dice at its published calibration and

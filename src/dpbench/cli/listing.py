@@ -4,6 +4,7 @@ and every plugin that could not be loaded, with its one-line error."""
 from __future__ import annotations
 
 from dpbench.optimizers import OPTIMIZERS
+from dpbench.optimizers.stages import describe, own_stages, step_class
 from dpbench.plugins import mechanism_origin
 from dpbench.problems import PROBLEMS
 from dpbench.reporting.figures import FIGURES
@@ -15,17 +16,30 @@ HEADER = ("kind", "id", "private", "origin")
 def rows() -> list[tuple[str, str, str, str]]:
     """(kind, id, private, origin) of every optimizer, problem and figure, then (``error``, id, ``-``,
     the line) of every broken plugin. A private plugin optimizer whose mechanism is the plugin's
-    own class (its own sigma calibration or accountant) has ``OWN_CLAIM`` after its origin."""
+    own class (its own sigma calibration or accountant) has ``OWN_CLAIM`` after its origin, and
+    a private optimizer whose step defines stages of its own names them (``stages_note``)."""
     out = []
     for name, spec in OPTIMIZERS.items():
         origin = OPTIMIZERS.origin(name)
         if spec.private and OPTIMIZERS.plugin(name) and mechanism_origin(spec.mechanism) == "plugin":
             origin += f"; {OWN_CLAIM}"
+        if spec.private:
+            origin += stages_note(spec)
         out.append(("optimizer", name, "private" if spec.private else "non-private", origin))
     out += [("problem", pid, "-", PROBLEMS.origin(pid)) for pid in PROBLEMS]
     out += [("figure", fid, "-", FIGURES.origin(fid)) for fid in FIGURES]
     out += [("error", e.id, "-", e.line) for e in OPTIMIZERS.errors + PROBLEMS.errors + FIGURES.errors]
     return out
+
+
+def stages_note(spec) -> str:
+    """``; stages: clip_and_sum (plugin)``: the stages of the private step that the optimizer's
+    step class defines itself (``dpbench.optimizers.stages``); empty where all are DPStep's."""
+    try:
+        own = own_stages(step_class(spec))
+    except ValueError as exc:
+        return f"; stages: unknown ({exc})"
+    return f"; stages: {describe(own)}" if own else ""
 
 
 def render(table: list[tuple[str, ...]]) -> str:

@@ -93,6 +93,12 @@ class Plan:
 
 
 class Sampler(Protocol):
+    """A run's batches: ``sample()`` is the next step's batch as a 1-D int64 tensor of indices
+    into the training set (any length, 0 included: Poisson batches vary; lane-major blocks of
+    ``n_train`` with ``lanes`` > 1), drawn from the sampler's own seeded stream; its
+    ``state_dict``/``load_state_dict`` resume the stream exactly. Its draws must be the ones
+    the mechanism's accountant assumes (the audit checks that empirically)."""
+
     def sample(self) -> torch.Tensor: ...
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
@@ -109,6 +115,15 @@ class NoiseSource(Protocol):
 
 
 class Mechanism(Protocol):
+    """How a run's batches are drawn, where its noise comes from and how its sigma and epsilon
+    are computed, as one object an ``OptimizerSpec`` names. The harness calls ``plan`` once
+    (a frozen ``Plan`` from the run's ``PlanRequest``), then ``calibrate`` (sigma for a target
+    epsilon) or ``report`` (the epsilons for a sigma and the steps taken: a dict with
+    ``epsilon``, ``epsilon_planned``, ``epsilon_rdp`` and any facts of its own), ``sampler``
+    and ``noise``; the audit also calls ``privacy_profile`` and reads ``audit``. All of these
+    members are required of a plugin's mechanism (``dpbench.optimizers.MECHANISM_METHODS``);
+    a mechanism of a plugin's own class makes the privacy claim the plugin's."""
+
     name: str
     audit: AuditSpec  # how the empirical audit (dpbench.audit) attacks the mechanism
 
@@ -128,6 +143,19 @@ class Mechanism(Protocol):
     def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
         """delta*(eps) for an array of eps: the claim the empirical audit tests (dpbench.audit)."""
         ...
+
+
+def recorded_history(mechanism: Any, plan: Plan, noise_multiplier: float, steps: int) -> list[list[float]] | None:
+    """The event a run of ``steps`` steps is accounted as, for its record and for composing runs
+    without torch (``dpbench.reporting.figures.spent``): the mechanism's own ``history`` (segments
+    [sigma, q, n] of Poisson-subsampled Gaussian steps) as plain numbers; None where the mechanism
+    has none (one Gaussian release: the matrix mechanisms, whose epsilon gives mu), or where its
+    sensitivity bound may fail (``delta_fail`` > 0: composing k runs would need k of them)."""
+    history = getattr(mechanism, "history", None)
+    fail = getattr(mechanism, "delta_fail", None)
+    if not callable(history) or (callable(fail) and fail(plan) > 0):
+        return None
+    return [[float(s), float(q), int(n)] for s, q, n in history(plan, noise_multiplier, steps)]
 
 
 def one_release_epsilons(noise_multiplier: float, planned_sensitivity: float, done_sensitivity: float,

@@ -28,6 +28,12 @@ class UnamplifiedGaussian(PoissonSubsampledGaussian):
 
     name = "gaussian-composition-without-amplification"
 
+    def history(self, plan: Plan, noise_multiplier: float, steps: int) -> accounting.History:
+        """The accounted event: ``steps`` Gaussian mechanisms at sigma without amplification (q = 1),
+        which compose exactly to the one release of mu = sqrt(steps) / sigma that ``calibrate``
+        and ``report`` use (the inherited, amplified history would not be this mechanism's claim)."""
+        return [(noise_multiplier, 1.0, steps)]
+
     def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float:
         accounting.check_target(target_epsilon, delta)
         return accounting.gaussian_noise_multiplier(target_epsilon, delta, sensitivity=math.sqrt(plan.steps))

@@ -8,7 +8,10 @@ from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.plugins import Group, Registry
 from dpbench.mechanisms.base import AuditSpec
 
-MECHANISM_METHODS = ("plan", "calibrate", "report", "sampler", "noise")
+# every method of the Mechanism protocol that the harness (plan, calibrate, report, sampler,
+# noise) and the audit (privacy_profile) call; the audit also reads ``audit`` (an AuditSpec,
+# unless the spec brings its own)
+MECHANISM_METHODS = ("plan", "calibrate", "report", "sampler", "noise", "privacy_profile")
 
 
 def check_spec(spec: OptimizerSpec) -> None:
@@ -27,6 +30,9 @@ def check_spec(spec: OptimizerSpec) -> None:
     if missing or not isinstance(getattr(spec.mechanism, "name", None), str):
         raise ValueError(f"mechanism {type(spec.mechanism).__name__} is not a Mechanism (it lacks "
                          f"{', '.join(missing or ['a name'])})")
+    if spec.audit is None and not isinstance(getattr(spec.mechanism, "audit", None), AuditSpec):
+        raise ValueError(f"mechanism {type(spec.mechanism).__name__} is not a Mechanism (its audit is "
+                         f"{getattr(spec.mechanism, 'audit', None)!r}, not an AuditSpec; or give the OptimizerSpec an audit)")
     if spec.caveat is not None and not isinstance(spec.caveat, str):
         raise ValueError(f"caveat is {spec.caveat!r}, not a text or None")
     if spec.audit is not None and not isinstance(spec.audit, AuditSpec):

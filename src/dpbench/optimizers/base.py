@@ -61,6 +61,12 @@ class Context:
 
 @dataclass
 class StepOutput:
+    """What one step returns to the training loop: ``losses`` (B,), the per-sample training
+    losses at the parameters before the step (detached; the loop logs their mean), ``correct``
+    (B,) or None, and ``stats``, the step's diagnostics (floats, by name), which the loop sums
+    over the run's steps (``dpbench.training.checkpoint.Trace.record``; the run records the sums
+    under ``optimizer.stats``): return per-step counts or totals, never means or maxima."""
+
     losses: torch.Tensor  # per-sample training losses at the parameters before the step
     correct: torch.Tensor | None
     stats: dict[str, float] = field(default_factory=dict)  # optimizer diagnostics
@@ -68,8 +74,20 @@ class StepOutput:
 
 class UpdateRule(Protocol):
     """Turns a (privatised) mean gradient into a parameter update, in place, and owns the
-    optimizer state; ``state_dict``/``load_state_dict`` make it checkpointable. ``update`` may
-    return a dict of diagnostics (floats), which the step adds to its ``StepOutput.stats``."""
+    optimizer state; ``state_dict``/``load_state_dict`` make it checkpointable (the tensors it
+    keeps, as they are; a resumed run must continue bit for bit).
+
+    ``update(params, grads)``: ``params`` are the model's trainable parameters, in
+    ``Context.params`` order, to be changed in place (under ``torch.no_grad``); ``grads`` are
+    tensors shaped like them, the privatised mean gradient of this step, which is all a private
+    rule may read (the audit replays a rule from these alone and requires bit-identical
+    parameters). **The grads are views into the step's gradient buffer, which the next step
+    overwrites** (``GradBuffer``): a rule that keeps them across steps (a momentum, a filter, a
+    previous gradient) must keep a copy (``g.clone()``, or accumulate into a tensor of its own),
+    or what it kept changes under it. A rule may return a dict of diagnostics, floats by name:
+    the step puts them in ``StepOutput.stats`` and the training loop **sums them over the run's
+    steps** (``optimizer.stats`` in the run record), so return counts or totals per step (e.g.
+    ``floor_hits``), not means; None returns nothing."""
 
     def update(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> dict[str, float] | None: ...
 
@@ -111,13 +129,34 @@ class GradBuffer:
         return bool(params) and len({(p.dtype, p.device) for p in params}) == 1
 
 
+class StepClassFound(Exception):
+    """Raised by ``DPStep.__new__`` while ``dpbench.optimizers.stages.step_class`` probes which
+    class an optimizer's ``build`` makes (before any of its ``__init__`` runs)."""
+
+    def __init__(self, cls: type):
+        super().__init__(cls.__qualname__)
+        self.cls = cls
+
+
+_PROBING: list[bool] = [False]  # set by dpbench.optimizers.stages.step_class only
+
+
 class DPStep:
-    """One differentially private step, stage by stage."""
+    """One differentially private step, stage by stage: ``__call__`` runs
+    ``per_sample_gradients`` -> ``clip_and_sum`` -> ``add_noise`` -> ``scale_to_mean`` -> the
+    update rule. A subclass overrides a stage only where its paper changes it; every stage it
+    overrides is recorded as the optimizer's own (``dpbench.optimizers.stages``), and the
+    audit's sensitivity check holds ``clip_and_sum``'s output to the clipping's sensitivity."""
 
     private = True
     # Weights of the batch's rows in the clipped sum, (B,): None gives every row weight 1; a
     # padded batch (dpbench.training.capture) gives its padding rows 0.
     sample_weights: torch.Tensor | None = None
+
+    def __new__(cls, *args, **kwargs):
+        if _PROBING[0]:
+            raise StepClassFound(cls)
+        return super().__new__(cls)
 
     def __init__(self, ctx: Context, rule: UpdateRule):
         self.ctx = ctx
@@ -144,6 +183,10 @@ class DPStep:
 
     # -- stages ------------------------------------------------------------------------------
     def per_sample_gradients(self, x, y) -> tuple[PerSampleGradients | None, StepOutput]:
+        """The batch's per-sample gradients (``PerSampleGradients``, formed lazily from one
+        forward and one backward pass: nothing is materialised until asked) and the step's
+        output (losses, correctness); None for an empty batch (B = 0), which still releases
+        noise. A replacement must keep example i's gradient a function of example i alone."""
         if x.shape[0] == 0:  # an empty Poisson batch still releases noise
             return None, StepOutput(x.new_zeros(0), None)
         with self.tape:
@@ -151,6 +194,13 @@ class DPStep:
         return self.tape.per_sample_gradients(losses), StepOutput(losses.detach(), correct)
 
     def clip_and_sum(self, psg: PerSampleGradients | None) -> list[torch.Tensor]:
+        """The release before noise: sum_i c_i g_i, shaped like the parameters, c_i the
+        clipping's coefficients (``Clipping.coefficients`` of the per-sample norms over the
+        *whole* parameter vector), so that one example moves it by at most the clipping's
+        sensitivity s, the scale the noise is calibrated for; zeros for ``psg`` None. Written
+        into the step's reused buffer (its views are returned; valid until the next step). A
+        replacement is held to s by the audit's sensitivity check (``dpbench.audit.sensitivity``):
+        clipping each of K layers on its own at C moves the sum by up to C sqrt(K)."""
         buffer = self._buffer()
         if psg is None:
             if buffer is None:
@@ -167,6 +217,8 @@ class DPStep:
         return buffer.views
 
     def add_noise(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The clipped sum plus ``noise_std`` times the noise source's unit-variance draws (one
+        per parameter tensor, in order), in place."""
         if self.noise_std == 0:
             return grads
         buffer, sample_into = self._buffer(), getattr(self.ctx.noise, "sample_into", None)
@@ -226,7 +278,8 @@ class NonPrivateStep(DPStep):
 
 
 class SGD:
-    """theta <- theta - lr * g."""
+    """theta <- theta - lr * g: the update rule of DP-SGD (an ``UpdateRule``; no state, so it
+    keeps nothing of the grads it is handed)."""
 
     def __init__(self, lr: float):
         self.lr = lr

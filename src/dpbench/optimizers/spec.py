@@ -14,6 +14,18 @@ from dpbench.optimizers.base import Context, DPStep
 
 @dataclass(frozen=True)
 class OptimizerSpec:
+    """One optimizer, as the registry holds it and a ``dpbench.optimizers`` entry point names it
+    (its ``name`` is the entry point's). ``build(ctx)`` makes its step from a ``Context``: a
+    ``DPStep`` (or subclass) with its update rule where ``private``, else a ``NonPrivateStep``;
+    it is called once per run (and by the audit per chunk of trials), so it must not share state
+    between calls. ``defaults`` are its hyperparameters (configs and ``--hp`` override them, of
+    the same kind). ``mechanism`` (default DP-SGD's ``PoissonSubsampledGaussian``) draws the
+    batches, makes the noise and computes sigma and epsilon: a plugin's own class makes the claim
+    the plugin's (``mechanism_origin: plugin``). ``caveat`` is recorded in every run; ``audit``
+    overrides the mechanism's ``AuditSpec``; ``cost_class`` is for built-ins (a plugin leaves it
+    None). The stages its step defines itself are read from the step's class, never declared
+    here (``dpbench.optimizers.stages``)."""
+
     name: str  # the identifier used in configs and results
     build: Callable[[Context], DPStep]
     private: bool

@@ -14,6 +14,11 @@ import torch
 
 @dataclass(frozen=True)
 class Clipping:
+    """Per-sample clipping at norm C (``clip_norm``), normalised (De et al.) or flat:
+    ``coefficients(norms)`` maps the per-sample norms (B,) of whole per-sample gradients to the
+    c_i (B,) of the clipped sum sum_i c_i g_i, each ||c_i g_i|| <= ``sensitivity`` (1
+    normalised, C flat): the L2 sensitivity the noise is calibrated for."""
+
     clip_norm: float = 1.0  # C
     normalize: bool = True
 

@@ -155,7 +155,12 @@ def trainable_layers(model: nn.Module) -> list[nn.Module]:
 
 
 class PerSampleGradients:
-    """The per-sample gradients of one batch: a list of per-layer gradients."""
+    """The per-sample gradients of one batch, held per layer (``layers``: one ``LayerGrads``
+    per trainable layer, in model order) and formed only as far as asked: ``norms()`` (B,) the
+    per-sample norms over the whole parameter vector, ``sq_norms()`` their squares,
+    ``inner(other)`` (B,) the per-sample inner products with another pass's,
+    ``weighted_sum(coef)`` {parameter: sum_i coef_i g_i} (into ``out`` where given). The
+    tensors belong to the step that made them and are valid until its next pass."""
 
     def __init__(self, layers: list[LayerGrads]):
         self.layers = layers

@@ -7,7 +7,8 @@ public constants only, so preprocessing spends no privacy), ``per_sample_loss`` 
 losses and, where the task counts them, per-sample correctness), ``make_canaries`` and
 ``canary_records`` (what a run plants: nothing here) and ``memorisation`` (what a run measures
 about them). Its ``facts`` (``dpbench.problems.catalog.TaskFacts``, torch-free) say which metric
-it reports and selects on. ``Classification`` and ``VAE`` are here; the language model's task,
+it reports and selects on. ``Classification`` (images), ``TabularClassification`` (feature
+vectors) and ``VAE`` are here; the language model's task,
 which plants canaries, is ``dpbench.problems.language.LanguageModel``.
 """
 
@@ -76,10 +77,12 @@ def scaled(images: np.ndarray, scale: float) -> torch.Tensor:
 
 
 class Classification(Task):
-    """Images -> class labels. Inputs are the pixels scaled to [0, 1] by ``scale`` (the largest
-    pixel value) and, with ``mean`` and ``std`` (per channel, fixed published constants, not
-    recomputed from the data), normalised; the loss is the per-sample cross-entropy of the
-    logits, and a prediction is correct where the largest logit is the label's."""
+    """Images -> class labels. Inputs (N, C, H, W) are the pixels scaled to [0, 1] by ``scale``
+    (the largest pixel value) and, with ``mean`` and ``std`` (per channel, fixed published
+    constants, not recomputed from the data), normalised; the loss is the per-sample
+    cross-entropy of the logits, and a prediction is correct where the largest logit is the
+    label's. Input of another rank (feature vectors: use ``TabularClassification``), or with
+    another number of channels than ``mean`` has, is refused, never broadcast."""
 
     facts = catalog.CLASSIFICATION
     capture_refusal = None  # one forward pass over the batch as given
@@ -91,6 +94,12 @@ class Classification(Task):
         self.mean, self.std, self.scale = mean, std, scale
 
     def preprocess(self, raw: np.ndarray) -> torch.Tensor:
+        if np.ndim(raw) != 4:
+            raise ValueError(f"Classification takes images (N, C, H, W), got an array of shape {np.shape(raw)}"
+                             + (" (feature vectors: use TabularClassification)" if np.ndim(raw) == 2 else ""))
+        if self.mean is not None and np.shape(raw)[1] != len(self.mean):
+            raise ValueError(f"Classification has mean and std for {len(self.mean)} channels, the images have "
+                             f"{np.shape(raw)[1]} (shape {np.shape(raw)})")
         x = scaled(raw, self.scale)
         if self.mean is not None:
             x = (x - torch.tensor(self.mean).view(1, -1, 1, 1)) / torch.tensor(self.std).view(1, -1, 1, 1)
@@ -100,6 +109,31 @@ class Classification(Task):
         logits = model(x)
         losses = F.cross_entropy(logits, y, reduction="none")
         return losses, (logits.argmax(1) == y)
+
+
+class TabularClassification(Classification):
+    """Feature vectors -> class labels. Inputs (N, F) are the raw features, each standardised as
+    (x_f - mean_f) / std_f with ``mean`` and ``std`` per feature: fixed public constants (a
+    documented range or unit of each measurement), never computed from the private data, so
+    preprocessing spends no privacy. The loss and correctness are ``Classification``'s. Input of
+    another rank or width than ``mean`` is refused."""
+
+    capture_refusal = None  # one forward pass over the batch as given
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]):
+        mean, std = [float(m) for m in mean], [float(s) for s in std]
+        if not mean or len(mean) != len(std):
+            raise ValueError(f"give one mean and one std per feature, got {len(mean)} and {len(std)}")
+        if not all(np.isfinite(mean)) or not all(np.isfinite(s) and s > 0 for s in std):
+            raise ValueError("each feature's mean must be finite and its std positive")
+        super().__init__(mean, std, scale=1.0)
+
+    def preprocess(self, raw: np.ndarray) -> torch.Tensor:
+        if np.ndim(raw) != 2 or np.shape(raw)[1] != len(self.mean):
+            raise ValueError(f"TabularClassification takes feature vectors (N, {len(self.mean)}), "
+                             f"got an array of shape {np.shape(raw)}")
+        x = torch.from_numpy(np.ascontiguousarray(raw, dtype=np.float32))
+        return (x - torch.tensor(self.mean)) / torch.tensor(self.std)
 
 
 class VAE(Task):

@@ -53,6 +53,10 @@ EPOCHS_NOT_PRIVATE = {
 }
 
 
+def _json_or_none(value) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
 def run_row(run_id: str, path: Path, meta: dict) -> dict:
     cfg, priv, res, timing = meta["config"], meta["privacy"], meta["result"], meta["timing"]
     return {
@@ -87,6 +91,9 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
         "planned_steps": priv["planned_steps"],
         "steps": priv["steps"],
         "accountant": priv["accountant"],
+        # the accounted event of the steps taken, from the run's mechanism (JSON [[sigma, q, n], ...]);
+        # None where it has none or the run predates the record (reporting.figures.spent)
+        "accounted_history": _json_or_none(priv.get("accounted_history")),
         "status": res["status"],
         "best_test_accuracy": res["best_test_accuracy"],
         "best_test_loss": res["best_test_loss"],

@@ -16,7 +16,7 @@ from dpbench.reporting.results import read_meta, write_table
 
 COLUMNS = ("optimizer", "mechanism_origin", "epsilon_claimed", "seed", "delta", "beta", "trials", "mode", "epsilon_lower",
            "epsilon_gdp", "epsilon_gdp_sound", "mu_lower", "violation", "violation_statistical", "participation_ok",
-           "postprocessing", "max_certifiable_epsilon", "noise_multiplier", "sample_rate", "steps", "family",
+           "sensitivity_ok", "sensitivity_moved", "stages", "postprocessing", "max_certifiable_epsilon", "noise_multiplier", "sample_rate", "steps", "family",
            "hyperparameters", "caveat", "seconds", "file")
 
 
@@ -34,12 +34,21 @@ def audit_row(path: str | Path) -> dict:
         "mu_lower": a.get("mu_lower", float("nan")), "violation": bool(a["violation"]),
         "violation_statistical": bool(a.get("violation_statistical", a["violation"])),
         "participation_ok": checks.get("participation", {}).get("ok", True),
+        # the white-box check of the clipped sum (dpbench.audit.sensitivity); absent in older files
+        "sensitivity_ok": checks.get("sensitivity", {}).get("ok", True),
+        "sensitivity_moved": checks.get("sensitivity", {}).get("max_moved_per_sensitivity", float("nan")),
+        "stages": _stages(claim.get("stages")),
         "postprocessing": checks.get("postprocessing"),
         "max_certifiable_epsilon": a.get("max_certifiable_epsilon", float("nan")),
         "noise_multiplier": claim["noise_multiplier"], "sample_rate": claim["sample_rate"], "steps": claim["steps"],
         "family": a["family"]["statistic"], "hyperparameters": json.dumps(claim["hyperparameters"], sort_keys=True),
         "caveat": claim.get("caveat"), "seconds": sum(a.get("seconds", {}).values()), "file": str(path),
     }
+
+
+def _stages(stages: dict | None) -> str:
+    """The step's own stages as ``clip_and_sum (plugin), ...``; "" where all are DPStep's or unrecorded."""
+    return ", ".join(f"{stage} ({origin})" for stage, origin in (stages or {}).items())
 
 
 def collect(paths: Iterable[str | Path]) -> pd.DataFrame:

@@ -23,9 +23,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from dpbench.mechanisms.base import Plan
+from dpbench.mechanisms.base import Plan, recorded_history
 from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.plugins import mechanism_origin, record_of
+from dpbench.optimizers.stages import own_stages
 from dpbench.problems import Problem, get_problem
 from dpbench.problems.finetune import start_record
 from dpbench.problems.modes import Finetune
@@ -222,6 +223,13 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
             "sensitivity": ctx.clipping.sensitivity if private else None,
             "noise_std_mean_gradient": getattr(parts.step, "noise_std", 0.0) / plan.batch_size if private else 0.0,
             "caveat": spec.caveat,
+            # the stages of the private step its class defines itself ({stage: "built-in" or
+            # "plugin"}; {}: all DPStep's), compared, not declared (dpbench.optimizers.stages)
+            "stages": own_stages(type(parts.step)) if private else None,
+            # the event the steps taken are accounted as, from the mechanism ([[sigma, q, n], ...];
+            # None: one Gaussian release, or a bound that may fail): what composes runs (epsilon_sel)
+            "accounted_history": recorded_history(spec.mechanism, plan, sigma, trace.step) if private else None,
+            "step_class": f"{type(parts.step).__module__}.{type(parts.step).__qualname__}" if private else None,
             "calibration_time_s": setup.calibration.seconds,
             **privacy,
         },

@@ -1,2 +1,3 @@
-"""An example dpbench plugin: DP-SGD with heavy-ball momentum (``momentum``), registered
-under the entry-point group ``dpbench.optimizers`` (see this package's pyproject.toml)."""
+"""An example dpbench plugin: DP-SGD with heavy-ball momentum (``momentum``, the entry-point group
+``dpbench.optimizers``), scikit-learn's handwritten digits (``digits``, ``dpbench.problems``) and
+a table of the runs' privacy (``figures``, ``dpbench.figures``); see this package's pyproject.toml."""

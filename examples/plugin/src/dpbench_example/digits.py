@@ -38,10 +38,7 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-from dpbench.data.image_datasets import DataError, Dataset
-from dpbench.problems.catalog import ProblemFacts
-from dpbench.problems.spec import Problem
-from dpbench.problems.tasks import Classification
+from dpbench.plugin import Classification, DataError, Dataset, Problem, ProblemFacts
 
 NAME = "sklearn-digits"
 SKLEARN_VERSION = "1.9.1"  # the scikit-learn whose bundled file SHA256 is

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from dpbench.optimizers.base import DPStep
-from dpbench.optimizers.spec import OptimizerSpec
+from dpbench.plugin import DPStep, OptimizerSpec
 
 
 class HeavyBall:
@@ -32,6 +31,8 @@ class HeavyBall:
 
     @torch.no_grad()
     def update(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        # grads are views into the step's buffer, overwritten by the next step: the velocity is a
+        # tensor of its own (zeros_like), into which they are added, never grads kept as they are
         if self.velocity is None:
             self.velocity = [torch.zeros_like(g) for g in grads]
         torch._foreach_mul_(self.velocity, self.momentum)

@@ -4,22 +4,27 @@ same private data is published at the privacy of the k runs composed, not at one
 chose among, k, the configurations and seeds among them, and that composed epsilon; ``caption``
 says it under a figure, with the split that chose.
 
-A run's accounted event is rebuilt from its row of the runs table, torch-free (figures never
+A run's accounted event is read from its row of the runs table, torch-free (figures never
 import torch), only where the row determines it:
 
-* one Gaussian release (accountant ``analytic-gaussian ...``: the matrix mechanisms, a
-  composition without amplification): mu is the one that is exactly (epsilon, delta)-DP;
-* the optimizers of ``POISSON_HISTORY``, whose accounted event is T Poisson-subsampled Gaussian
-  steps at the recorded noise multiplier and sample rate;
-* amplified BandMF: ceil(T / b) steps at rate p = b L / N with the recorded (accounted) noise
-  multiplier, b = p T / E (T = E N / L).
+* ``accounted_history``, the event the run's own mechanism accounted its steps as (segments
+  [sigma, q, n] of Poisson-subsampled Gaussian steps; ``dpbench.mechanisms.base.recorded_history``,
+  written into every run record), where that mechanism is one of dpbench's classes
+  (``mechanism_origin`` built-in): whatever the optimizer, plugins' included, and decaying
+  noise schedules too;
+* one Gaussian release (accountant ``analytic-gaussian ...``: the matrix mechanisms):
+  mu is the one that is exactly (epsilon, delta)-DP;
+* rows of runs recorded before ``accounted_history`` existed: the optimizers of
+  ``POISSON_HISTORY`` (T steps at the recorded sigma and q) and amplified BandMF (ceil(T / b)
+  steps at rate p = b L / N, b = p T / E), by id, as those built-ins were accounted.
 
-Any other run (decaying noise schedules, plugins' mechanisms) has no composed epsilon here (NaN,
-its optimizer named in the caption) rather than a guessed one.
+Any other run (a plugin's own mechanism, a bound that may fail) has no composed epsilon here
+(NaN, its optimizer named in the caption) rather than a guessed one.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from functools import lru_cache
 
@@ -28,8 +33,9 @@ import pandas as pd
 
 from dpbench.privacy import accounting, selection
 
-# The optimizers whose run is T steps of the Poisson-subsampled Gaussian at the recorded sigma
-# and q (constant noise, no sensitivity bound that can fail). dpdice: its authors' claim.
+# Rows recorded before accounted_history: the optimizers whose run is T steps of the
+# Poisson-subsampled Gaussian at the recorded sigma and q (constant noise, no sensitivity bound
+# that can fail). dpdice: its authors' claim.
 POISSON_HISTORY = frozenset({"dpsgd", "opacus-dpsgd", "dpadam", "dpadambc", "dpadamw", "dpadamw-bc", "dpdisk",
                              "dpdice"})
 CYCLIC_POISSON = frozenset({"dpmatrix-band-amp"})
@@ -48,11 +54,15 @@ def run_history(row) -> accounting.History | None:
     delta = float(row.get("delta", math.nan))
     if not (np.isfinite(eps) and eps > 0 and 0 < delta < 1):
         return None
+    recorded = row.get("accounted_history")
+    if isinstance(recorded, str) and row.get("mechanism_origin", "built-in") == "built-in":
+        return [(float(s), float(q), int(n)) for s, q, n in json.loads(recorded)]
     accountant = str(row.get("accountant") or "")
     if accountant.startswith("analytic-gaussian"):
         return selection.gaussian_history(selection.gaussian_mu(eps, delta))
-    if any(pd.isna(row.get(c)) for c in ("noise_multiplier", "sample_rate", "steps", "epochs")):
-        return None
+    if isinstance(recorded, str) or any(pd.isna(row.get(c)) for c in ("noise_multiplier", "sample_rate", "steps",
+                                                                        "epochs")):
+        return None  # a plugin's own mechanism; or a row that determines no event
     sigma, q, steps = float(row["noise_multiplier"]), float(row["sample_rate"]), int(row["steps"])
     if row["optimizer"] in POISSON_HISTORY and accountant in accounting.ACCOUNTANTS:
         return [(sigma, q, steps)]
