@@ -43,8 +43,21 @@ CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
 PYTHON = "python" if CONDA else os.path.relpath(sys.executable)
 
 
+# src/ is put before the caller's PYTHONPATH, not in its place: a plugin that the workflow's own
+# process sees (and the config check accepted) is seen by the jobs too; the config check asks the
+# jobs' interpreter itself (dpbench.pipeline.jobs.check_plugins_visible; under conda the jobs'
+# environments are made later, and hold no plugins unless the environment files name them).
 def DPBENCH(wildcards, resources):
-    return f"PYTHONPATH={shlex.quote(os.path.relpath(SRC))} {shlex.quote(PYTHON)} -m dpbench"
+    return (f"PYTHONPATH={shlex.quote(os.path.relpath(SRC))}${{PYTHONPATH:+:$PYTHONPATH}} "
+            f"{shlex.quote(PYTHON)} -m dpbench")
+
+
+if not CONDA:
+    try:
+        jobs.check_plugins_visible(JOBS, PYTHON, {**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [os.path.relpath(SRC), os.environ.get("PYTHONPATH")]))})
+    except ConfigError as exc:
+        raise WorkflowError(str(exc))
 
 
 def DATA_DIR(wildcards, resources):

@@ -11,8 +11,10 @@ unasked (the default's grid, its audits).
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +99,57 @@ class Jobs:
         jobs += [("audit", self.audit_file(name)) for name in self.audits]
         jobs += [("audit_table", self.audit_table)] if self.audits else []
         return jobs + [(f"plot_{figure}", self.figure_files(figure)[0]) for figure in self.figures]
+
+
+def named_plugins(jobs: Jobs) -> list[tuple[str, str, str]]:
+    """The plugins the config names, as (registry: optimizers, problems or figures; id; its
+    origin, "plugin <distribution> <version>"): its cells' optimizers and problems, the
+    optimizers it audits and its figures that an installed plugin registers."""
+    from dpbench.optimizers import OPTIMIZERS
+    from dpbench.problems import PROBLEMS
+    from dpbench.reporting.figures import FIGURES
+
+    named = {("optimizers", c.optimizer) for c in jobs.cells.values()} | {("problems", c.problem)
+                                                                         for c in jobs.cells.values()}
+    named |= {("optimizers", audit_job(a)[0]) for a in jobs.audits} | {("figures", f) for f in jobs.figures}
+    registries = {"optimizers": OPTIMIZERS, "problems": PROBLEMS, "figures": FIGURES}
+    return sorted((kind, name, registries[kind].origin(name)) for kind, name in named
+                  if registries[kind].plugin(name) is not None)
+
+
+_SEEN_BY_JOBS = """import json, sys
+from dpbench.optimizers import OPTIMIZERS
+from dpbench.problems import PROBLEMS
+from dpbench.reporting.figures import FIGURES
+r = {"optimizers": OPTIMIZERS, "problems": PROBLEMS, "figures": FIGURES}
+print(json.dumps([[k, n] for k, n in json.loads(sys.argv[1]) if n not in r[k]]))
+"""
+
+
+def check_plugins_visible(jobs: Jobs, python: str, env: dict[str, str]) -> None:
+    """Every plugin the config names (``named_plugins``) must be found by the interpreter the
+    jobs run, ``python`` in the environment ``env`` they get (the workflow's, its src/ first on
+    PYTHONPATH): else the config check passes here and the first job fails. Refused naming the
+    plugin and the interpreter."""
+    plugins = named_plugins(jobs)
+    if not plugins:
+        return
+    asked = json.dumps([[kind, name] for kind, name, _ in plugins])
+    try:
+        proc = subprocess.run([python, "-c", _SEEN_BY_JOBS, asked], env=env, capture_output=True, text=True,
+                              timeout=300)
+    except OSError as exc:
+        raise ConfigError(f"the jobs' interpreter {python} cannot be run ({exc})") from None
+    lines = (proc.stdout or "").strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        why = ((proc.stderr or "").strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(f"the jobs' interpreter {python} cannot import dpbench to look for the plugins the config "
+                          f"names ({why})")
+    missing = {tuple(m) for m in json.loads(lines[-1])}
+    for kind, name, origin in plugins:
+        if (kind, name) in missing:
+            raise ConfigError(f"{kind} {name!r} is {origin}, which the jobs' interpreter {python} does not find "
+                              f"(PYTHONPATH={env.get('PYTHONPATH', '')}): install it where the jobs run")
 
 
 def load_jobs(path: str | Path) -> Jobs:
