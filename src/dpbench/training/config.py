@@ -69,6 +69,13 @@ class RunConfig:
         if self.validation_size < 0:
             raise ValueError(f"validation_size must be >= 0, got {self.validation_size}")
         spec.hyperparameters(self.hyperparameters)
+        if self.tuning is not None:  # refused as the config check refuses it, in the same words
+            from dpbench.training.tuning import check_search
+
+            try:
+                check_search(self.tuning, spec, self.validation_size)
+            except ValueError as exc:
+                raise ValueError(f"tuning: {exc}") from None
 
 
 
