@@ -258,6 +258,14 @@ CONFIG_ERRORS = {
                                                       c.update(figures={"lm_ranking": {}}))),
                                      "config key figures.lm_ranking: lm_ranking selects each optimizer's configuration "
                                      "on the validation split, and there is none (set train.validation_size) ({file})"),
+    # above what an audit's record holds: it passed the check and failed inside Snakemake
+    "audit-seed-out-of-range": (_edit(lambda c: c["audit"].update(seed=[99999999999999999999999])),
+                                "config key audit.seed: 99999999999999999999999 is above 9223372036854775807 "
+                                "(2**63 - 1), the largest seed an audit's record holds (an int64 column) ({file})"),
+    # every seed index is derived from root_seed: 10**11 of them would never end
+    "seed-index-out-of-range": (_edit(lambda c: c["grid"][0].update(seeds=[0, 99999999999])),
+                                "config key grid.0.seeds: seed index 99999999999 is not below 10000, the seeds a "
+                                "grid derives from root_seed ({file})"),
 }
 
 

@@ -361,6 +361,9 @@ def expand(config: dict[str, Any]) -> list[Cell]:
         where = f"grid.{b}"
         n_seeds = block.get("seeds", 1)
         seed_indices = list(range(n_seeds)) if isinstance(n_seeds, int) else list(n_seeds)
+        if max(seed_indices) >= MAX_SEEDS:
+            raise ConfigError(f"config key {where}.seeds: seed index {max(seed_indices)} is not below {MAX_SEEDS}, the "
+                              "seeds a grid derives from root_seed")
         seeds = seeds_from_root(config.get("root_seed", 0), max(seed_indices) + 1)
         for i, problem in enumerate(block["problems"]):
             if problem not in PROBLEMS:  # a broken plugin's id: its one-line error
@@ -414,6 +417,7 @@ def expand(config: dict[str, Any]) -> list[Cell]:
     return sorted(cells.values(), key=lambda c: c.id)
 
 
+MAX_SEEDS = 10_000  # seed indices below it: deriving them all from root_seed takes a fraction of a second
 _ID_WORD = re.compile(r"[A-Za-z0-9_.+-]+")
 
 

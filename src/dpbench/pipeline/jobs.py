@@ -231,9 +231,15 @@ def audit_names(audit: dict[str, Any], cells: list[Cell]) -> list[str]:
     config leave the audits already run in place)."""
     seeds = audit.get("seed", 0)
     seeds = sorted(set(seeds)) if isinstance(seeds, list) else [seeds]
+    if seeds[-1] > MAX_AUDIT_SEED:
+        raise ConfigError(f"config key audit.seed: {seeds[-1]} is above {MAX_AUDIT_SEED} (2**63 - 1), the largest seed "
+                          "an audit's record holds (an int64 column)")
     return [f"{o}-eps{float(e):g}" + (f"-seed{s}" if s else "")
             for o in audited_optimizers(audit["optimizers"], cells)
             for e in audited_epsilons(audit["epsilons"], cells) for s in seeds]
+
+
+MAX_AUDIT_SEED = 2**63 - 1
 
 
 def audit_job(name: str) -> tuple[str, float, int]:
