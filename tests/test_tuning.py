@@ -399,3 +399,30 @@ def test_the_table_of_runs_named_without_a_seed_index():
                                                                  "test_accuracy_at_best_val": 0.7}])
     table = tuning_table(runs, "P2")
     assert "| 1 | untuned | DP-SGD | 0.6000 ± " in table and "Mean over 2 seed indices" in table
+
+
+def test_the_tuning_figure_table_and_docs_say_what_the_search_protects():
+    """The selection score (best_val_*) is computed without noise: the validation records are
+    not covered, nor is publishing every candidate (the runs table keeps them); the figure's and
+    the table's captions, the report's captions and docs/privacy.md say so."""
+    from conftest import REPO
+    from dpbench.reporting.figures.tuning import PROTECTS, tuning_figure, tuning_table
+
+    row = {"run_id": "a-s0", "problem": "P2", "task": "classification", "optimizer": "dpsgd", "private": True,
+           "lr": 0.1, "batch_size": 32, "epochs": 1, "target_epsilon": 1.0, "epsilon": 0.9, "delta": 1e-5,
+           "noise_multiplier": 1.0, "status": "completed", "best_test_accuracy": 0.5, "best_test_loss": 1.0,
+           "best_val_accuracy": 0.5, "test_accuracy_at_best_val": 0.5, "tuning_distribution": "",
+           "tuning_epsilon": math.nan, "hyperparameters": "{}"}
+    runs = pd.DataFrame([row])
+    for words in ("selection score", "not private", "validation records are not protected",
+                  "the runs table keeps them all", "chosen candidate"):
+        assert words in PROTECTS
+    assert PROTECTS in tuning_table(runs, "P2")
+    fig = tuning_figure(runs, "P2")
+    assert PROTECTS in next(x.get_text() for x in fig.texts if x.get_gid() == "caption")
+    for caption in ("tuning", "tuning_table"):
+        text = " ".join((REPO / "workflow" / "report" / f"{caption}.rst").read_text().split())
+        assert "the validation records are not protected" in text and "outside the guarantee" in text
+    privacy = " ".join((REPO / "docs" / "privacy.md").read_text().split())
+    assert "**What a search protects.**" in privacy and "not protected" in privacy
+    assert "share their batches and, where two mechanisms draw their noise the same way, their noise" in privacy
