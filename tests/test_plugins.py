@@ -417,5 +417,5 @@ def test_the_config_check_asks_the_jobs_interpreter_for_the_plugins_it_names(sit
     src = str(REPO / "src")
     with pytest.raises(ConfigError, match=r"optimizers 'dpsgd-fake' is plugin fake-plugin 1.0, which the jobs' "
                                           rf"interpreter {re.escape(sys.executable)} does not find"):
-        check_plugins_visible(jobs, sys.executable, {**os.environ, "PYTHONPATH": src})
-    check_plugins_visible(jobs, sys.executable, {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(site)])})
+        check_plugins_visible(jobs, sys.executable, src, {**os.environ, "PYTHONPATH": ""})
+    check_plugins_visible(jobs, sys.executable, src, {**os.environ, "PYTHONPATH": str(site)})  # the caller's kept

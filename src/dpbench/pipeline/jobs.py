@@ -12,6 +12,7 @@ unasked (the default's grid, its audits).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -101,6 +102,12 @@ class Jobs:
         return jobs + [(f"plot_{figure}", self.figure_files(figure)[0]) for figure in self.figures]
 
 
+def dpbench_command(src: str, python: str) -> str:
+    """The command that runs dpbench in a job, for the shell: ``src`` put before the caller's
+    PYTHONPATH, not in its place (a plugin the caller sees, the job sees), then ``python -m dpbench``."""
+    return f"PYTHONPATH={shlex.quote(src)}${{PYTHONPATH:+:$PYTHONPATH}} {shlex.quote(python)} -m dpbench"
+
+
 def named_plugins(jobs: Jobs) -> list[tuple[str, str, str]]:
     """The plugins the config names, as (registry: optimizers, problems or figures; id; its
     origin, "plugin <distribution> <version>"): its cells' optimizers and problems, the
@@ -126,14 +133,16 @@ print(json.dumps([[k, n] for k, n in json.loads(sys.argv[1]) if n not in r[k]]))
 """
 
 
-def check_plugins_visible(jobs: Jobs, python: str, env: dict[str, str]) -> None:
+def check_plugins_visible(jobs: Jobs, python: str, src: str, environ: dict[str, str] | None = None) -> None:
     """Every plugin the config names (``named_plugins``) must be found by the interpreter the
-    jobs run, ``python`` in the environment ``env`` they get (the workflow's, its src/ first on
-    PYTHONPATH): else the config check passes here and the first job fails. Refused naming the
-    plugin and the interpreter."""
+    jobs run, ``python`` in the environment they get: ``environ`` (this process's by default)
+    with ``src`` put before its PYTHONPATH, as the rules put it. Else the config check passes
+    here and the first job fails naming no plugin: refused naming the plugin and the interpreter."""
     plugins = named_plugins(jobs)
     if not plugins:
         return
+    environ = dict(os.environ if environ is None else environ)
+    env = {**environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, environ.get("PYTHONPATH")]))}
     asked = json.dumps([[kind, name] for kind, name, _ in plugins])
     try:
         proc = subprocess.run([python, "-c", _SEEN_BY_JOBS, asked], env=env, capture_output=True, text=True,
@@ -165,15 +174,20 @@ def load_jobs(path: str | Path) -> Jobs:
 
 
 def workflow_jobs(config: dict[str, Any], files: list[str | Path], configfiles,
-                  given: dict[str, Any]) -> Jobs:
+                  given: dict[str, Any], runner: tuple[str, str] | None = None) -> Jobs:
     """The workflow's jobs (common.smk calls it): ``config`` is what Snakemake merged from
     ``files`` (the default config, then the ``configfiles`` given with --configfile, whose
-    merged content is ``given``); validated in place, as ``load_jobs`` validates one file."""
+    merged content is ``given``); validated in place, as ``load_jobs`` validates one file;
+    ``runner``: (the jobs' interpreter, the src/ they run), to check that the plugins the config
+    names are found there (``check_plugins_visible``)."""
     figures_given = "figures" in config
     refuse_inherited_grid(configfiles, given)
     try:
         validate(config)
-        return plan(config, own_audit(config, configfiles, given), figures_given)
+        found = plan(config, own_audit(config, configfiles, given), figures_given)
+        if runner is not None:
+            check_plugins_visible(found, *runner)
+        return found
     except ConfigError as exc:
         raise naming_file(exc, files) from None
 
