@@ -596,3 +596,17 @@ def test_every_built_in_figure_of_one_problem_declares_it_for_the_config_check()
         "", "lm_ranking selects each optimizer's configuration on the validation split")
     assert figures.validation_needed("fig5_6", {"select_by": "val"})[0] == "select_by"
     assert figures.validation_needed("fig5_6", {}) is None
+
+
+def test_runs_of_different_delta_are_not_pooled_under_one_epsilon(runs):
+    """Runs aggregated from configs of different δ were drawn under one "ε 1" bar as if they were
+    seeds of one setting: refused, naming the δs and the filter that draws one of them (which
+    the command line reads back as that δ)."""
+    mixed = runs.assign(delta=np.where(runs["seed"] % 2 == 0, 1e-5, 1e-6))
+    with pytest.raises(ValueError, match=r"fig5_1: the runs have δ 1e-06, 1e-05, .* draw one δ at a time "
+                                         r"\(-o filter.delta=1.0e-06\)"):
+        figures.build("fig5_1", mixed)
+    options = figures.parse_options(["filter.delta=1.0e-06"])
+    fig = figures.build("fig5_1", mixed, **options)  # one δ: drawn
+    figures.plt.close(fig)
+    figures.plt.close(figures.build("fig5_1", runs.assign(delta=1e-5)))

@@ -6,6 +6,7 @@ finds an installed one. The last test installs examples/plugin into a temporary 
 environment (never into the project's) and runs it through the CLI and the workflow."""
 
 import hashlib
+import re
 import os
 import shutil
 import subprocess
@@ -476,3 +477,23 @@ def test_the_example_plugin_installed_runs_through_the_workflow_and_the_audit(tm
         "--epochs", "1", "--seed", "0", "--noise-multiplier", "1", "--max-steps", "1", "--train-subset", "200",
         "--test-subset", "100", "--data-dir", fmnist_dir, "--out", tmp_path / "after.parquet")
     assert (tmp_path / "after.parquet").stat().st_size > 0
+
+
+def test_the_config_check_asks_the_jobs_interpreter_for_the_plugins_it_names(site, tmp_path):
+    """A plugin this process sees but the jobs' interpreter does not (the rules replaced the
+    caller's PYTHONPATH: the check passed, then the first job failed naming no plugin) is refused
+    by the config check, naming it; seen by the jobs, it passes. The rules put src/ before the
+    caller's PYTHONPATH (tests/test_workflow.py runs a job that keeps it)."""
+    from dpbench.pipeline.jobs import check_plugins_visible, load_jobs
+
+    fake_optimizer(site)
+    config = {"results_dir": str(tmp_path / "out"), "train": {"max_steps": 2},
+              "grid": [{"problems": ["P2"], "batch_sizes": [100], "epochs": [1], "epsilons": [2],
+                        "optimizers": {"dpsgd": {"lr": 0.5}, "dpsgd-fake": {"lr": 0.5}}}]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    jobs = load_jobs(tmp_path / "c.yaml")
+    src = str(REPO / "src")
+    with pytest.raises(ConfigError, match=r"optimizers 'dpsgd-fake' is plugin fake-plugin 1.0, which the jobs' "
+                                          rf"interpreter {re.escape(sys.executable)} does not find"):
+        check_plugins_visible(jobs, sys.executable, src, {**os.environ, "PYTHONPATH": ""})
+    check_plugins_visible(jobs, sys.executable, src, {**os.environ, "PYTHONPATH": str(site)})  # the caller's kept

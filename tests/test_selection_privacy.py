@@ -221,3 +221,26 @@ def test_audit_figure_and_table_take_several_seeds():
     fig = figures.build("audit", pd.concat(shifted[:2] + [shifted[2][shifted[2].optimizer == "dpsgd"]]))
     assert "2-3 seeds per claim" in fig.legends[0].get_title().get_text()
     figures.plt.close(fig)
+
+
+def test_the_audit_figure_says_why_a_bar_below_its_claim_is_a_violation():
+    """DP-Dice at a claimed ε of 8 (or 10) is refuted with its certified bar below the claim (R trials
+    certify at most about ln R): the panel and the figure say it was refuted through the claimed
+    privacy curve; a figure without such a violation says nothing of it."""
+    from dpbench.reporting import figures
+    from dpbench.reporting.figures.audit import refuted_below_claim
+
+    audits = pd.read_parquet(RESULTS / "audit" / "audits.parquet")
+    audits = audits[audits.seed == 0].reset_index(drop=True)
+    dice = audits[(audits.optimizer == "dpdice") & audits.violation]
+    assert set(dice.epsilon_claimed[refuted_below_claim(dice)]) == {8.0}  # the committed claims: 1, 2, 4, 8
+    assert (dice.epsilon_lower <= dice.max_certifiable_epsilon + 1e-12).all()  # no bar rises above ln R
+    fig = figures.build("audit", audits, optimizers=["dpsgd", "dpdice"])
+    notes = [t for ax in fig.axes for t in ax.texts if t.get_gid() == "through_curve"]
+    assert len(notes) == 1 and "claimed curve" in notes[0].get_text()
+    assert any("refuted through the claimed privacy curve" in t.get_text() and "ln R" in t.get_text()
+               for t in fig.texts if t.get_gid() == "caption")
+    figures.plt.close(fig)
+    clean = figures.build("audit", audits[audits.optimizer == "dpsgd"])
+    assert not [t for t in clean.texts if t.get_gid() == "caption"]
+    figures.plt.close(clean)

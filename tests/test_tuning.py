@@ -301,3 +301,142 @@ def test_a_candidate_of_dpdice_strict_is_accounted_without_amplification():
     plan = spec.mechanism.plan(PlanRequest(1000, 50, 2))
     history_of, fail = candidate_history(spec, plan)
     assert history_of(3.0) == [(3.0, 1.0, 40)] and fail == 0.0
+
+
+# -- a search's epsilon is the search's (the config and a run refuse the same things) -----------
+
+
+def _run_config(optimizer="dpsgd", validation_size=100, **tuning):
+    from dpbench.training.config import RunConfig
+
+    return RunConfig("P2", optimizer, 0.5, 100, 1, 0, epsilon=1.0, validation_size=validation_size,
+                     tuning={"distribution": "negative_binomial", "mean": 3, "repetitions": 2, "candidate": 0,
+                             **tuning})
+
+
+@pytest.mark.parametrize("config_change,run,words", [
+    (lambda c: c["train"].pop("validation_size"), _run_config(validation_size=0),
+     "a search releases the candidate best on the validation split, and there is none"),
+    (lambda c: c["grid"][0]["tuning"].update(distribution="poisson", shape=2), _run_config(distribution="poisson", shape=2),
+     "shape is the negative binomial's eta; a poisson search takes none"),
+    (lambda c: c["grid"][0].update(optimizers={"dpdice-strict": {"lr": [0.1, 0.5]}}), _run_config("dpdice-strict"),
+     "optimizer 'dpdice-strict': private tuning accounts Poisson-subsampled Gaussian steps or one Gaussian release, "
+     "and mechanism 'gaussian-composition-without-amplification' accounts itself otherwise"),
+    (lambda c: c["grid"][0]["tuning"].update(distribution="poisson", mean=1e6), _run_config(distribution="poisson", mean=1e6),
+     "tuning mean 1e+06 is above 100 candidates"),
+    (lambda c: c["grid"][0]["tuning"].update(mean=2, shape=1e-9), _run_config(mean=2, shape=1e-9),
+     "tuning shape 1e-09 with mean 2: the negative binomial draws K = 0"),
+])
+def test_the_config_and_a_run_refuse_the_same_searches_in_the_same_words(config_change, run, words):
+    """Each refusal once, in dpbench.training.tuning.check_search: the config check names the
+    key, the run (``dpbench train --tuning``, RunConfig.validate) says ``tuning:``; the words
+    after are the same. Poisson with mean 1e6 and the negative binomial with shape 1e-9 are
+    refused at once (they hung in the draw of K)."""
+    from dpbench.optimizers import get_optimizer
+
+    config = _config(distribution="negative_binomial", mean=3)
+    config_change(config)
+    with pytest.raises(ConfigError) as by_config:
+        validate(config)
+    with pytest.raises(ValueError) as by_run:
+        run.validate(get_optimizer(run.optimizer))
+    assert str(by_config.value).startswith("config key grid.0.tuning: " + words)
+    assert str(by_run.value).startswith("tuning: " + words)
+    assert str(by_config.value).split("tuning: ", 1)[1] == str(by_run.value).split("tuning: ", 1)[1]
+
+
+def test_a_composition_is_calibrated_for_the_k_it_records():
+    """``--tuning`` with composition, mean 1 and repetitions 3 calibrated sigma for k = 1 while
+    recording K = 3: refused; a composition of k calibrates for k runs composed."""
+    from dpbench.optimizers import get_optimizer
+
+    with pytest.raises(ValueError, match=r"tuning: a composition runs each of its 1 settings once, not 3"):
+        _run_config(distribution="composition", mean=1, repetitions=3).validate(get_optimizer("dpsgd"))
+    _run_config(distribution="composition", mean=3, repetitions=3, candidate=2).validate(get_optimizer("dpsgd"))
+
+
+def test_draws_are_bounded():
+    """K above the cap is refused, not drawn; no redraw loop runs without end."""
+    with pytest.raises(ValueError, match=r"above 100 candidates"):
+        t.Tuning("poisson", 1e6)
+    rng = np.random.default_rng(0)
+    k = t.draw_repetitions(t.Tuning("negative_binomial", 100, 0.01), rng)  # heavy tail: some K are large
+    assert 1 <= k <= t.MAX_REPETITIONS
+    ks = [t.draw_repetitions(t.Tuning("poisson", 100), np.random.default_rng(s)) for s in range(50)]
+    assert max(ks) < t.MAX_REPETITIONS and abs(np.mean(ks) - 100) < 10
+    t.MAX_REPETITIONS, cap = 50, t.MAX_REPETITIONS
+    try:
+        with pytest.raises(ValueError, match=r"drew K = \d+ candidates, above the cap of 50"):
+            t.draw_repetitions(t.Tuning("poisson", 100), np.random.default_rng(0))
+    finally:
+        t.MAX_REPETITIONS = cap
+
+
+def test_a_search_never_costs_less_than_its_candidate():
+    """The search's epsilon is refused below its candidate's own planned epsilon: dpdice-strict's
+    T unamplified Gaussian releases accounted as DP-SGD's amplified steps gave a search epsilon
+    of about 1 for a candidate of about 1.47 (issue 30). Its mechanism is refused for tuning
+    (``search_refusal``), and the check catches the undercount itself, numbers given; a DP-SGD
+    search of one candidate composed costs exactly its candidate."""
+    from dpbench.mechanisms.base import PlanRequest
+    from dpbench.optimizers import get_optimizer
+    from dpbench.training import tuning as tt
+
+    strict, dpsgd = get_optimizer("dpdice-strict"), get_optimizer("dpsgd")
+    plan = strict.mechanism.plan(PlanRequest(5000, 250, 2, hyperparameters={}, target_epsilon=1.0, delta=1e-5))
+    amplified = [(2.0, plan.sample_rate, plan.steps)]  # what the search accounted: DP-SGD's history at sigma 2
+    search_eps = t.procedure_epsilon(amplified, t.Tuning("composition", 1))
+    own = strict.mechanism.report(plan, 2.0, plan.steps, 1e-5, "prv")["epsilon_planned"]
+    assert own > 2 * search_eps  # 40 unamplified releases at sigma 2 cost far more than subsampled ones
+    with pytest.raises(ValueError, match=r"the search's epsilon .* is below its candidate's own"):
+        tt.check_not_below_candidate(strict, plan, 2.0, search_eps, 1e-5, "prv")
+    assert tt.search_refusal(strict) and tt.search_refusal(dpsgd) is None
+    with pytest.raises(ValueError, match="accounts itself otherwise"):
+        tt.candidate_history(strict, plan)
+    record = tt.record(dpsgd, plan, {"distribution": "composition", "mean": 1, "repetitions": 1, "candidate": 0},
+                       2.0, 1e-5, "prv")
+    assert record["epsilon"] == pytest.approx(dpsgd.mechanism.report(plan, 2.0, plan.steps, 1e-5, "prv")["epsilon"],
+                                              rel=1e-12)
+
+
+def test_the_table_of_runs_named_without_a_seed_index():
+    """``dpbench plot tuning_table`` on runs whose id has no -s<i> failed with a KeyError: each
+    run's seed stands for its seed index."""
+    from dpbench.reporting.figures.tuning import tuning_table
+
+    row = {"problem": "P2", "task": "classification", "optimizer": "dpsgd", "private": True, "lr": 0.1,
+           "batch_size": 32, "epochs": 1, "target_epsilon": 1.0, "epsilon": 0.9, "delta": 1e-5, "noise_multiplier": 1.0,
+           "status": "completed", "best_test_accuracy": 0.5, "best_test_loss": 1.0, "best_val_accuracy": 0.5,
+           "test_accuracy_at_best_val": 0.5, "tuning_distribution": "", "tuning_epsilon": math.nan,
+           "hyperparameters": "{}"}
+    runs = pd.DataFrame([{**row, "run_id": "mine", "seed": 1}, {**row, "run_id": "other", "seed": 2,
+                                                                 "test_accuracy_at_best_val": 0.7}])
+    table = tuning_table(runs, "P2")
+    assert "| 1 | untuned | DP-SGD | 0.6000 ± " in table and "Mean over 2 seed indices" in table
+
+
+def test_the_tuning_figure_table_and_docs_say_what_the_search_protects():
+    """The selection score (best_val_*) is computed without noise: the validation records are
+    not covered, nor is publishing every candidate (the runs table keeps them); the figure's and
+    the table's captions, the report's captions and docs/privacy.md say so."""
+    from conftest import REPO
+    from dpbench.reporting.figures.tuning import PROTECTS, tuning_figure, tuning_table
+
+    row = {"run_id": "a-s0", "problem": "P2", "task": "classification", "optimizer": "dpsgd", "private": True,
+           "lr": 0.1, "batch_size": 32, "epochs": 1, "target_epsilon": 1.0, "epsilon": 0.9, "delta": 1e-5,
+           "noise_multiplier": 1.0, "status": "completed", "best_test_accuracy": 0.5, "best_test_loss": 1.0,
+           "best_val_accuracy": 0.5, "test_accuracy_at_best_val": 0.5, "tuning_distribution": "",
+           "tuning_epsilon": math.nan, "hyperparameters": "{}"}
+    runs = pd.DataFrame([row])
+    for words in ("selection score", "not private", "validation records are not protected",
+                  "the runs table keeps them all", "chosen candidate"):
+        assert words in PROTECTS
+    assert PROTECTS in tuning_table(runs, "P2")
+    fig = tuning_figure(runs, "P2")
+    assert PROTECTS in next(x.get_text() for x in fig.texts if x.get_gid() == "caption")
+    for caption in ("tuning", "tuning_table"):
+        text = " ".join((REPO / "workflow" / "report" / f"{caption}.rst").read_text().split())
+        assert "the validation records are not protected" in text and "outside the guarantee" in text
+    privacy = " ".join((REPO / "docs" / "privacy.md").read_text().split())
+    assert "**What a search protects.**" in privacy and "not protected" in privacy
+    assert "share their batches and, where two mechanisms draw their noise the same way, their noise" in privacy

@@ -258,6 +258,14 @@ CONFIG_ERRORS = {
                                                       c.update(figures={"lm_ranking": {}}))),
                                      "config key figures.lm_ranking: lm_ranking selects each optimizer's configuration "
                                      "on the validation split, and there is none (set train.validation_size) ({file})"),
+    # above what an audit's record holds: it passed the check and failed inside Snakemake
+    "audit-seed-out-of-range": (_edit(lambda c: c["audit"].update(seed=[99999999999999999999999])),
+                                "config key audit.seed: 99999999999999999999999 is above 9223372036854775807 "
+                                "(2**63 - 1), the largest seed an audit's record holds (an int64 column) ({file})"),
+    # every seed index is derived from root_seed: 10**11 of them would never end
+    "seed-index-out-of-range": (_edit(lambda c: c["grid"][0].update(seeds=[0, 99999999999])),
+                                "config key grid.0.seeds: seed index 99999999999 is not below 10000, the seeds a "
+                                "grid derives from root_seed ({file})"),
 }
 
 
@@ -296,3 +304,49 @@ def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, repo_copy, capsys
     assert line.format(file="config/config.yaml") in (proc.stdout + proc.stderr).splitlines(), proc.stderr[-2000:]
     assert cli.main(["grid", str(repo_copy / "config" / "config.yaml")]) == 2
     assert capsys.readouterr().err == f"dpbench grid: error: {line.format(file=repo_copy / 'config' / 'config.yaml')}\n"
+
+
+def test_paths_with_a_space_and_a_non_ascii_letter_stay_whole_and_jobs_keep_the_callers_pythonpath(tmp_path,
+                                                                                                  repo_copy,
+                                                                                                  fmnist_dir):
+    """Every rule's command quotes the paths it names: with results_dir and data_dir holding a
+    space and a non-ASCII letter, each command (dry run, every rule) splits into whole paths, and
+    the data job, run for real, writes inside results_dir (an unquoted redirect would create
+    "<tmp>/r" beside it). The job's interpreter keeps the caller's PYTHONPATH after src/ (a
+    sitecustomize on it records the command lines that saw it)."""
+    import shlex
+
+    results, data = tmp_path / "r ü space" / "out", tmp_path / "dä ta" / "fashion-mnist"
+    data.mkdir(parents=True)
+    for f in fmnist_dir.glob("*.gz"):
+        (data / f.name).symlink_to(f)
+    config = {"results_dir": str(results), "data_dir": str(data), "train": {"max_steps": 2, "validation_size": 100},
+              "grid": [{"problems": ["P2"], "batch_sizes": [64], "epochs": [1], "epsilons": [2],
+                        "optimizers": {"dpsgd": {"lr": 0.5}, "dpmatrix-se": {"lr": 0.5},
+                                       "dpmatrix-band": {"lr": 0.5}}}],
+              "audit": {"optimizers": ["dpsgd"], "epsilons": [2], "trials": 20},
+              "figures": {"fig5_1": {}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    proc = snakemake("-n", "-p", "--configfile", tmp_path / "c.yaml", cwd=repo_copy)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    commands = [line.strip() for line in proc.stdout.splitlines() if " -m dpbench " in line]
+    rules = {c.split(" -m dpbench ", 1)[1].split()[0] for c in commands}
+    assert rules == {"data", "factorize", "noise", "train", "aggregate", "audit", "audits", "plot"}, rules
+    for command in commands:
+        for token in shlex.split(command):
+            path = token.split("=", 1)[-1]
+            if path.startswith(str(tmp_path)):
+                assert path.startswith((str(results), str(data))), (token, command)
+    site = tmp_path / "caller site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os\nwith open(os.environ['SEEN_BY'], 'a') as f:\n"
+        "    f.write(open('/proc/self/cmdline').read().replace('\\0', ' ') + '\\n')\n")
+    env = tree_env(repo_copy, SEEN_BY=str(tmp_path / "seen.txt"))
+    env["PYTHONPATH"] = env["PYTHONPATH"] + ":" + str(site)
+    manifest = results / "data" / "fashion-mnist.json"
+    run = subprocess.run([snakemake_exe(), manifest, "--profile", PROFILES / "default",
+                          "--configfile", tmp_path / "c.yaml"], cwd=repo_copy, capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert manifest.is_file() and not (tmp_path / "r").exists()
+    assert any("-m dpbench data" in line for line in (tmp_path / "seen.txt").read_text().splitlines())

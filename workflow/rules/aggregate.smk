@@ -9,9 +9,9 @@ rule aggregate:
         f"{RESULTS}/logs/aggregate.log",
     params:
         dpbench=DPBENCH,
-        audits=lambda wildcards, input: f"--audits {input.audits[0]}" if input.audits else "",
+        audits=lambda wildcards, input: f"--audits {shlex.quote(input.audits[0])}" if input.audits else "",
     conda:
         ENVS["analysis"]
     shell:
-        "{params.dpbench} aggregate {input.runs} {params.audits} --out-runs {output.runs} "
-        "--out-epochs {output.epochs} > {log} 2>&1"
+        "{params.dpbench} aggregate {input.runs:q} {params.audits} --out-runs {output.runs:q} "
+        "--out-epochs {output.epochs:q} > {log:q} 2>&1"

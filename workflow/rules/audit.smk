@@ -35,8 +35,8 @@ rule audit:
         "{params.dpbench} audit --optimizer {params.optimizer} --epsilon {params.epsilon} "
         "--trials {params.trials} --beta {params.beta} --seed {params.seed} --accountant {params.accountant} "
         "--delta {params.delta} "
-        "--cache-dir {params.cache} "
-        "--threads {threads} --out {output} > {log} 2>&1"
+        "--cache-dir {params.cache:q} "
+        "--threads {threads} --out {output:q} > {log:q} 2>&1"
 
 
 rule audit_table:
@@ -52,4 +52,4 @@ rule audit_table:
     conda:
         ENVS["analysis"]
     shell:
-        "{params.dpbench} audits {input} --out {output} > {log} 2>&1"
+        "{params.dpbench} audits {input:q} --out {output:q} > {log:q} 2>&1"

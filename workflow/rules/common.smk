@@ -13,11 +13,15 @@ from dpbench.pipeline.grid import ConfigError
 
 min_version("9.0")
 
+CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+PYTHON = "python" if CONDA else os.path.relpath(sys.executable)  # the jobs' interpreter (below)
 try:
-    # one line naming the key and the file, as `dpbench grid` prints it (a --configfile
-    # without grid: would inherit the default config's grid, and is refused)
+    # one line naming the key and the file, as `dpbench grid` prints it (a --configfile without
+    # grid: would inherit the default config's grid, and is refused); the plugins it names must be
+    # found by the jobs' interpreter (not checked under conda, whose environments come later)
     JOBS = jobs.workflow_jobs(config, CONFIG_FILES, workflow.overwrite_configfiles,
-                              workflow.config_settings.overwrite_config)
+                              workflow.config_settings.overwrite_config,
+                              None if CONDA else (PYTHON, os.path.relpath(SRC)))
 except ConfigError as exc:
     raise WorkflowError(str(exc))
 CELLS, AUDIT, AUDITS, FIGURES = JOBS.cells, JOBS.audit, JOBS.audits, JOBS.figures
@@ -29,22 +33,18 @@ run_file, audit_file, figure_input = JOBS.run_file, JOBS.audit_file, JOBS.figure
 # them running as orphans): every dpbench command watches the process named here
 # (dpbench.pipeline.watch). Not a param: it changes with every invocation.
 os.environ[watch.ENV] = watch.token()
-# What each job runs (params.dpbench): this workflow's src/ (the package Snakemake imported,
-# whose code the fingerprints hash; checked in the Snakefile) on PYTHONPATH, with the venv's
-# interpreter or, under --software-deployment-method conda, the job's environment (which holds
-# the dependencies, not the package); and where jobs look for the dataset files
-# (params.data_dir). Neither can change a result (the code is fingerprinted, the dataset
-# verified against its checksums by every job that reads it), so neither may be a rerun
-# trigger: Snakemake compares every param with its recorded value except those it derives
-# from a job's input, output, threads or resources, so these two are functions of
-# `resources` that do not use it. Moving the data or the repository, or switching between
-# the venv and conda, thus reruns nothing (tests/test_reruns.py).
-CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
-PYTHON = "python" if CONDA else os.path.relpath(sys.executable)
 
 
+# What each job runs (params.dpbench, jobs.dpbench_command): this workflow's src/ (whose code the
+# fingerprints hash) before the caller's PYTHONPATH, so jobs see the plugins the caller sees, with
+# the venv's interpreter or, under conda, the job's environment; and where jobs look for the
+# dataset files (params.data_dir). Neither can change a result (the code is fingerprinted, the
+# dataset verified against its checksums), so neither may be a rerun trigger: Snakemake compares
+# every param with its recorded value except those it derives from a job's input, output, threads
+# or resources, so these two are functions of `resources` that do not use it. Moving the data or
+# the repository, or switching between the venv and conda, reruns nothing (tests/test_reruns.py).
 def DPBENCH(wildcards, resources):
-    return f"PYTHONPATH={shlex.quote(os.path.relpath(SRC))} {shlex.quote(PYTHON)} -m dpbench"
+    return jobs.dpbench_command(os.path.relpath(SRC), PYTHON)
 
 
 def DATA_DIR(wildcards, resources):

@@ -10,4 +10,4 @@ rule data:
         ENVS["data"]
     shell:
         "{params.dpbench} data --dataset {wildcards.dataset} --data-dir {params.data_dir} "
-        "--manifest {output} > {log} 2>&1"
+        "--manifest {output:q} > {log:q} 2>&1"

@@ -31,8 +31,8 @@ rule factorize:
         ENVS["matrix"]
     shell:
         "OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
-        "{params.dpbench} factorize --key {wildcards.factorization} --out {output.npz} "
-        "--report {output.report} > {log} 2>&1"
+        "{params.dpbench} factorize --key {wildcards.factorization} --out {output.npz:q} "
+        "--report {output.report:q} > {log:q} 2>&1"
 
 
 rule noise:
@@ -56,8 +56,8 @@ rule noise:
         ENVS["matrix"]
     shell:
         "OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
-        "{params.dpbench} noise --factorization {input} --dim {wildcards.dim} --seed {wildcards.noise_seed} "
-        "--out {output.noise} > {log} 2>&1"
+        "{params.dpbench} noise --factorization {input:q} --dim {wildcards.dim} --seed {wildcards.noise_seed} "
+        "--out {output.noise:q} > {log:q} 2>&1"
 
 
 rule factorize_streaming:
@@ -80,4 +80,4 @@ rule factorize_streaming:
         ENVS["train"]
     shell:
         "OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
-        "{params.dpbench} factorize --key {wildcards.streaming} --out {output} > {log} 2>&1"
+        "{params.dpbench} factorize --key {wildcards.streaming} --out {output:q} > {log:q} 2>&1"

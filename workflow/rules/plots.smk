@@ -32,4 +32,4 @@ for _figure in FIGURES:
         conda:
             ENVS["analysis"]
         shell:
-            "{params.dpbench} plot {params.figure} --runs {input.runs} --out {output.main} {params.options} > {log} 2>&1"
+            "{params.dpbench} plot {params.figure} --runs {input.runs:q} --out {output.main:q} {params.options} > {log:q} 2>&1"

@@ -28,4 +28,4 @@ rule train:
         # Checkpoints go to OUT.ckpt (every epoch and every 10 minutes): a killed job, rerun
         # (--rerun-incomplete, or a SLURM retry), continues where it stopped.
         "{params.dpbench} train {params.args} --data-dir {params.data_dir} --device {resources.device} "
-        "--threads {threads} --run-id {wildcards.cell} --out {output} > {log} 2>&1"
+        "--threads {threads} --run-id {wildcards.cell:q} --out {output:q} > {log:q} 2>&1"

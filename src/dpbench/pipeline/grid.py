@@ -329,6 +329,9 @@ def expand(config: dict[str, Any]) -> list[Cell]:
         where = f"grid.{b}"
         n_seeds = block.get("seeds", 1)
         seed_indices = list(range(n_seeds)) if isinstance(n_seeds, int) else list(n_seeds)
+        if max(seed_indices) >= MAX_SEEDS:
+            raise ConfigError(f"config key {where}.seeds: seed index {max(seed_indices)} is not below {MAX_SEEDS}, the "
+                              "seeds a grid derives from root_seed")
         seeds = seeds_from_root(config.get("root_seed", 0), max(seed_indices) + 1)
         for i, problem in enumerate(block["problems"]):
             if problem not in PROBLEMS:  # a broken plugin's id: its one-line error
@@ -366,7 +369,7 @@ def expand(config: dict[str, Any]) -> list[Cell]:
             for problem, L, E, eps, s in itertools.product(block["problems"], block["batch_sizes"], block["epochs"],
                                                           epsilons, seed_indices):
                 try:  # a search's candidates (settings drawn, seeds their own), or every setting at the cell's seed
-                    runs = (searches.candidates(search, seeds[s], len(settings), f"{where}.tuning", config) if search
+                    runs = (searches.candidates(search, seeds[s], len(settings), f"{where}.tuning", config, spec) if search
                             else [(i, seeds[s], ()) for i in range(len(settings))])
                 except ValueError as exc:
                     raise ConfigError(str(exc)) from None
@@ -382,6 +385,7 @@ def expand(config: dict[str, Any]) -> list[Cell]:
     return sorted(cells.values(), key=lambda c: c.id)
 
 
+MAX_SEEDS = 10_000  # seed indices below it: deriving them all from root_seed takes a fraction of a second
 _ID_WORD = re.compile(r"[A-Za-z0-9_.+-]+")
 
 

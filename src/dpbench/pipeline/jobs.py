@@ -11,8 +11,11 @@ unasked (the default's grid, its audits).
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -98,6 +101,65 @@ class Jobs:
         return jobs + [(f"plot_{figure}", self.figure_files(figure)[0]) for figure in self.figures]
 
 
+def dpbench_command(src: str, python: str) -> str:
+    """The command that runs dpbench in a job, for the shell: ``src`` put before the caller's
+    PYTHONPATH, not in its place (a plugin the caller sees, the job sees), then ``python -m dpbench``."""
+    return f"PYTHONPATH={shlex.quote(src)}${{PYTHONPATH:+:$PYTHONPATH}} {shlex.quote(python)} -m dpbench"
+
+
+def named_plugins(jobs: Jobs) -> list[tuple[str, str, str]]:
+    """The plugins the config names, as (registry: optimizers, problems or figures; id; its
+    origin, "plugin <distribution> <version>"): its cells' optimizers and problems, the
+    optimizers it audits and its figures that an installed plugin registers."""
+    from dpbench.optimizers import OPTIMIZERS
+    from dpbench.problems import PROBLEMS
+    from dpbench.reporting.figures import FIGURES
+
+    named = {("optimizers", c.optimizer) for c in jobs.cells.values()} | {("problems", c.problem)
+                                                                         for c in jobs.cells.values()}
+    named |= {("optimizers", audit_job(a)[0]) for a in jobs.audits} | {("figures", f) for f in jobs.figures}
+    registries = {"optimizers": OPTIMIZERS, "problems": PROBLEMS, "figures": FIGURES}
+    return sorted((kind, name, registries[kind].origin(name)) for kind, name in named
+                  if registries[kind].plugin(name) is not None)
+
+
+_SEEN_BY_JOBS = """import json, sys
+from dpbench.optimizers import OPTIMIZERS
+from dpbench.problems import PROBLEMS
+from dpbench.reporting.figures import FIGURES
+r = {"optimizers": OPTIMIZERS, "problems": PROBLEMS, "figures": FIGURES}
+print(json.dumps([[k, n] for k, n in json.loads(sys.argv[1]) if n not in r[k]]))
+"""
+
+
+def check_plugins_visible(jobs: Jobs, python: str, src: str, environ: dict[str, str] | None = None) -> None:
+    """Every plugin the config names (``named_plugins``) must be found by the interpreter the
+    jobs run, ``python`` in the environment they get: ``environ`` (this process's by default)
+    with ``src`` put before its PYTHONPATH, as the rules put it. Else the config check passes
+    here and the first job fails naming no plugin: refused naming the plugin and the interpreter."""
+    plugins = named_plugins(jobs)
+    if not plugins:
+        return
+    environ = dict(os.environ if environ is None else environ)
+    env = {**environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, environ.get("PYTHONPATH")]))}
+    asked = json.dumps([[kind, name] for kind, name, _ in plugins])
+    try:
+        proc = subprocess.run([python, "-c", _SEEN_BY_JOBS, asked], env=env, capture_output=True, text=True,
+                              timeout=300)
+    except OSError as exc:
+        raise ConfigError(f"the jobs' interpreter {python} cannot be run ({exc})") from None
+    lines = (proc.stdout or "").strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        why = ((proc.stderr or "").strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(f"the jobs' interpreter {python} cannot import dpbench to look for the plugins the config "
+                          f"names ({why})")
+    missing = {tuple(m) for m in json.loads(lines[-1])}
+    for kind, name, origin in plugins:
+        if (kind, name) in missing:
+            raise ConfigError(f"{kind} {name!r} is {origin}, which the jobs' interpreter {python} does not find "
+                              f"(PYTHONPATH={env.get('PYTHONPATH', '')}): install it where the jobs run")
+
+
 def load_jobs(path: str | Path) -> Jobs:
     """The jobs of one config file (``dpbench grid``), validated as the workflow validates it;
     every error is one line naming the key and the file."""
@@ -111,15 +173,20 @@ def load_jobs(path: str | Path) -> Jobs:
 
 
 def workflow_jobs(config: dict[str, Any], files: list[str | Path], configfiles,
-                  given: dict[str, Any]) -> Jobs:
+                  given: dict[str, Any], runner: tuple[str, str] | None = None) -> Jobs:
     """The workflow's jobs (common.smk calls it): ``config`` is what Snakemake merged from
     ``files`` (the default config, then the ``configfiles`` given with --configfile, whose
-    merged content is ``given``); validated in place, as ``load_jobs`` validates one file."""
+    merged content is ``given``); validated in place, as ``load_jobs`` validates one file;
+    ``runner``: (the jobs' interpreter, the src/ they run), to check that the plugins the config
+    names are found there (``check_plugins_visible``)."""
     figures_given = "figures" in config
     refuse_inherited_grid(configfiles, given)
     try:
         validate(config)
-        return plan(config, own_audit(config, configfiles, given), figures_given)
+        found = plan(config, own_audit(config, configfiles, given), figures_given)
+        if runner is not None:
+            check_plugins_visible(found, *runner)
+        return found
     except ConfigError as exc:
         raise naming_file(exc, files) from None
 
@@ -177,9 +244,15 @@ def audit_names(audit: dict[str, Any], cells: list[Cell]) -> list[str]:
     config leave the audits already run in place)."""
     seeds = audit.get("seed", 0)
     seeds = sorted(set(seeds)) if isinstance(seeds, list) else [seeds]
+    if seeds[-1] > MAX_AUDIT_SEED:
+        raise ConfigError(f"config key audit.seed: {seeds[-1]} is above {MAX_AUDIT_SEED} (2**63 - 1), the largest seed "
+                          "an audit's record holds (an int64 column)")
     return [f"{o}-eps{float(e):g}" + (f"-seed{s}" if s else "")
             for o in audited_optimizers(audit["optimizers"], cells)
             for e in audited_epsilons(audit["epsilons"], cells) for s in seeds]
+
+
+MAX_AUDIT_SEED = 2**63 - 1
 
 
 def audit_job(name: str) -> tuple[str, float, int]:

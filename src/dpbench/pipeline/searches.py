@@ -18,13 +18,14 @@ def id_part(tuning: tuple[tuple[str, Any], ...]) -> str:
 
 
 def candidates(search: dict[str, Any], seed: int, choices: int, where: str,
-                config: dict[str, Any]) -> list[tuple[int, int, tuple]]:
-    """A search's candidates (dpbench.privacy.tuning.draw_candidates): (setting index, seed, the
-    cell's tuning pairs) each, or a ValueError whose message starts with the key's path; K drawn from the seed of the search's seed index, so the same in
-    every block, optimizer and epsilon of that index (common random numbers, like the seeds)."""
-    if not (config.get("train") or {}).get("validation_size"):
-        raise ValueError(f"config key {where}: a search releases the candidate best on the validation split, and "
-                          "there is none (set train.validation_size)")
+               config: dict[str, Any], spec) -> list[tuple[int, int, tuple]]:
+    """A search's candidates (dpbench.privacy.tuning.draw_candidates) over optimizer ``spec``:
+    (setting index, seed, the cell's tuning pairs) each, or a ValueError whose message starts
+    with the key's path; refused as a run refuses it (dpbench.training.tuning.check_search). K
+    is drawn from the seed of the search's seed index, so the same in every block, optimizer and
+    epsilon of that index (common random numbers, like the seeds)."""
+    from dpbench.training.tuning import check_search
+
     distribution = search["distribution"]
     if distribution == "composition":
         if search.get("mean") not in (None, choices):
@@ -36,7 +37,7 @@ def candidates(search: dict[str, Any], seed: int, choices: int, where: str,
     else:
         mean = search["mean"]
     try:
-        how = Tuning(distribution, float(mean), float(search.get("shape", 1.0)))
+        how = check_search({**search, "mean": mean}, spec, (config.get("train") or {}).get("validation_size") or 0)
         drawn = draw_candidates(how, seed, choices)
     except ValueError as exc:
         raise ValueError(f"config key {where}: {exc}") from None

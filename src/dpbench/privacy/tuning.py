@@ -46,6 +46,15 @@ DISTRIBUTIONS = ("negative_binomial", "poisson", "composition")
 # Entropy word that keeps a tuning procedure's random streams apart from every run's streams
 # (which are SeedSequence(seed)'s children, dpbench.seeds): SeedSequence([seed, TUNING_WORD]).
 TUNING_WORD = 0x74756E65  # "tune"
+# Bounds on a search's size: every candidate is a full training run. The mean number of
+# candidates is at most MAX_MEAN, the number drawn at most MAX_REPETITIONS (a draw above it is
+# refused, not redrawn: the accounting assumes the distribution as stated); the truncated
+# negative binomial redraws K = 0, and is refused where that takes more than 1 / MIN_ACCEPTANCE
+# draws on average, so that no draw loops without end (MAX_REDRAWS bounds it even then).
+MAX_MEAN = 100
+MAX_REPETITIONS = 1000
+MIN_ACCEPTANCE = 1e-4
+MAX_REDRAWS = 10**6
 
 
 @dataclass(frozen=True)
@@ -64,10 +73,16 @@ class Tuning:
             raise ValueError(f"tuning distribution {self.distribution!r} is not one of {DISTRIBUTIONS}")
         if not (isinstance(self.mean, (int, float)) and 1 <= self.mean < math.inf):
             raise ValueError(f"tuning mean must be a finite number >= 1, got {self.mean!r}")
+        if self.mean > MAX_MEAN:
+            raise ValueError(f"tuning mean {self.mean:g} is above {MAX_MEAN} candidates, each a full training run")
         if self.distribution == "composition" and self.mean != int(self.mean):
             raise ValueError(f"composition runs a whole number of candidates, got {self.mean!r}")
         if self.distribution == "negative_binomial" and not (0 < self.shape < math.inf):
             raise ValueError(f"tuning shape (eta) must be positive and finite, got {self.shape!r}")
+        if self.distribution == "negative_binomial" and acceptance(self.mean, self.shape) < MIN_ACCEPTANCE:
+            raise ValueError(f"tuning shape {self.shape:g} with mean {self.mean:g}: the negative binomial draws K = 0 "
+                             f"(redrawn) with probability 1 - {acceptance(self.mean, self.shape):.3g}, more than "
+                             f"{1 / MIN_ACCEPTANCE:g} draws a search on average; give a larger shape or mean")
 
     @property
     def label(self) -> str:
@@ -175,21 +190,36 @@ def negative_binomial_gamma(mean: float, shape: float) -> float:
     return hi
 
 
+def acceptance(mean: float, shape: float) -> float:
+    """P[K >= 1] of the negative binomial before truncation, 1 - gamma^eta: the share of draws
+    that ``draw_repetitions`` keeps."""
+    gamma = negative_binomial_gamma(mean, shape)
+    return 1.0 if gamma >= 1 else -math.expm1(shape * math.log(gamma))
+
+
 def draw_repetitions(tuning: Tuning, rng: np.random.Generator) -> int:
     """K, the number of candidates: exactly ``mean`` for composition; Poisson(mean) (possibly 0);
     the truncated negative binomial by rejection of K = 0 (numpy's negative binomial counts
-    failures before eta successes of probability gamma: Definition 1 before truncation)."""
+    failures before eta successes of probability gamma: Definition 1 before truncation), at
+    most MAX_REDRAWS draws (``Tuning`` refuses a shape that would need more than 1 /
+    MIN_ACCEPTANCE on average). A K above MAX_REPETITIONS is refused."""
     if tuning.distribution == "composition":
-        return int(tuning.mean)
-    if tuning.distribution == "poisson":
-        return int(rng.poisson(tuning.mean))
-    gamma = negative_binomial_gamma(tuning.mean, tuning.shape)
-    if gamma >= 1:
-        return 1
-    while True:
-        k = int(rng.negative_binomial(tuning.shape, gamma))
-        if k >= 1:
-            return k
+        k = int(tuning.mean)
+    elif tuning.distribution == "poisson":
+        k = int(rng.poisson(tuning.mean))
+    else:
+        gamma = negative_binomial_gamma(tuning.mean, tuning.shape)
+        k = 1 if gamma >= 1 else 0
+        for _ in range(MAX_REDRAWS if k == 0 else 0):
+            k = int(rng.negative_binomial(tuning.shape, gamma))
+            if k >= 1:
+                break
+        if k == 0:
+            raise ValueError(f"the {tuning.label} search drew K = 0 {MAX_REDRAWS} times in a row")
+    if k > MAX_REPETITIONS:
+        raise ValueError(f"the {tuning.label} search drew K = {k} candidates, above the cap of {MAX_REPETITIONS} "
+                         "full training runs; give a smaller mean")
+    return k
 
 
 def draw_candidates(tuning: Tuning, seed: int, choices: int) -> list[tuple[int, int]]:

@@ -110,6 +110,13 @@ class RunConfig:
             raise ValueError(f"optimizer {self.optimizer!r} is private: give --epsilon or --noise-multiplier")
         check_data(self.problem, self.train_subset, self.test_subset, self.validation_size)
         spec.hyperparameters(self.hyperparameters)
+        if self.tuning is not None:  # refused as the config check refuses it, in the same words
+            from dpbench.training.tuning import check_search
+
+            try:
+                check_search(self.tuning, spec, self.validation_size)
+            except ValueError as exc:
+                raise ValueError(f"tuning: {exc}") from None
 
 
 def check_data(problem: str, train_subset: int | None = None, test_subset: int | None = None,

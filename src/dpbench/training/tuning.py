@@ -6,7 +6,11 @@ search's distribution, its mean and shape, the number of candidates K drawn and 
 (``RunConfig.tuning``). The candidate's mechanism gives the history its accountant composes:
 DP-SGD's family and amplified BandMF their Poisson-subsampled Gaussian steps, a matrix
 mechanism one Gaussian release of sensitivity sens(C) (history [(sigma / sens, 1, 1)]). Other
-mechanisms have no such event, and a search over them is refused. The accounting itself is
+mechanisms have no such event, and a search over them is refused: among them a mechanism that
+inherits a history but accounts itself otherwise (dpdice-strict's unamplified composition).
+``check_search`` holds every refusal, for the config check (dpbench.pipeline.searches) and for
+a run (``RunConfig.validate``) alike, in the same words; and a search's epsilon is never below
+its candidate's own (``check_not_below_candidate``). The accounting itself is
 dpbench.privacy.tuning.
 """
 
@@ -19,6 +23,8 @@ from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.privacy import accounting
 from dpbench.privacy.tuning import Tuning, candidate_noise_multiplier, procedure_epsilon
 
+SEARCH_KEYS = ("distribution", "mean", "shape", "select_by", "repetitions", "candidate")
+
 SOURCE_TUNED = "calibrated for the whole search"
 
 
@@ -27,13 +33,69 @@ def search(tuning: dict[str, Any]) -> Tuning:
     return Tuning(tuning["distribution"], float(tuning["mean"]), float(tuning.get("shape") or 1.0))
 
 
+def _owner(mechanism, name: str):
+    """The class of the mechanism's MRO that defines ``name`` (None: none does)."""
+    return next((c for c in type(mechanism).__mro__ if name in vars(c)), None)
+
+
+def search_refusal(spec: OptimizerSpec) -> str | None:
+    """Why a search over this optimizer cannot be accounted, None where it can: it must be
+    private with a valid claim, and its mechanism accounted as the event its history (or its one
+    Gaussian release) describes: the class that defines ``history`` (or ``strategy_sensitivity``)
+    also calibrates the mechanism and gives its privacy profile, so that a subclass accounting
+    itself otherwise (dpdice-strict: T Gaussian releases without amplification, on DP-SGD's
+    Poisson batches) is not accounted as its parent."""
+    if not spec.private:
+        return f"optimizer {spec.name!r} is not private: there is no search privacy to account"
+    if spec.caveat:
+        return f"optimizer {spec.name!r} has no valid privacy claim ({spec.caveat}): a search over it cannot be made private"
+    mechanism = spec.mechanism
+    for event in ("history", "strategy_sensitivity"):
+        defined = _owner(mechanism, event)
+        if defined is not None and all(_owner(mechanism, m) is defined for m in ("calibrate", "privacy_profile")):
+            return None
+    return (f"optimizer {spec.name!r}: private tuning accounts Poisson-subsampled Gaussian steps or one Gaussian "
+            f"release, and mechanism {mechanism.name!r} accounts itself otherwise")
+
+
+def check_search(tuning: dict[str, Any], spec: OptimizerSpec, validation_size: int) -> Tuning:
+    """Every refusal of a search, one place for the config check (a grid block's ``tuning``,
+    where the candidates are not drawn yet: no ``repetitions``) and a run (``--tuning``): the
+    keys, the distribution, mean and shape (``Tuning``: shape only for negative_binomial, the
+    bounds on the mean), a composition's k, the candidate's index, the validation split the
+    release is chosen on, and the optimizer (``search_refusal``). Returns the ``Tuning``;
+    raises ValueError with the reason."""
+    unknown = sorted(set(tuning) - set(SEARCH_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r} (keys: {', '.join(SEARCH_KEYS)})")
+    if tuning.get("shape") is not None and tuning.get("distribution") != "negative_binomial":
+        raise ValueError(f"shape is the negative binomial's eta; a {tuning.get('distribution')} search takes none")
+    if tuning.get("mean") is None:
+        raise ValueError(f"a {tuning.get('distribution')} search needs the mean number of candidates")
+    how = search(tuning)
+    if "repetitions" in tuning or "candidate" in tuning:
+        k, j = tuning.get("repetitions"), tuning.get("candidate")
+        if not (type(k) is int and type(j) is int and 0 <= j < k):
+            raise ValueError(f"candidate must be an index below repetitions, got {j!r} of {k!r}")
+        if how.distribution == "composition" and k != how.mean:
+            raise ValueError(f"a composition runs each of its {how.mean:g} settings once, not {k} (repetitions must "
+                             "equal mean: sigma is calibrated for the k composed)")
+    if not validation_size:
+        raise ValueError("a search releases the candidate best on the validation split, and there is none "
+                         "(validation_size is 0)")
+    refusal = search_refusal(spec)
+    if refusal:
+        raise ValueError(refusal)
+    return how
+
+
 def candidate_history(spec: OptimizerSpec, plan: Plan) -> tuple[Callable[[float], accounting.History], float]:
     """(sigma -> the history one candidate's mechanism accounts, delta_fail: the share of delta
     its sensitivity bound may fail with, accounted apart)."""
     mechanism = spec.mechanism
-    if spec.caveat:
-        raise ValueError(f"optimizer {spec.name!r} has no valid privacy claim ({spec.caveat}): a search over it "
-                         "cannot be made private")
+    refusal = search_refusal(spec)
+    if refusal:
+        raise ValueError(refusal)
     if hasattr(mechanism, "history"):  # Poisson-subsampled Gaussian steps (DP-SGD's family, amplified BandMF)
         fail = mechanism.delta_fail(plan) if hasattr(mechanism, "delta_fail") else 0.0
         return (lambda sigma: mechanism.history(plan, sigma, plan.steps)), fail
@@ -50,7 +112,21 @@ def noise_multiplier(spec: OptimizerSpec, plan: Plan, tuning: dict[str, Any], ta
     history_of, fail = candidate_history(spec, plan)
     if not fail < delta:
         raise ValueError(f"the sensitivity bound's failure probability {fail:g} is not below delta {delta:g}")
-    return candidate_noise_multiplier(history_of, search(tuning), target_epsilon, delta - fail, accountant)
+    sigma = candidate_noise_multiplier(history_of, search(tuning), target_epsilon, delta - fail, accountant)
+    check_not_below_candidate(spec, plan, sigma, procedure_epsilon(history_of(sigma), search(tuning), delta - fail,
+                                                                   accountant), delta, accountant)
+    return sigma
+
+
+def check_not_below_candidate(spec: OptimizerSpec, plan: Plan, sigma: float, total: float, delta: float,
+                              accountant: str) -> None:
+    """A search can never cost less than one of its runs: its epsilon ``total`` is refused where
+    it is below the candidate's own planned epsilon by its mechanism's report (the two are one
+    accountant's numbers for k = 1, equal up to rounding; above for any search)."""
+    own = float(spec.mechanism.report(plan, sigma, plan.steps, delta, accountant)["epsilon_planned"])
+    if total < own * (1 - 1e-9):
+        raise ValueError(f"optimizer {spec.name!r}: the search's epsilon {total:.6g} is below its candidate's own "
+                         f"{own:.6g}: the search accounting does not describe mechanism {spec.mechanism.name!r}")
 
 
 def record(spec: OptimizerSpec, plan: Plan, tuning: dict[str, Any], sigma: float, delta: float,
@@ -60,6 +136,7 @@ def record(spec: OptimizerSpec, plan: Plan, tuning: dict[str, Any], sigma: float
     history_of, fail = candidate_history(spec, plan)
     how = search(tuning)
     total = procedure_epsilon(history_of(sigma), how, delta - fail, accountant)
+    check_not_below_candidate(spec, plan, sigma, total, delta, accountant)
     return {**how.record(), "repetitions": int(tuning["repetitions"]), "candidate": int(tuning["candidate"]),
             "epsilon": total, "delta": delta,
             "accountant": (f"{accountant} (k runs composed)" if how.distribution == "composition"

@@ -179,8 +179,34 @@ def build(figure_id: str, runs: pd.DataFrame, **options) -> Figure | str:
         if figure_id not in THESIS_FILTERS:
             raise ValueError(f"filters='thesis': {figure_id} is not a thesis figure ({', '.join(THESIS_FILTERS)})")
         options["filters"] = THESIS_FILTERS[figure_id]
+    check_one_delta(figure_id, runs, {**spec.defaults, **options})
     apply_style()
     return spec.build(runs, **{**spec.defaults, **options})
+
+
+def check_one_delta(figure_id: str, runs: pd.DataFrame, options: dict) -> None:
+    """Refuses to draw private runs of different δ in one figure (those its filters, optimizers
+    and problems select): figures show runs under their ε, and an ε at another δ is another
+    guarantee, so pooling them would count them as seeds of one setting. Names the δs and the
+    filter that draws one."""
+    if not {"private", "delta"} <= set(runs.columns):
+        return  # the audits' table: each audit is its own claim
+    drawn = options.get("problems", options.get("problem"))
+    chosen = select_runs(runs, options.get("filters") if isinstance(options.get("filters"), dict) else None,
+                         options.get("optimizers"), None if drawn is None else
+                         [drawn] if isinstance(drawn, str) else drawn)
+    deltas = sorted(set(chosen.loc[chosen["private"].astype(bool), "delta"].astype(float).dropna()))
+    if len(deltas) > 1:
+        raise ValueError(f"{figure_id}: the runs have δ {', '.join(f'{d:g}' for d in deltas)}, and a figure shows "
+                         "runs under their ε, which at another δ is another guarantee: draw one δ at a time "
+                         f"(-o filter.delta={_yaml_float(deltas[0])})")
+
+
+def _yaml_float(x: float) -> str:
+    """``x`` as a YAML float that ``parse_options`` reads back as ``x`` (1.0e-05, not 1e-05,
+    which YAML reads as a string)."""
+    text = repr(float(x))
+    return text if "e" not in text or "." in text.split("e")[0] else text.replace("e", ".0e", 1)
 
 
 LIST_OPTIONS = ("ys", "epsilons", "optimizers", "problems")

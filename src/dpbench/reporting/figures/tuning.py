@@ -12,6 +12,11 @@ Each search is a (problem, optimizer, batch size, epochs, ε, seed index) group 
 runs; with several seed indices the value is their mean with a 95 % t interval over them
 (``intervals``), and a rank whose interval overlaps the one above is marked tied. The table gives what each release
 spent (K, candidate σ, the accounted total ε and δ) and each optimizer's rank per ε and procedure.
+
+What a search's ε covers (``PROTECTS``, in the caption and the table): the training records, for
+the release of the chosen candidate alone. The selection score (``best_val_*``) is computed
+without noise on the validation records, so those records are not protected; and the runs table
+keeps every candidate's row, which the guarantee does not cover.
 """
 
 from __future__ import annotations
@@ -29,6 +34,17 @@ PROCEDURES = ("untuned", "composition", "private")
 PROCEDURE_LABELS = {"untuned": "untuned, best fixed rate (selection not paid)",
                     "composition": "tuned, k runs composed", "private": "tuned privately (random K)"}
 _SEARCH = ["problem", "optimizer", "batch_size", "epochs", "target_epsilon", "seed_index"]
+PROTECTS = ("A search's ε covers the training records, for the chosen candidate's release alone: the selection "
+            "score (best validation metric) is not private, so the validation records are not protected, and "
+            "publishing every candidate (the runs table keeps them all) is outside the guarantee.")
+
+
+def seed_index(runs: pd.DataFrame) -> pd.Series:
+    """Each run's seed index: the ``-s<i>`` that ends a grid cell's id, else (a run named
+    otherwise) its seed, so that runs of one seed still form one search."""
+    parsed = runs["run_id"].astype(str).str.extract(r"-s(\d+)$")[0]
+    fallback = runs["seed"].astype(str) if "seed" in runs else runs["run_id"].astype(str)
+    return parsed.fillna("seed" + fallback)
 
 
 def _procedure(distribution: str) -> str:
@@ -47,7 +63,7 @@ def tuning_data(runs: pd.DataFrame, problem: str = "P2", select_by: str = "val")
         return pd.DataFrame(columns=columns)
     r["tuning_distribution"] = r.get("tuning_distribution", pd.Series("", index=r.index)).fillna("")
     r["procedure"] = r["tuning_distribution"].map(_procedure)
-    r["seed_index"] = r["run_id"].str.rsplit("-s", n=1).str[1]
+    r["seed_index"] = seed_index(r)
     s = scored(r, select_by)
     rows = []
     for keys, g in s.groupby(_SEARCH + ["procedure"], sort=True):
@@ -109,7 +125,7 @@ def draw_tuning(data: pd.DataFrame, problem: str) -> Figure:
                bbox_to_anchor=(0.5, 0.02))
     fig.suptitle(f"{problem}: untuned, tuned by composition and tuned privately at the same total ε", fontsize=9)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.text(0.01, 0.0, _seeds_note(data), fontsize=6.5, ha="left", va="top", wrap=True, gid="caption")
+    fig.text(0.01, 0.0, _seeds_note(data) + " " + PROTECTS, fontsize=6.5, ha="left", va="top", wrap=True, gid="caption")
     return fig
 
 
@@ -128,7 +144,7 @@ def tuning_table(runs: pd.DataFrame, problem: str = "P2", select_by: str = "val"
         return f"{problem}: no private runs to compare\n"
     lines = [f"{problem}: {data['metric'].iloc[0]}, at the same total ε; rank among the optimizers of each ε and "
              "procedure (1: best). untuned: one run's ε, the best rate chosen afterwards and not paid for. "
-             + _seeds_note(data), "",
+             + _seeds_note(data) + " " + PROTECTS, "",
              "| total ε | procedure | optimizer | value | rank | searches | mean K | candidate σ | accounted ε | δ | "
              "rate(s) released |", "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for _, row in data.iterrows():
