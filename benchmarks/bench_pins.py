@@ -16,6 +16,7 @@ Prints a Markdown table for docs/results.md ("What reproduces where").
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -32,8 +33,9 @@ def child(problem: str, L: int, steps: int, threads: int) -> dict:
     batches, models and timing), and the kernels this process chose."""
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import bench_step
+    spec = importlib.util.spec_from_file_location("bench_step", Path(__file__).resolve().with_name("bench_step.py"))
+    bench_step = importlib.util.module_from_spec(spec)  # benchmarks/ is not a package: loaded by its file
+    spec.loader.exec_module(bench_step)
     from dpbench.machine import platform_record
     from dpbench.mechanisms.sampling import PoissonSampler
 
