@@ -2,7 +2,10 @@
 one audit per mechanism family, reduced to what a run promises and delivers (metrics, sigma,
 target and achieved epsilon, canary exposures, audit bounds). Recorded once before the package
 was restructured (tests/golden/runs.json, at commit df9e1e6); tests/test_golden.py recomputes
-them and asserts they are bit-identical on the CPU.
+them and asserts they are bit-identical on the platform that recorded them, and equal within
+each field's tolerance elsewhere. The platform (``dpbench.machine``: CPU, instruction sets,
+kernels, library versions) is written beside them, tests/golden/platform.json; the recording of
+df9e1e6 predates it and names none (its note says what is known).
 
 Record anew (only when a change of numbers is intended, and say why in the commit):
     .venv/bin/python tests/golden_runs.py
@@ -23,6 +26,8 @@ import pytest
 import torch
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "runs.json"
+PLATFORM = GOLDEN.with_name("platform.json")
+NUMERIC_PACKAGES = ("torch", "numpy", "scipy", "opacus", "dp-accounting")
 
 # P4 on generated quotations in the official format (the real corpus's canary space is too large
 # for exact exposure in a test): the same generator as tests/test_lm.py
@@ -116,6 +121,30 @@ def compute(fmnist_dir: str | None) -> dict:
         torch.set_num_threads(threads)
 
 
+def platform() -> dict:
+    """The platform this process computes on (``dpbench.machine.platform_record``, after the
+    libraries the golden runs use are loaded) and the versions of the packages that compute."""
+    from importlib import metadata
+
+    import scipy.linalg  # noqa: F401  (loads SciPy's OpenBLAS, which the factorizations use)
+
+    from dpbench.machine import platform_record
+
+    return {"platform": platform_record(), "packages": {p: metadata.version(p) for p in NUMERIC_PACKAGES}}
+
+
+def describe(record: dict) -> str:
+    """One line naming a platform (a ``platform()`` record)."""
+    p = record["platform"]
+    cpu, torch_ = p["cpu"], p["torch"] or {}
+    isa = ("AVX-512" if any(f.startswith("avx512") for f in p["isa"]) else "AVX2" if "avx2" in p["isa"]
+           else "no AVX2")
+    pins = " ".join(f"{k}={v}" for k, v in p["pins"].items()) or "none"
+    return (f"{cpu['model_name']} (vendor {cpu['vendor']}, family {cpu['family']}, model {cpu['model']}) with {isa}, "
+            f"torch {torch_.get('cpu_capability')} kernels, NumPy SIMD {'/'.join(p['numpy_simd']['found'] or [])}, "
+            f"OpenBLAS {'/'.join(sorted(set(p['openblas'].values()))) or 'none loaded'}, pins {pins}")
+
+
 if __name__ == "__main__":
     from conftest import _fmnist_dir
 
@@ -124,4 +153,5 @@ if __name__ == "__main__":
         sys.exit("golden runs need the real Fashion-MNIST files (apt-get install dataset-fashion-mnist)")
     runs = compute(str(d))
     GOLDEN.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+    PLATFORM.write_text(json.dumps(platform(), indent=1, sort_keys=True) + "\n")
     print(f"wrote {GOLDEN}: {len(runs)} runs", file=sys.stderr)

@@ -92,3 +92,29 @@ def test_a_run_that_exceeded_its_target_is_not_labelled_private(tmp_path):
     at = {**over, "privacy": {**over["privacy"], "epsilon": 1.0}}
     assert results.is_private(at)
     assert not results.is_private({**at, "privacy": {**at["privacy"], "epsilon": math.nextafter(1.0, 2.0)}})
+
+
+def test_a_runs_environment_names_the_platform_its_numbers_depend_on(tiny_fmnist, tmp_path, monkeypatch):
+    """The CPU, its numeric instruction sets, the kernels torch, NumPy and OpenBLAS chose, and the
+    variables pinning them: read back from the run file as this process sees them."""
+    import numpy as np
+    import torch
+
+    from conftest import run_cell
+    from dpbench.training.train import RunConfig
+
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")  # recorded as set (its effect is fixed when MKL loads)
+    res = run_cell(RunConfig(problem="P2", optimizer="dpsgd", lr=0.5, batch_size=60, epochs=1, seed=0, epsilon=2.0,
+                             max_steps=2, progress_every_s=1e9))
+    _, meta = results.read_run(results.write_run(tmp_path / "run.parquet", res.metrics, res.meta))
+    p = meta["environment"]["platform"]
+    cpuinfo = open("/proc/cpuinfo").read().split("\n\n")[0]
+    flags = cpuinfo.split("\nflags", 1)[1].split(":", 1)[1].split("\n", 1)[0].split()
+    assert f"vendor_id\t: {p['cpu']['vendor']}" in cpuinfo and f"model name\t: {p['cpu']['model_name']}" in cpuinfo
+    assert set(p["isa"]) <= set(flags) and ("avx2" in p["isa"]) == ("avx2" in flags)
+    assert ("avx512f" in p["isa"]) == ("avx512f" in flags) and "sse2" not in p["isa"]  # only what changes floats
+    assert p["torch"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert p["torch"]["blas"] == "mkl" and p["torch"]["onednn"].startswith("v")
+    assert p["numpy_simd"]["found"] == np.show_config(mode="dicts")["SIMD Extensions"]["found"]
+    assert all(core for core in p["openblas"].values()) and len(p["openblas"]) >= 1
+    assert p["pins"]["MKL_CBWR"] == "COMPATIBLE"

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dpbench.files import atomic_write, is_no_space, no_space, special_kind
+from dpbench.machine import platform_record
 from dpbench.privacy.accounting import meets_target
 
 META_KEY = b"dpbench"
@@ -88,8 +89,10 @@ def provenance() -> dict[str, Any]:
             versions[name] = importlib_metadata.version(name)
         except importlib_metadata.PackageNotFoundError:
             versions[name] = None
+    # platform: the CPU, its instruction sets and the kernels chosen for it (dpbench.machine): runs
+    # on different platforms differ in their floats' last digits (docs/results.md, "What reproduces where")
     return {"python": platform.python_version(), "packages": versions, "git_commit": _git_commit(),
-            "hostname": platform.node()}
+            "hostname": platform.node(), "platform": platform_record()}
 
 
 def _jsonable(obj: Any) -> Any:
