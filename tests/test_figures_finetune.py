@@ -258,3 +258,23 @@ def test_every_finetune_figure_writes_its_files_and_draws_an_old_table(tmp_path,
     assert ("No fine-tuning runs" in out) if isinstance(out, str) else "no fine-tuning runs" in out.texts[0].get_text()
     if not isinstance(out, str):
         figures.plt.close(out)
+
+
+def test_figures_of_runs_trained_from_scratch_are_unchanged_by_the_start_columns():
+    """A runs table aggregated now carries the start columns for every run, None for P1-P4
+    (``finetune``) and missing ranks: every figure draws the same numbers as from a table without
+    them (the language-model figures merged on the configuration keys and failed on a None)."""
+    from test_figures import classification_runs, lm_runs
+
+    cases = [(classification_runs, lambda r: figures.best_per_setting(r, privacy=False)),
+             (classification_runs, lambda r: figures.heatmap_data(r, "P1", privacy=False)),
+             (classification_runs, figures.seed_sensitivity_data),
+             (lm_runs, figures.lm_ranking_data), (lm_runs, figures.lm_exposure_data), (lm_runs, figures.lm_loss_data)]
+    for make, data in cases:
+        runs = make()
+        started = runs.assign(start="scratch", finetune=None, lora_rank=pd.array([pd.NA] * len(runs), dtype="Int64"),
+                              trainable_parameters=pd.array([1000] * len(runs), dtype="Int64"), checkpoint_sha256=None)
+        before, after = data(runs), data(started)
+        assert len(before) > 0
+        pd.testing.assert_frame_equal(before.reset_index(drop=True), after[before.columns].reset_index(drop=True),
+                                      check_dtype=False)

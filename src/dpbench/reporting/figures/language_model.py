@@ -39,10 +39,13 @@ def lm_configurations(runs: pd.DataFrame, problem: str = "P4") -> pd.DataFrame:
     keys = [k for k in (*CONFIG_KEYS, "noise_multiplier", "private") if k in r.columns]
     val = r["best_val_loss"].astype(float)
     r["_score"] = val.where(np.isfinite(val), np.inf)
-    configs = r.groupby(keys, dropna=False)["_score"].agg(lambda v: v.mean() if np.isfinite(v).all() else np.inf)
-    configs = configs.reset_index().sort_values(keys, kind="stable")
-    chosen = configs.loc[configs.groupby(["optimizer", "epsilon"])["_score"].idxmin()]
-    return r.merge(chosen[keys], on=keys).drop(columns="_score")
+    # configurations numbered in the order of their keys (missing keys, such as the fine-tuning
+    # mode of a run trained from scratch, last), each row tagged with its own
+    r["_config"] = r.groupby(keys, dropna=False, sort=True).ngroup()
+    configs = r.groupby("_config").agg(_score=("_score", lambda v: v.mean() if np.isfinite(v).all() else np.inf),
+                                       optimizer=("optimizer", "first"), epsilon=("epsilon", "first"))
+    chosen = configs.groupby(["optimizer", "epsilon"])["_score"].idxmin()  # the first of equal means
+    return r[r["_config"].isin(chosen.to_numpy())].drop(columns=["_score", "_config"])
 
 
 def _mean_std(values: pd.Series) -> tuple[float, float, int]:
