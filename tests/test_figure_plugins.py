@@ -185,4 +185,6 @@ def test_the_builtin_specs_pass_the_plugin_check():
     for figure_id, spec in FIGURES.builtins.items():
         check(spec)
         assert spec.id == figure_id
-    assert sorted(FIGURES.builtins) == sorted([*figures.THESIS_FIGURES, *figures.LM_FIGURES, "audit", "tuning", "tuning_table"])
+    assert sorted(FIGURES.builtins) == sorted([*figures.THESIS_FIGURES, *figures.LM_FIGURES, "audit", "tuning",
+                                               "tuning_table", *figures.FINETUNE_FIGURES])
+    assert figures.FINETUNE_FIGURES == ["finetune", "finetune_table", "finetune_exposure"]

@@ -118,3 +118,39 @@ def test_a_runs_environment_names_the_platform_its_numbers_depend_on(tiny_fmnist
     assert p["numpy_simd"]["found"] == np.show_config(mode="dicts")["SIMD Extensions"]["found"]
     assert all(core for core in p["openblas"].values()) and len(p["openblas"]) >= 1
     assert p["pins"]["MKL_CBWR"] == "COMPATIBLE"
+
+
+def test_runs_table_says_where_each_run_started(tmp_path):
+    """The start columns come from each run's ``start`` section: a public start gives its mode,
+    rank, d and checkpoint hash; a from-scratch run of a problem that starts from a checkpoint
+    (P6) is the "scratch" twin; a from-scratch P4 run has no fine-tuning mode; and a run file
+    written before the section existed still aggregates, with None there."""
+    from conftest import REPO
+    from dpbench.problems.modes import trainable_parameters, Finetune
+    from dpbench.reporting.aggregate import aggregate
+
+    source = REPO / "benchmarks" / "results" / "lm" / "study" / "runs" / "P4" / "dpsgd" / "L64-E1-eps1-lr1-s0.parquet"
+    metrics, meta = results.read_run(source)
+    assert "start" not in meta  # recorded before runs named their start
+    d = trainable_parameters(None, 40, Finetune("lora", 8))
+    public = {"kind": "public checkpoint", "checkpoint": "pretrained/wordnet-lm.pt", "checkpoint_sha256": "ab" * 32,
+              "recipe": {"corpus": "wordnet"}, "pretraining_epsilon": 0.0, "mode": "lora", "lora_rank": 8,
+              "lora_alpha": 16, "trainable_parameters": d, "parameters": 847_912 + d}
+    scratch = {"kind": "scratch", "checkpoint": None, "checkpoint_sha256": None, "recipe": None,
+               "pretraining_epsilon": None, "mode": None, "lora_rank": None, "lora_alpha": None,
+               "trainable_parameters": 847_912, "parameters": 847_912}
+    p6 = {**meta["config"], "problem": "P6"}
+    metas = {"old": {**meta, "run_id": "old"},
+             "lora": {**meta, "run_id": "lora", "config": p6, "start": public},
+             "twin": {**meta, "run_id": "twin", "config": p6, "start": scratch},
+             "p4": {**meta, "run_id": "p4", "start": {**scratch, "trainable_parameters": 876_034}}}
+    paths = [results.write_run(tmp_path / f"{k}.parquet", metrics, m) for k, m in metas.items()]
+    aggregate(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
+    runs = pd.read_parquet(tmp_path / "runs.parquet").set_index("run_id")
+    cols = ["start", "finetune", "lora_rank", "trainable_parameters", "checkpoint_sha256"]
+    assert runs.loc["lora", cols].tolist() == ["public", "lora", 8, d, "ab" * 32]
+    assert runs.loc["twin", cols].tolist()[:2] == ["scratch", "scratch"]
+    assert runs.loc["twin", "trainable_parameters"] == 847_912 and pd.isna(runs.loc["twin", "lora_rank"])
+    assert runs.loc["p4", "start"] == "scratch" and pd.isna(runs.loc["p4", "finetune"])
+    assert runs.loc["old", cols].isna().all()
+    assert str(runs["trainable_parameters"].dtype) == "Int64"

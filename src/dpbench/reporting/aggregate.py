@@ -13,6 +13,14 @@ exposure, Carlini et al. 2019, "The Secret Sharer", arXiv:1802.08232) per k in
 (their std, ddof = 0, so that figures can pool seeds and canaries exactly), ``canaries_k<k>``
 (how many) and ``extracted_k<k>`` (the share whose secret was extracted). Runs without a
 memorisation test have NaN there and 0 canaries.
+
+Every run says where its model started (``start_columns``, from the run record's ``start``
+section, ``dpbench.problems.finetune.start_record``): ``start`` ("public": a checkpoint
+pretrained on public text; "scratch"), ``finetune`` (the fine-tuning mode of a public start;
+"scratch" for a from-scratch run of a problem that starts from a checkpoint, P5 and P6: the
+twin its fine-tuned runs are compared with; None for P1-P4), ``lora_rank``,
+``trainable_parameters`` (d) and ``checkpoint_sha256``. Run files written before the section
+existed have None there.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpbench.problems.catalog import CANARY_REPEATS, task_facts
+from dpbench.problems.catalog import CANARY_REPEATS, FACTS, task_facts
 from dpbench.reporting.audits import violations
 from dpbench.reporting.results import dp_guarantee, is_private, read_run
 
@@ -113,7 +121,28 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
         "path": str(path),
         **memorisation_columns(meta.get("memorisation")),
         **tuning_columns(priv.get("tuning")),
+        **start_columns(cfg["problem"], meta.get("start")),
     }
+
+
+START_COLUMNS = ("start", "finetune", "lora_rank", "trainable_parameters", "checkpoint_sha256")
+
+
+def start_columns(problem: str, start: dict | None) -> dict:
+    """Where the run's model started (module docstring): all None for a run file without a
+    ``start`` section. A problem "starts from a checkpoint" where its facts name a pretraining
+    recipe (a built-in's, ``catalog.FACTS``) or, for another problem, where this run started
+    from one."""
+    if not start:
+        return dict.fromkeys(START_COLUMNS)
+    public = start.get("kind") == "public checkpoint"
+    facts = FACTS.get(problem)
+    pretrained = public or (facts is not None and facts.pretrained is not None)
+    return {"start": "public" if public else "scratch",
+            "finetune": start.get("mode") if public else "scratch" if pretrained else None,
+            "lora_rank": start.get("lora_rank"),
+            "trainable_parameters": start.get("trainable_parameters"),
+            "checkpoint_sha256": start.get("checkpoint_sha256")}
 
 
 def _perplexity(loss: float) -> float:
@@ -178,6 +207,8 @@ def aggregate(paths: list[str | Path], out_runs: str | Path, out_epochs: str | P
         rows.append(run_row(run_id, path, meta))
         epochs.append(epoch_rows(run_id, metrics))
     runs = pd.DataFrame(rows)
+    for column in ("lora_rank", "trainable_parameters"):  # integers, missing where not recorded
+        runs[column] = pd.array(runs[column].astype(float), dtype="Int64")
     per_epoch = pd.concat(epochs, ignore_index=True).merge(runs[["run_id"] + RUN_KEYS], on="run_id")
     per_epoch = per_epoch[["run_id"] + RUN_KEYS + [c for c in per_epoch.columns if c not in RUN_KEYS + ["run_id"]]]
     # a diverged run stops at the epoch end where it diverged, its losses there partly NaN, which

@@ -13,6 +13,8 @@ One module per idea:
 * ``audit``: the empirical privacy audit;
 * ``language_model``: the language model P4 (loss, canary exposure, a ranking table);
 * ``tuning``: results at the privacy the whole hyperparameter search spent;
+* ``finetune``: fine-tuning from a public checkpoint (P5, P6): per optimizer and ε one bar per
+  fine-tuning mode, from scratch beside; the numbers as a table; P5's canary exposure per mode;
 * ``spec``: ``FigureSpec``, what the registry holds of a figure.
 
 ``FIGURES`` is a ``dpbench.plugins.Registry``: the built-ins below and, from its first read on,
@@ -48,6 +50,8 @@ from dpbench.reporting.figures.style import (  # noqa: E402
     AUDIT_MARK, AXIS_LABELS, DATASETS, LABELS, NO_GUARANTEE_MARK, apply_style, empty_figure, fmt_tick, label,
     legend_labels, ordered, palette)
 from dpbench.reporting.figures.tuning import tuning_data, tuning_figure, tuning_table  # noqa: E402
+from dpbench.reporting.figures.finetune import (  # noqa: E402
+    draw_finetune, draw_finetune_table, finetune_data, finetune_exposure_figure, finetune_figure, finetune_table)
 from dpbench.reporting.figures.thesis import (  # noqa: E402
     THESIS_FILTERS, best_per_setting, best_settings_data, best_settings_figure, comparison_figure,
     draw_best_settings, draw_comparison, draw_heatmaps, draw_seed_sensitivity, heatmap_data, heatmap_figure,
@@ -82,10 +86,19 @@ BUILT_IN = (
                {"problem": "P2", "select_by": "val"}),
     FigureSpec("tuning_table", tuning_table, "Untuned, tuned by composition and tuned privately: values, K, σ, total ε",
                {"problem": "P2", "select_by": "val"}, kind="table"),
+    # fine-tuning from the public checkpoint (config/finetune.yaml; docs/finetune.md): each mode's
+    # configuration chosen on validation among its own runs, the from-scratch twin beside
+    FigureSpec("finetune", finetune_figure, "P6: test accuracy per optimizer, ε and fine-tuning mode, from scratch "
+               "beside", {"problem": "P6", "select_by": "val"}),
+    FigureSpec("finetune_table", finetune_table, "Fine-tuning modes against from scratch and non-private: values, "
+               "intervals, gaps", {"problem": "P6", "select_by": "val"}, kind="table"),
+    FigureSpec("finetune_exposure", finetune_exposure_figure, "P5: exposure of the k = 25 canaries per optimizer, ε "
+               "and fine-tuning mode", {"problem": "P5", "select_by": "val"}),
 )
 FIGURES: Registry = Registry(GROUP, {spec.id: spec for spec in BUILT_IN})
 THESIS_FIGURES = [f for f in FIGURES.builtins if f.startswith("fig")]
 LM_FIGURES = [f for f in FIGURES.builtins if f.startswith("lm_")]  # the ones drawn from the runs table
+FINETUNE_FIGURES = [f for f in FIGURES.builtins if f.startswith("finetune")]
 
 
 def extensions(figure_id: str) -> tuple[str, ...]:
@@ -209,13 +222,13 @@ def _yaml_float(x: float) -> str:
     return text if "e" not in text or "." in text.split("e")[0] else text.replace("e", ".0e", 1)
 
 
-LIST_OPTIONS = ("ys", "epsilons", "optimizers", "problems")
+LIST_OPTIONS = ("ys", "epsilons", "optimizers", "problems", "modes")
 
 
 def parse_options(items: Iterable[str]) -> dict:
     """Command-line options ``KEY=VALUE`` -> keyword arguments of `plot`: values are YAML
-    scalars (``min_seeds=3``, ``select_by=val``); ``ys``, ``epsilons``, ``optimizers`` and
-    ``problems`` take comma-separated lists; ``filter.COLUMN=v1,v2`` adds to ``filters``;
+    scalars (``min_seeds=3``, ``select_by=val``); ``ys``, ``epsilons``, ``optimizers``,
+    ``problems`` and ``modes`` take comma-separated lists; ``filter.COLUMN=v1,v2`` adds to ``filters``;
     ``filters=thesis`` uses THESIS_FILTERS."""
     import yaml
 

@@ -39,10 +39,13 @@ def lm_configurations(runs: pd.DataFrame, problem: str = "P4") -> pd.DataFrame:
     keys = [k for k in (*CONFIG_KEYS, "noise_multiplier", "private") if k in r.columns]
     val = r["best_val_loss"].astype(float)
     r["_score"] = val.where(np.isfinite(val), np.inf)
-    configs = r.groupby(keys, dropna=False)["_score"].agg(lambda v: v.mean() if np.isfinite(v).all() else np.inf)
-    configs = configs.reset_index().sort_values(keys, kind="stable")
-    chosen = configs.loc[configs.groupby(["optimizer", "epsilon"])["_score"].idxmin()]
-    return r.merge(chosen[keys], on=keys).drop(columns="_score")
+    # configurations numbered in the order of their keys (missing keys, such as the fine-tuning
+    # mode of a run trained from scratch, last), each row tagged with its own
+    r["_config"] = r.groupby(keys, dropna=False, sort=True).ngroup()
+    configs = r.groupby("_config").agg(_score=("_score", lambda v: v.mean() if np.isfinite(v).all() else np.inf),
+                                       optimizer=("optimizer", "first"), epsilon=("epsilon", "first"))
+    chosen = configs.groupby(["optimizer", "epsilon"])["_score"].idxmin()  # the first of equal means
+    return r[r["_config"].isin(chosen.to_numpy())].drop(columns=["_score", "_config"])
 
 
 def _mean_std(values: pd.Series) -> tuple[float, float, int]:
@@ -85,19 +88,26 @@ def lm_exposure_data(runs: pd.DataFrame, problem: str = "P4", repeats: Iterable[
     rows = []
     for (opt, eps), g in lm_configurations(runs, problem).groupby(["optimizer", "epsilon"], sort=True):
         for k in repeats:
-            n = g[f"canaries_k{k}"].astype(float).fillna(0).to_numpy()
-            m, s = g[f"exposure_k{k}"].astype(float).to_numpy(), g[f"exposure_std_k{k}"].astype(float).to_numpy()
-            ok = (n > 0) & np.isfinite(m)
-            n, m, s, x = n[ok], m[ok], s[ok], g[f"extracted_k{k}"].astype(float).to_numpy()[ok]
-            total = n.sum()
-            mean = float((n * m).sum() / total) if total else np.nan
-            # total sum of squares: within runs (n s^2) plus between runs (n (m - mean)^2)
-            std = float(np.sqrt((n * s ** 2 + n * (m - mean) ** 2).sum() / (total - 1))) if total > 1 else np.nan
             rows.append({"optimizer": opt, "private": bool(g["private"].all()), "epsilon": eps, "k": k,
-                         "mean": mean, "std": std, "n_canaries": int(total), "n_seeds": int(ok.sum()),
-                         "extracted": float((n * x).sum() / total) if total else np.nan})
+                         **pooled_exposure(g, k)})
     return pd.DataFrame(rows, columns=["optimizer", "private", "epsilon", "k", "mean", "std", "n_canaries",
                                        "n_seeds", "extracted"])
+
+
+def pooled_exposure(runs: pd.DataFrame, k: int) -> dict:
+    """The exposure of the canaries inserted k times over every canary of ``runs`` (the seeds of
+    one configuration), pooled exactly from each run's mean, std (ddof = 0) and count: mean, std
+    (ddof = 1), n_canaries, n_seeds (runs with canaries) and the share extracted."""
+    n = runs[f"canaries_k{k}"].astype(float).fillna(0).to_numpy()
+    m, s = runs[f"exposure_k{k}"].astype(float).to_numpy(), runs[f"exposure_std_k{k}"].astype(float).to_numpy()
+    ok = (n > 0) & np.isfinite(m)
+    n, m, s, x = n[ok], m[ok], s[ok], runs[f"extracted_k{k}"].astype(float).to_numpy()[ok]
+    total = n.sum()
+    mean = float((n * m).sum() / total) if total else np.nan
+    # total sum of squares: within runs (n s^2) plus between runs (n (m - mean)^2)
+    std = float(np.sqrt((n * s ** 2 + n * (m - mean) ** 2).sum() / (total - 1))) if total > 1 else np.nan
+    return {"mean": mean, "std": std, "n_canaries": int(total), "n_seeds": int(ok.sum()),
+            "extracted": float((n * x).sum() / total) if total else np.nan}
 
 
 def lm_ranking_data(runs: pd.DataFrame, problem: str = "P4", k: int = 25) -> pd.DataFrame:

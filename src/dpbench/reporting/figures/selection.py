@@ -32,7 +32,11 @@ from dpbench.privacy.accounting import meets_target
 from dpbench.problems.catalog import task_facts
 
 # What a run is, apart from its seed; ``epsilon`` is the ε it is shown under (``by_privacy``).
-CONFIG_KEYS = ("problem", "optimizer", "lr", "batch_size", "epochs", "epsilon", "hyperparameters")
+# ``finetune`` and ``lora_rank`` (the runs table's start columns: the fine-tuning mode, "scratch"
+# for the from-scratch twin) make runs of different modes different configurations, never seeds
+# or rates of one; tables without them (runs aggregated before they existed) group as before.
+CONFIG_KEYS = ("problem", "optimizer", "lr", "batch_size", "epochs", "epsilon", "hyperparameters", "finetune",
+               "lora_rank")
 
 
 def select_runs(runs: pd.DataFrame, filters: dict | None = None, optimizers: Iterable[str] | None = None,

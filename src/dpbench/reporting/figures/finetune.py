@@ -1,0 +1,364 @@
+"""Fine-tuning from a public checkpoint (P5, P6; docs/finetune.md): each optimizer's result per
+fine-tuning mode beside the same optimizer trained from scratch, per ε.
+
+A run's *mode* is its ``finetune`` column (the runs table's start columns: ``full``,
+``last-block``, ``lora``, ``bias``, or ``scratch`` for the from-scratch twin), LoRA's with its
+rank (``lora-r16``); runs without a recorded start are left out. For every (optimizer, ε, mode)
+the configuration (learning rate, batch size, epochs, hyperparameters: everything but the seed)
+is chosen as every comparison chooses it (``selection.select_best_config``: the best mean
+selection score over its seeds, a seed that diverged rules it out, ties to the first in config
+order), among that mode's runs only: the mode is part of a configuration (``CONFIG_KEYS``), so
+runs of two modes are never pooled as seeds or rates of one setting. The number shown is the
+chosen configuration's mean over its seeds of the reported test metric, with the 95 % t interval
+over them (``intervals``): P6 the test accuracy, P5 the test perplexity exp(test loss), at the
+epoch the split ``select_by`` chose (default the validation split). ε_sel is what the choice spent
+(``spent.selection_privacy`` of the mode's candidate runs).
+
+* ``finetune_data``: the numbers (one row per optimizer, ε, mode), with each mode's rank among
+  the optimizer's modes at that ε (ties: overlapping intervals), the gap to the non-private
+  reference of the same mode and to the same optimizer from scratch, and for a language model the
+  exposure of the canaries inserted k times (pooled over seeds and canaries as ``lm_exposure``).
+* ``finetune_figure``: panels per ε (non-private last), groups per optimizer, one bar per mode,
+  the scratch bar hatched; ``finetune_exposure_figure``: the same bars of the exposure at k;
+  ``finetune_table``: the numbers as Markdown.
+
+``modes``, ``epsilons`` and ``optimizers`` restrict any of them: ``modes=[scratch, full],
+epsilons=[1]`` is a pretrained DP run at ε = 1 beside its from-scratch twin.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from dpbench.problems.catalog import task_facts
+from dpbench.reporting.figures.intervals import INTERVAL, draw_intervals, t_interval, tied_with_above
+from dpbench.reporting.figures.language_model import pooled_exposure
+from dpbench.reporting.figures.selection import (CONFIG_KEYS, by_privacy, select_best_config, select_runs,
+                                                 selection_columns)
+from dpbench.reporting.figures.spent import caption, selection_privacy
+from dpbench.reporting.figures.style import empty_figure, fmt_tick, label, legend_labels, ordered
+
+MODE_ORDER = ("scratch", "full", "last-block", "lora", "bias")
+MODE_LABELS = {"scratch": "from scratch", "full": "full", "last-block": "last block", "lora": "LoRA",
+               "bias": "bias (BiTFiT)"}
+MODE_COLOURS = {"scratch": "#dddddd", "full": "#4477aa", "last-block": "#228833", "lora": "#ee6677",
+                "bias": "#ccbb44"}
+SCRATCH_HATCH = "///"
+COLUMNS = ["problem", "optimizer", "private", "epsilon", "mode", "finetune", "lora_rank", "value", "ci_low",
+           "ci_high", "n_seeds", "diverged", "metric", "higher_is_better", "rank", "tied", "gap_non_private",
+           "gap_scratch", "lr", "batch_size", "epochs", "hyperparameters", "trainable_parameters", "n_runs",
+           "n_configs", "selection_epsilon", "not_composed", "exposure", "exposure_std", "n_canaries",
+           "extracted", "select_by"]
+
+
+def mode_of(runs: pd.DataFrame) -> pd.Series:
+    """Each run's mode: its ``finetune`` column, LoRA's with its rank (``lora-r16``); None where
+    the run recorded no start."""
+    ranks = runs["lora_rank"] if "lora_rank" in runs else pd.Series(np.nan, index=runs.index)
+    out = []
+    for mode, rank in zip(runs["finetune"], ranks):
+        if mode is None or (isinstance(mode, float) and math.isnan(mode)):
+            out.append(None)
+        else:
+            out.append(f"lora-r{int(rank)}" if mode == "lora" and pd.notna(rank) else str(mode))
+    return pd.Series(out, index=runs.index, dtype=object)
+
+
+def _base(mode: str) -> str:
+    return mode.split("-r", 1)[0] if mode.startswith("lora-r") else mode
+
+
+def mode_label(mode: str) -> str:
+    """A mode's name in figures: ``LoRA (r = 16)``."""
+    if mode.startswith("lora-r"):
+        return f"LoRA (r = {mode.split('-r', 1)[1]})"
+    return MODE_LABELS.get(mode, mode)
+
+
+def ordered_modes(modes: Iterable[str]) -> list[str]:
+    """The modes present, scratch first, then full, last block, LoRA (by rank), bias, others."""
+    def key(m):
+        base = _base(m)
+        rank = int(m.split("-r", 1)[1]) if m.startswith("lora-r") else 0
+        return (MODE_ORDER.index(base) if base in MODE_ORDER else len(MODE_ORDER), rank, m)
+    return sorted(set(modes), key=key)
+
+
+def _wanted(mode: str, modes: Iterable[str] | None) -> bool:
+    """Whether ``modes`` (names: ``lora`` takes every rank, ``lora-r8`` one) asks for ``mode``."""
+    return modes is None or mode in modes or _base(mode) in modes
+
+
+def _same(column: pd.Series, value) -> pd.Series:
+    return column.isna() if pd.isna(value) else column == value
+
+
+def _shown(runs: pd.DataFrame, problem: str, modes, epsilons, non_private: bool) -> pd.DataFrame:
+    """The problem's runs with a recorded mode that the options ask for, ``epsilon`` the ε each
+    is shown under (``by_privacy``)."""
+    if "finetune" not in runs:
+        return runs.iloc[:0].assign(mode=pd.Series(dtype=object), epsilon=pd.Series(dtype=float))
+    r = runs[runs["problem"] == problem]
+    r = r.assign(mode=mode_of(r))
+    r = r[r["mode"].notna()]
+    r = r[[_wanted(m, modes) for m in r["mode"]]]
+    r = by_privacy(r)
+    private = r["private"].astype(bool)
+    keep = (~private & non_private) | (private & (r["epsilon"].isin([float(e) for e in epsilons])
+                                                 if epsilons is not None else True))
+    return r[keep]
+
+
+def finetune_data(runs: pd.DataFrame, problem: str = "P6", modes: Iterable[str] | None = None,
+                  epsilons: Iterable[float] | None = None, select_by: str = "val", non_private: bool = True,
+                  k: int = 25) -> pd.DataFrame:
+    """One row per (optimizer, ε, mode) of ``problem`` (module docstring), in columns ``COLUMNS``:
+    value (P6: mean test accuracy; P5: mean test perplexity), ci_low, ci_high (95 % t interval
+    over seeds; equal to the value for one seed), n_seeds; rank among the optimizer's modes at
+    that ε by value (1: best) and tied (the interval overlaps the one ranked above); gap_non_private
+    (value minus the non-private reference of the same mode: its best non-private configuration
+    by the selection score; NaN without one) and gap_scratch (value minus the same optimizer's
+    from-scratch value at that ε); the chosen configuration (lr, batch_size, epochs,
+    hyperparameters) and its d; n_runs (k, the candidate runs), n_configs and selection_epsilon;
+    for a language model the exposure at ``k`` (mean, std over seeds and canaries, n_canaries,
+    share extracted; NaN otherwise)."""
+    r = _shown(runs, problem, modes, epsilons, non_private)
+    if r.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    task = r["task"].iloc[0]
+    facts = task_facts(task)
+    reported = selection_columns(task, select_by)[1]
+    language = facts.plants_canaries
+    best = select_best_config(r, ["optimizer", "epsilon", "mode"], select_by)
+    keys = [c for c in (*CONFIG_KEYS, "mode") if c in r.columns]
+    rows = []
+    for _, b in best.iterrows():
+        chosen = r[np.logical_and.reduce([_same(r[c], b[c]).to_numpy() for c in keys])]
+        values = chosen[reported].astype(float)
+        if not facts.measures_accuracy:
+            with np.errstate(over="ignore"):
+                values = np.exp(values)  # perplexity
+        mean, low, high, n = t_interval(values.to_numpy())
+        if b["diverged"] or not np.isfinite(b["score"]):
+            mean = low = high = (math.inf if b["diverged"] and not facts.select_higher else math.nan)
+        candidates = r[(r["optimizer"] == b["optimizer"]) & (r["epsilon"] == b["epsilon"]) & (r["mode"] == b["mode"])]
+        spent = selection_privacy(candidates, list(CONFIG_KEYS))
+        exposure = (pooled_exposure(chosen, k) if language and f"canaries_k{k}" in chosen
+                    else {"mean": np.nan, "std": np.nan, "n_canaries": 0, "extracted": np.nan})
+        trained = chosen["trainable_parameters"] if "trainable_parameters" in chosen else pd.Series(dtype=float)
+        rows.append({
+            "problem": problem, "optimizer": b["optimizer"], "private": bool(chosen["private"].astype(bool).all()),
+            "epsilon": float(b["epsilon"]), "mode": b["mode"], "finetune": _base(b["mode"]),
+            "lora_rank": b.get("lora_rank"), "value": mean, "ci_low": low, "ci_high": high, "n_seeds": n,
+            "diverged": bool(b["diverged"]),
+            "metric": "test accuracy" if facts.measures_accuracy else "test perplexity",
+            "higher_is_better": facts.select_higher, "score": float(b["score"]),
+            "lr": float(b["lr"]), "batch_size": b["batch_size"], "epochs": b["epochs"],
+            "hyperparameters": b.get("hyperparameters", "{}"),
+            "trainable_parameters": trained.dropna().iloc[0] if trained.notna().any() else np.nan,
+            "n_runs": spent["k"], "n_configs": spent["n_configs"], "selection_epsilon": spent["selection_epsilon"],
+            "not_composed": spent["not_composed"], "exposure": exposure["mean"], "exposure_std": exposure["std"],
+            "n_canaries": exposure["n_canaries"], "extracted": exposure["extracted"], "select_by": select_by})
+    out = pd.DataFrame(rows)
+    _ranks_and_gaps(out)
+    return out[COLUMNS + ["score"]]
+
+
+def _ranks_and_gaps(out: pd.DataFrame) -> None:
+    """Adds rank, tied, gap_non_private and gap_scratch in place (``finetune_data``)."""
+    sign = np.where(out["higher_is_better"].astype(bool), -1.0, 1.0)
+    values = out["value"].astype(float).to_numpy()
+    out["_key"] = np.where(np.isfinite(values), sign * values, np.inf)
+    out["rank"], out["tied"] = 0, False
+    for _, g in out.groupby(["optimizer", "epsilon"], sort=False):
+        g = g.sort_values(["_key", "mode"], kind="stable")
+        out.loc[g.index, "rank"] = np.arange(1, len(g) + 1)
+        out.loc[g.index, "tied"] = tied_with_above(g)
+    del out["_key"]
+    reference = {}  # mode -> the non-private value of its best configuration (by the selection score)
+    for mode, g in out[~out["private"]].groupby("mode", sort=False):
+        g = g[np.isfinite(g["score"])]
+        if len(g):
+            reference[mode] = float(g.loc[g["score"].idxmax(), "value"])
+    scratch = {(o, e): v for o, e, m, v in zip(out["optimizer"], out["epsilon"], out["mode"], out["value"])
+               if m == "scratch"}
+    out["gap_non_private"] = [v - reference[m] if m in reference and p else np.nan
+                              for v, m, p in zip(out["value"], out["mode"], out["private"])]
+    out["gap_scratch"] = [v - scratch[(o, e)] if (o, e) in scratch and m != "scratch" else np.nan
+                          for o, e, m, v in zip(out["optimizer"], out["epsilon"], out["mode"], out["value"])]
+
+
+def _panel_title(eps: float) -> str:
+    return f"ε = {fmt_tick(eps)}" if np.isfinite(eps) else "non-private (ε = ∞)"
+
+
+def draw_finetune(data: pd.DataFrame, value: str = "value", low: str = "ci_low", high: str = "ci_high",
+                  ylabel: str | None = None, optimizers: list[str] | None = None,
+                  labels: dict[str, str] | None = None, note: str = "", interval: str = INTERVAL,
+                  title: str = "") -> Figure:
+    """Panels per ε (ascending, non-private last), a group of bars per optimizer, one bar per
+    mode (colours ``MODE_COLOURS``; from scratch hatched), each bar's ``value`` with error bars
+    from ``low`` to ``high`` where it has two or more seeds; bars carry the gid
+    ``finetune|<optimizer>|<ε>|<mode>``. The caption says the split that chose, the seeds, the
+    interval and k (the candidate runs per bar)."""
+    shown = data[np.isfinite(data[value].astype(float))] if len(data) else data
+    if shown.empty:
+        return empty_figure("no fine-tuning runs to compare")
+    epsilons = sorted(shown["epsilon"].unique())
+    modes = ordered_modes(shown["mode"])
+    width = 0.8 / len(modes)
+    panels = [(e, ordered(shown.loc[shown["epsilon"] == e, "optimizer"], optimizers)) for e in epsilons]
+    panel_width = max(3.0, 0.3 * len(modes) * max(len(o) for _, o in panels) + 1.0)
+    fig, axes = plt.subplots(1, len(panels), figsize=(panel_width * len(panels), 3.8), squeeze=False, sharey=True)
+    for ax, (eps, names) in zip(axes[0], panels):
+        d = shown[shown["epsilon"] == eps]
+        for i, mode in enumerate(modes):
+            for j, opt in enumerate(names):
+                row = d[(d["optimizer"] == opt) & (d["mode"] == mode)]
+                if row.empty:
+                    continue
+                row = row.iloc[0]
+                x = j + (i - (len(modes) - 1) / 2) * width
+                scratch = mode == "scratch"
+                bar = ax.bar(x, row[value], width, color=MODE_COLOURS.get(_base(mode), "#999999"),
+                             hatch=SCRATCH_HATCH if scratch else None, edgecolor="0.25" if scratch else "none",
+                             label=mode_label(mode))
+                bar.patches[0].set_gid(f"finetune|{opt}|{fmt_tick(eps)}|{mode}")
+                if row.get("n_seeds", 1) >= 2 and np.isfinite([row[low], row[high]]).all():
+                    draw_intervals(ax, x, row[value], row[low], row[high])
+                sel = row.get("selection_epsilon", np.nan)
+                text = format(row[value], ".3f" if abs(row[value]) < 10 else ".1f")
+                ax.text(x, 0, text + (f" · ε_sel {sel:.3g}" if np.isfinite(sel) else ""), rotation=90, ha="center",
+                        va="bottom", fontsize=5.5, bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.3,
+                                                           "alpha": 0.8})
+        ax.set_xticks(np.arange(len(names)), [label(o, labels) for o in names], rotation=25, ha="right", fontsize=7)
+        ax.set_title(_panel_title(eps), fontsize=9)
+    axes[0][0].set_ylabel(ylabel or f"{shown['metric'].iloc[0]}"
+                          + (" (lower is better)" if not bool(shown["higher_is_better"].iloc[0]) else ""))
+    handles = {}
+    for ax in axes[0]:
+        for h, n in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(n, h)
+    fig.tight_layout(rect=(0, 0, 1, 0.86))
+    if title:
+        fig.suptitle(title, fontsize=9, y=0.99)
+    fig.legend(handles.values(), handles.keys(), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.94),
+               ncol=len(handles), frameon=False, title="fine-tuning mode", title_fontsize=7)
+    n_seeds = int(shown["n_seeds"].max())
+    ks = sorted({int(v) for v in shown["n_runs"]})
+    extra = ("One bar per fine-tuning mode, hatched: the same optimizer trained from scratch; each mode's "
+             "configuration chosen among that mode's runs alone. " + f"k = {', '.join(map(str, ks))}." +
+             (f" {note}" if note else ""))
+    fig.text(0.01, -0.02, caption(str(shown["select_by"].iloc[0]), n_seeds, interval, extra), fontsize=6.5,
+             ha="left", va="top", wrap=True, gid="caption")
+    return fig
+
+
+def finetune_figure(runs: pd.DataFrame, problem: str = "P6", modes: list[str] | None = None,
+                    epsilons: list[float] | None = None, optimizers: list[str] | None = None,
+                    select_by: str = "val", non_private: bool = True, filters: dict | None = None) -> Figure:
+    runs = select_runs(runs, filters, optimizers)
+    data = finetune_data(runs, problem, modes, epsilons, select_by, non_private)
+    title = f"{problem}: {data['metric'].iloc[0]} per optimizer and fine-tuning mode" if len(data) else ""
+    return draw_finetune(data, optimizers=optimizers, labels=legend_labels(runs), title=title)
+
+
+def finetune_exposure_figure(runs: pd.DataFrame, problem: str = "P5", k: int = 25, modes: list[str] | None = None,
+                             epsilons: list[float] | None = None, optimizers: list[str] | None = None,
+                             select_by: str = "val", non_private: bool = True,
+                             filters: dict | None = None) -> Figure:
+    """The exposure of the canaries inserted ``k`` times per optimizer and mode (the
+    configuration chosen on ``select_by``'s split, as in ``finetune_figure``); error bars ± the
+    std over seeds and canaries."""
+    runs = select_runs(runs, filters, optimizers)
+    data = finetune_data(runs, problem, modes, epsilons, select_by, non_private, k)
+    data = data[data["n_canaries"] > 0]
+    data = data.assign(exposure_low=data["exposure"] - data["exposure_std"].fillna(0),
+                       exposure_high=data["exposure"] + data["exposure_std"].fillna(0))
+    if len(data):
+        data = data.assign(metric=f"exposure (k = {k})", higher_is_better=True)
+    return draw_finetune(data, "exposure", "exposure_low", "exposure_high",
+                        f"exposure of the canaries inserted k = {k} times (bits)\nmean ± std over seeds and canaries",
+                        optimizers, legend_labels(runs),
+                        "Exposure is measured on the training canaries: a measurement of memorisation, not a "
+                        "private release; the error bars are the std over seeds and canaries.",
+                        interval="± the std over seeds and canaries",
+                        title=f"{problem}: exposure of the canaries inserted k = {k} times per optimizer and mode")
+
+
+def _value(r, fmt: str) -> str:
+    if not np.isfinite(r["value"]):
+        return "diverged" if r["diverged"] else "–"
+    if r["n_seeds"] >= 2 and np.isfinite(r["ci_low"]):
+        return f"{format(r['value'], fmt)} [{format(r['ci_low'], fmt)}, {format(r['ci_high'], fmt)}]"
+    return format(r["value"], fmt)
+
+
+def _gap(v: float, fmt: str) -> str:
+    return "–" if not np.isfinite(v) else ("+" if v >= 0 else "−") + format(abs(v), fmt)
+
+
+def draw_finetune_table(data: pd.DataFrame, problem: str, k: int = 25, labels: dict[str, str] | None = None) -> str:
+    """``finetune_data`` as Markdown: a table per ε (non-private last), rows per optimizer and
+    mode; a mode whose interval overlaps the one ranked above it is marked tied (=)."""
+    if data.empty:
+        return f"# {problem}: fine-tuning\n\nNo fine-tuning runs.\n"
+    accuracy = data["metric"].iloc[0] == "test accuracy"
+    fmt = ".3f" if accuracy else ".2f"
+    language = (data["n_canaries"] > 0).any()
+    seeds = int(data["n_seeds"].max())
+    lines = [f"# {problem}: {data['metric'].iloc[0]} per optimizer and fine-tuning mode", "",
+             f"Per ε (the target met; ∞: non-private), optimizer and mode (from scratch: the same optimizer and "
+             f"settings without the public checkpoint), the configuration (learning rate, batch size, epochs, "
+             f"hyperparameters) with the best mean selection score over its seeds, "
+             f"{'chosen on the validation split' if data['select_by'].iloc[0] == 'val' else 'chosen on the TEST split (optimistic)'}"
+             f" among that mode's runs alone; the {data['metric'].iloc[0]} of that configuration, "
+             + ("one seed (no interval)" if seeds < 2 else f"mean over seeds [{INTERVAL}]")
+             + f" ({'higher' if accuracy else 'lower'} is better). rank: among the optimizer's modes at that ε; = "
+             "marks a mode tied with the one ranked above (their intervals overlap). Δ non-private: minus the "
+             "non-private reference of the same mode (its best non-private configuration); Δ scratch: minus the same "
+             "optimizer from scratch at that ε. d: the trained parameters. k runs: the candidate runs the choice "
+             "looked at; ε_sel: those runs composed (PLD, at the runs' δ), the privacy the number spent (– where "
+             "it has none: candidates sharing a seed, or non-private)."
+             + (f" Exposure: of the canaries inserted k = {k} times (bits), mean ± std over seeds and canaries; "
+                "a measurement of memorisation, not a private release." if language else ""), ""]
+    head = ["optimizer", "mode", "d", data["metric"].iloc[0], "rank", "Δ non-private", "Δ scratch", "lr",
+            "hyperparameters", "seeds", "k runs", "ε_sel"]
+    if language:
+        head += [f"exposure (k = {k})", f"extracted (k = {k})"]
+    for eps, g in data.groupby("epsilon", sort=True):
+        lines += [f"## {_panel_title(eps)}", "", "| " + " | ".join(head) + " |",
+                  "| " + " | ".join("---" if h in ("optimizer", "mode", "hyperparameters") else "---:" for h in head)
+                  + " |"]
+        names = ordered(g["optimizer"])
+        g = g.assign(_o=g["optimizer"].map(names.index),
+                     _m=g["mode"].map(ordered_modes(g["mode"]).index)).sort_values(["_o", "_m"])
+        for _, r in g.iterrows():
+            sel = "–" if not np.isfinite(r["selection_epsilon"]) else f"{r['selection_epsilon']:.3g}"
+            d = "–" if pd.isna(r["trainable_parameters"]) else f"{int(r['trainable_parameters']):,}"
+            cells = [label(r["optimizer"], labels), mode_label(r["mode"]), d, _value(r, fmt),
+                     f"= {r['rank']}" if r["tied"] else f"{r['rank']}", _gap(r["gap_non_private"], fmt),
+                     _gap(r["gap_scratch"], fmt), fmt_tick(r["lr"]), f"`{r['hyperparameters']}`",
+                     f"{r['n_seeds']}", f"{r['n_runs']}", sel]
+            if language:
+                exposure = ("–" if not np.isfinite(r["exposure"]) else f"{r['exposure']:.2f}" +
+                            ("" if not np.isfinite(r["exposure_std"]) else f" ± {r['exposure_std']:.2f}"))
+                cells += [exposure, "–" if not np.isfinite(r["extracted"]) else f"{r['extracted']:.0%}"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def finetune_table(runs: pd.DataFrame, problem: str = "P6", modes: list[str] | None = None,
+                   epsilons: list[float] | None = None, optimizers: list[str] | None = None,
+                   select_by: str = "val", non_private: bool = True, k: int = 25,
+                   filters: dict | None = None) -> str:
+    runs = select_runs(runs, filters, optimizers)
+    return draw_finetune_table(finetune_data(runs, problem, modes, epsilons, select_by, non_private, k), problem, k,
+                               legend_labels(runs))

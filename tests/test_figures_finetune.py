@@ -1,0 +1,280 @@
+"""The fine-tuning figures (P5, P6) from synthetic runs tables whose chosen configurations are known
+by construction: every bar is the mean over seeds of the configuration chosen on validation among
+its own mode's runs, never runs of two modes pooled as seeds or rates of one setting."""
+
+import itertools
+import math
+import statistics
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpbench.reporting import figures
+from dpbench.reporting.aggregate import memorisation_columns
+
+SEEDS = [0, 1, 2]
+LRS = [0.01, 0.1]
+MODES = ["scratch", "full", "lora", "last-block"]
+BASE = {"scratch": 0.20, "full": 0.50, "lora": 0.45, "last-block": 0.40}
+OPT = {"dpsgd": 0.0, "dpadamw": 0.05, "adamw": 0.20}
+# the better rate differs between modes: full learns best at 0.01, LoRA at 0.1 (pooling modes
+# as configurations of one setting would choose one rate for both)
+LR_TERM = {"full": {0.01: 0.04, 0.1: 0.0}, "lora": {0.01: 0.0, 0.1: 0.06}, "last-block": {0.01: 0.0, 0.1: 0.02},
+           "scratch": {0.01: 0.01, 0.1: 0.0}}
+TRAINED = {"scratch": 847_912, "full": 847_912, "lora": 152_616, "last-block": 203_688}
+
+
+def accuracy(opt, eps, mode, lr, seed):
+    eps_term = {1.0: 0.0, 3.0: 0.05, None: 0.1}[eps]
+    return BASE[mode] + OPT[opt] + eps_term + LR_TERM[mode][lr] + 0.01 * seed ** 2
+
+
+def _row(problem, task, opt, eps, mode, lr, seed, test, val, rank=None):
+    private = eps is not None
+    public = mode != "scratch"
+    return {"run_id": f"{problem}/{opt}/{mode}-eps{eps}-lr{lr:g}-s{seed}", "problem": problem,
+            "dataset": "fortunes", "task": task, "optimizer": opt, "private": private, "dp_guarantee": private,
+            "lr": lr, "batch_size": 64, "epochs": 2, "seed": seed, "hyperparameters": "{}",
+            "target_epsilon": eps if private else np.nan, "epsilon": eps * 0.99 if private else np.inf,
+            "delta": 1e-5 if private else np.nan, "noise_multiplier": 1.0 if private else 0.0,
+            "sample_rate": 64 / 13072, "steps": 400, "accountant": "prv", "mechanism_origin": "built-in",
+            "accounted_history": None, "status": "completed", "n_val": 500,
+            "best_test_accuracy": test, "best_test_loss": 1.0 - test if task == "classification" else test,
+            "best_val_accuracy": val, "best_val_loss": 1.0 - val if task == "classification" else val,
+            "test_accuracy_at_best_val": test if task == "classification" else np.nan,
+            "test_loss_at_best_val": 1.0 - test if task == "classification" else test,
+            "start": "public" if public else "scratch", "finetune": mode.split("-r")[0] if public else "scratch",
+            "lora_rank": rank, "trainable_parameters": TRAINED[mode.split("-r")[0]],
+            "checkpoint_sha256": "ab" * 32 if public else None}
+
+
+def p6_runs():
+    rows = []
+    for (opt, eps), mode, lr, seed in itertools.product(
+            [("dpsgd", 1.0), ("dpsgd", 3.0), ("dpadamw", 1.0), ("dpadamw", 3.0), ("adamw", None)], MODES, LRS, SEEDS):
+        acc = accuracy(opt, eps, mode, lr, seed)
+        rows.append(_row("P6", "classification", opt, eps, mode, lr, seed, acc, acc, 16 if mode == "lora" else None))
+    runs = pd.DataFrame(rows)
+    # validation disagrees with test once: DP-AdamW at eps 1, full, lr 0.1 looks best on validation
+    trap = (runs.optimizer == "dpadamw") & (runs.target_epsilon == 1.0) & (runs.finetune == "full") & (runs.lr == 0.1)
+    runs.loc[trap, "best_val_accuracy"] += 0.2
+    # DP-SGD at eps 3 in LoRA: the better rate diverged on one seed, so the other one is chosen
+    gone = ((runs.optimizer == "dpsgd") & (runs.target_epsilon == 3.0) & (runs.finetune == "lora")
+            & (runs.lr == 0.1) & (runs.seed == 2))
+    runs.loc[gone, ["status", "best_val_accuracy", "test_accuracy_at_best_val"]] = ["diverged", np.nan, np.nan]
+    runs["lora_rank"] = pd.array(runs["lora_rank"].astype(float), dtype="Int64")
+    runs["trainable_parameters"] = pd.array(runs["trainable_parameters"], dtype="Int64")
+    return runs
+
+
+def expected(opt, eps, mode, lr):
+    return statistics.mean(accuracy(opt, eps, mode, lr, s) for s in SEEDS)
+
+
+def row(data, opt, eps, mode):
+    r = data[(data.optimizer == opt) & (data.epsilon == eps) & (data["mode"] == mode)]
+    assert len(r) == 1, (opt, eps, mode)
+    return r.iloc[0]
+
+
+def bar_heights(fig) -> dict[str, float]:
+    return {p.get_gid(): p.get_height() for ax in fig.axes for p in ax.patches
+            if (p.get_gid() or "").startswith("finetune|")}
+
+
+def test_each_bar_is_its_own_modes_chosen_configuration_mean_over_seeds():
+    runs = p6_runs()
+    data = figures.finetune_data(runs, "P6")
+    assert len(data) == 5 * len(MODES)
+    # the chosen rate differs between the modes of one optimizer and epsilon: never pooled
+    assert row(data, "dpsgd", 1.0, "full")["lr"] == 0.01 and row(data, "dpsgd", 1.0, "lora-r16")["lr"] == 0.1
+    for (opt, eps, mode), r in data.set_index(["optimizer", "epsilon", "mode"]).iterrows():
+        base = mode.split("-r")[0]
+        target = None if eps == math.inf else eps
+        lr = max(LRS, key=lambda x: LR_TERM[base][x])  # the best rate on validation (= test here)
+        if (opt, eps, base) == ("dpadamw", 1.0, "full"):
+            lr = 0.1  # validation's pick, whatever test says
+        if (opt, eps, base) == ("dpsgd", 3.0, "lora"):
+            lr = 0.01  # the better rate diverged on a seed
+        assert r["lr"] == lr, (opt, eps, mode)
+        assert r["value"] == pytest.approx(expected(opt, target, base, lr), abs=1e-12)
+        assert r["n_seeds"] == 3 and r["n_runs"] == len(LRS) * len(SEEDS)  # one mode's candidates
+        assert r["trainable_parameters"] == TRAINED[base]
+    # the 95 % t interval over the chosen configuration's three seeds
+    seeds = [accuracy("dpsgd", 1.0, "lora", 0.1, s) for s in SEEDS]
+    half = 4.302652729749464 * statistics.stdev(seeds) / math.sqrt(3)
+    r = row(data, "dpsgd", 1.0, "lora-r16")
+    assert (r["ci_low"], r["ci_high"]) == pytest.approx((statistics.mean(seeds) - half, statistics.mean(seeds) + half))
+
+
+def test_modes_are_never_pooled_even_where_their_settings_coincide():
+    """Two modes' runs share every setting but the mode (problem, optimizer, lr, L, E, ε,
+    hyperparameters): were the mode not part of the configuration they would be six seeds of one
+    setting. Each LoRA rank is a mode of its own too."""
+    runs = p6_runs()
+    eight = runs[runs.finetune == "lora"].assign(lora_rank=pd.array([8] * int((runs.finetune == "lora").sum()),
+                                                                    dtype="Int64"),
+                                                 run_id=lambda d: d.run_id + "-r8",
+                                                 test_accuracy_at_best_val=lambda d: d.test_accuracy_at_best_val - 0.1)
+    data = figures.finetune_data(pd.concat([runs, eight], ignore_index=True), "P6")
+    r16, r8 = row(data, "dpsgd", 1.0, "lora-r16"), row(data, "dpsgd", 1.0, "lora-r8")
+    assert r16["n_seeds"] == r8["n_seeds"] == 3 and r16["n_runs"] == r8["n_runs"] == 6
+    assert r16["value"] - r8["value"] == pytest.approx(0.1)
+    assert figures.finetune.ordered_modes(data["mode"]) == ["scratch", "full", "last-block", "lora-r8", "lora-r16"]
+    # the selection rule every figure shares keeps them apart too (fig5_1's best per setting)
+    best = figures.best_per_setting(pd.concat([runs, eight], ignore_index=True), select_by="val", privacy=False)
+    assert (best["n_seeds"] == 3).all()
+
+
+def test_gaps_to_non_private_and_scratch_and_ranks_among_modes():
+    data = figures.finetune_data(p6_runs(), "P6")
+    r = row(data, "dpsgd", 1.0, "full")
+    # non-private reference of the mode: AdamW full, lr 0.01
+    assert r["gap_non_private"] == pytest.approx(expected("dpsgd", 1.0, "full", 0.01) - expected("adamw", None, "full", 0.01))
+    assert r["gap_scratch"] == pytest.approx(expected("dpsgd", 1.0, "full", 0.01) - expected("dpsgd", 1.0, "scratch", 0.01))
+    assert math.isnan(row(data, "dpsgd", 1.0, "scratch")["gap_scratch"])
+    assert math.isnan(row(data, "adamw", math.inf, "full")["gap_non_private"])  # the reference itself
+    order = data[(data.optimizer == "dpsgd") & (data.epsilon == 1.0)].sort_values("rank")["mode"].tolist()
+    assert order == ["full", "lora-r16", "last-block", "scratch"]
+    # full (0.54 + seeds) and LoRA r16 (0.51 + seeds): the seeds' spread makes their intervals overlap
+    assert row(data, "dpsgd", 1.0, "lora-r16")["tied"] and not row(data, "dpsgd", 1.0, "full")["tied"]
+
+
+def test_the_figure_draws_the_chosen_means_and_says_what_chose():
+    runs = p6_runs()
+    data = figures.finetune_data(runs, "P6")
+    fig = figures.build("finetune", runs)
+    heights = bar_heights(fig)
+    assert len(heights) == len(data)
+    for _, r in data.iterrows():
+        assert heights[f"finetune|{r.optimizer}|{figures.fmt_tick(r.epsilon)}|{r['mode']}"] == pytest.approx(r.value)
+    scratch = [p for ax in fig.axes for p in ax.patches if (p.get_gid() or "").endswith("|scratch")]
+    assert scratch and all(p.get_hatch() == figures.finetune.SCRATCH_HATCH for p in scratch)
+    assert [ax.get_title() for ax in fig.axes] == ["ε = 1", "ε = 3", "non-private (ε = ∞)"]
+    caption = next(t.get_text() for t in fig.texts if t.get_gid() == "caption")
+    assert "validation split" in caption and "3 seeds" in caption and "95 % t interval" in caption
+    assert "k = 6" in caption and "from scratch" in caption
+    intervals = [c for ax in fig.axes for c in ax.collections if c.get_gid() == "interval"]
+    assert len(intervals) == len(data)
+    figures.plt.close(fig)
+
+
+def test_a_pretrained_dp_run_beside_its_from_scratch_twin_at_epsilon_1():
+    runs = p6_runs()
+    options = figures.parse_options(["modes=scratch,full", "epsilons=1", "optimizers=dpadamw",
+                                     "non_private=false"])
+    fig = figures.build("finetune", runs, **options)
+    heights = bar_heights(fig)
+    assert set(heights) == {"finetune|dpadamw|1|scratch", "finetune|dpadamw|1|full"}
+    assert heights["finetune|dpadamw|1|full"] == pytest.approx(expected("dpadamw", 1.0, "full", 0.1))
+    assert heights["finetune|dpadamw|1|scratch"] == pytest.approx(expected("dpadamw", 1.0, "scratch", 0.01))
+    figures.plt.close(fig)
+    # "lora" names every rank; the table follows the same options
+    md = figures.build("finetune_table", runs, modes=["lora"], epsilons=[1.0], non_private=False)
+    assert "## ε = 1" in md and "## ε = 3" not in md and "## non-private" not in md
+    assert md.count("| LoRA (r = 16) |") == 2 and "from scratch" not in md.split("\n\n", 2)[2]
+
+
+def test_the_table_gives_values_intervals_gaps_and_what_the_choice_spent():
+    runs = p6_runs()
+    data = figures.finetune_data(runs, "P6")
+    md = figures.build("finetune_table", runs)
+    assert md.startswith("# P6: test accuracy per optimizer and fine-tuning mode")
+    assert md.index("## ε = 1") < md.index("## ε = 3") < md.index("## non-private (ε = ∞)")
+    r = row(data, "dpsgd", 1.0, "full")
+    gap_np = expected("dpsgd", 1.0, "full", 0.01) - expected("adamw", None, "full", 0.01)
+    gap_s = expected("dpsgd", 1.0, "full", 0.01) - expected("dpsgd", 1.0, "scratch", 0.01)
+    line = (f"| DP-SGD | full | 847,912 | {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | 1 | "
+            f"−{abs(gap_np):.3f} | +{gap_s:.3f} | 0.01 | `{{}}` | 3 | 6 | – |")
+    assert line in md
+    assert "| DP-SGD | LoRA (r = 16) | 152,616 |" in md and "| = 2 |" in md
+    assert "chosen on the validation split" in md
+
+
+# -- P5: perplexity and exposure per mode -------------------------------------------------------
+
+def _canaries(opt, eps, mode, seed):
+    """Three canaries per k: DP and LoRA each cut the exposure of the k = 25 canaries."""
+    scale = (0.2 if eps is not None else 3.0) * (0.3 if mode == "lora" else 1.0) * (0.0 if mode == "scratch" else 1.0)
+    out = []
+    for k in (0, 1, 5, 25):
+        for j in range(3):
+            e = 1.0 + scale * k ** 0.5 * (1 + 0.1 * j) + 0.5 * seed
+            out.append({"repeats": k, "exposure": e, "extracted": e > 15})
+    return out
+
+
+def p5_runs():
+    rows = []
+    for (opt, eps), mode, lr, seed in itertools.product([("dpsgd", 1.0), ("adamw", None)], ["scratch", "full", "lora"],
+                                                        LRS, SEEDS):
+        loss = 4.0 - BASE[mode] - OPT[opt] - LR_TERM[mode][lr] + 0.01 * seed
+        r = _row("P5", "language-model", opt, eps, mode, lr, seed, loss + 0.05, loss, 16 if mode == "lora" else None)
+        r.update(memorisation_columns({"canaries": _canaries(opt, eps, mode, seed)}))
+        rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def test_p5_bars_are_test_perplexity_and_exposure_per_mode():
+    runs = p5_runs()
+    data = figures.finetune_data(runs, "P5")
+    r = row(data, "dpsgd", 1.0, "lora-r16")
+    assert r["metric"] == "test perplexity" and r["lr"] == 0.1  # lowest validation loss
+    ppl = [math.exp(4.0 - 0.45 - 0.0 - 0.06 + 0.01 * s + 0.05) for s in SEEDS]
+    assert r["value"] == pytest.approx(statistics.mean(ppl)) and r["n_seeds"] == 3
+    # ranks: lower perplexity first
+    order = data[(data.optimizer == "dpsgd") & (data.epsilon == 1.0)].sort_values("rank")["mode"].tolist()
+    assert order == ["full", "lora-r16", "scratch"]
+    # exposure at k = 25 pooled over the chosen configuration's seeds and canaries
+    for opt, eps, mode in [("adamw", None, "lora"), ("adamw", None, "full"), ("dpsgd", 1.0, "full")]:
+        raw = [c["exposure"] for s in SEEDS for c in _canaries(opt, eps, mode, s) if c["repeats"] == 25]
+        r = row(data, opt, math.inf if eps is None else eps, "lora-r16" if mode == "lora" else mode)
+        assert r["exposure"] == pytest.approx(statistics.mean(raw)) and r["n_canaries"] == 9
+        assert r["exposure_std"] == pytest.approx(statistics.stdev(raw))
+    # non-private AdamW in LoRA memorises less than in full fine-tuning
+    assert row(data, "adamw", math.inf, "lora-r16")["exposure"] < row(data, "adamw", math.inf, "full")["exposure"]
+    fig = figures.build("finetune_exposure", runs)
+    heights = bar_heights(fig)
+    assert heights["finetune|adamw|inf|lora-r16"] == pytest.approx(row(data, "adamw", math.inf, "lora-r16")["exposure"])
+    assert len(heights) == len(data)
+    figures.plt.close(fig)
+    md = figures.build("finetune_table", runs, problem="P5")
+    assert "exposure (k = 25)" in md and "| AdamW (non-private) | LoRA (r = 16) |" in md
+
+
+@pytest.mark.parametrize("figure_id", ["finetune", "finetune_table", "finetune_exposure"])
+def test_every_finetune_figure_writes_its_files_and_draws_an_old_table(tmp_path, figure_id):
+    runs = p5_runs() if figure_id == "finetune_exposure" else p6_runs()
+    runs_path = tmp_path / "runs.parquet"
+    runs.to_parquet(runs_path)
+    paths = figures.plot(figure_id, runs_path, tmp_path / "figs" / figure_id)
+    assert [p.suffix for p in paths] == [f".{e}" for e in figures.extensions(figure_id)]
+    if figure_id != "finetune_table":
+        assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths[0].stat().st_size > 20_000
+    # a table aggregated before runs recorded their start: nothing to compare, said so
+    old = runs.drop(columns=["start", "finetune", "lora_rank", "trainable_parameters", "checkpoint_sha256"])
+    out = figures.build(figure_id, old, **({"problem": "P5"} if figure_id == "finetune_table" else {}))
+    assert ("No fine-tuning runs" in out) if isinstance(out, str) else "no fine-tuning runs" in out.texts[0].get_text()
+    if not isinstance(out, str):
+        figures.plt.close(out)
+
+
+def test_figures_of_runs_trained_from_scratch_are_unchanged_by_the_start_columns():
+    """A runs table aggregated now carries the start columns for every run, None for P1-P4
+    (``finetune``) and missing ranks: every figure draws the same numbers as from a table without
+    them (the language-model figures merged on the configuration keys and failed on a None)."""
+    from test_figures import classification_runs, lm_runs
+
+    cases = [(classification_runs, lambda r: figures.best_per_setting(r, privacy=False)),
+             (classification_runs, lambda r: figures.heatmap_data(r, "P1", privacy=False)),
+             (classification_runs, figures.seed_sensitivity_data),
+             (lm_runs, figures.lm_ranking_data), (lm_runs, figures.lm_exposure_data), (lm_runs, figures.lm_loss_data)]
+    for make, data in cases:
+        runs = make()
+        started = runs.assign(start="scratch", finetune=None, lora_rank=pd.array([pd.NA] * len(runs), dtype="Int64"),
+                              trainable_parameters=pd.array([1000] * len(runs), dtype="Int64"), checkpoint_sha256=None)
+        before, after = data(runs), data(started)
+        assert len(before) > 0
+        pd.testing.assert_frame_equal(before.reset_index(drop=True), after[before.columns].reset_index(drop=True),
+                                      check_dtype=False)
