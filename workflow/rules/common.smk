@@ -87,8 +87,10 @@ STREAMING_CACHE = f"{RESULTS}/cache/streaming"
 
 def train_inputs(wildcards):
     cell = CELLS[wildcards.cell]
+    pretrained = JOBS.pretrained_of(cell)  # a fine-tuning cell's public checkpoint (pretrain.smk)
     return {"manifest": JOBS.manifest(cell.dataset),
-            **{name: str(path) for name, path in JOBS.cache_files(cell).items()}}
+            **{name: str(path) for name, path in JOBS.cache_files(cell).items()},
+            **({"pretrained": pretrained} if pretrained else {})}
 
 
 def train_args(wildcards):
