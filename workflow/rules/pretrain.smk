@@ -8,26 +8,8 @@
 # OUT.resume, and writes the sidecar OUT.json (the checkpoint's SHA-256, recipe, code, corpora,
 # and the text removed from the public corpus).
 
-from dpbench.training.recipes import RECIPES as PRETRAIN_RECIPES
-
 PRETRAIN_CACHE = f"{RESULTS}/cache/pretrain"
-
-
-# a recipe of RECIPES by its name, or the JSON of one the config changes (pretrain.fields)
-def pretrain_recipe(wildcards):
-    return shlex.quote(JOBS.recipe_argument(wildcards.recipe, wildcards.pretrain_key.split("-")[0]))
-
-
-def pretrain_threads(wildcards):
-    recipe = JOBS.recipe_of(wildcards.recipe, wildcards.pretrain_key.split("-")[0])
-    return (recipe or PRETRAIN_RECIPES[wildcards.recipe]).threads
-
-
-# The committed study's checkpoints (benchmarks/results/finetune/pretrained), beside this
-# workflow's Snakefile: where they are is no result, so not a rerun trigger (as DATA_DIR).
-def PRETRAINED_DIR(wildcards, resources):
-    return shlex.quote(os.path.relpath(os.path.join(workflow.basedir, "benchmarks", "results", "finetune",
-                                                    "pretrained")))
+# the recipe's name or JSON, its threads and where the committed checkpoints are: common.smk
 
 
 wildcard_constraints:
