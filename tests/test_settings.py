@@ -18,9 +18,11 @@ from dpbench.training.config import RunConfig, check_data
 from dpbench.training.settings import SettingError
 
 # RunConfig's settings that are not config keys: a cell's own values, and what is given where
-# `dpbench train` is called (the workflow's rule: data_dir, device; Jobs: the matrix files).
-CELL = {"problem", "optimizer", "lr", "batch_size", "epochs", "seed", "epsilon", "hyperparameters", "tuning"}
-COMMAND = {"factorization", "noise_file", "noise_multiplier", "data_dir", "cache_dir", "device", "eval_batch_size",
+# `dpbench train` is called (the workflow's rule: data_dir, device; Jobs: the matrix files and
+# a fine-tuning cell's public checkpoint).
+CELL = {"problem", "optimizer", "lr", "batch_size", "epochs", "seed", "epsilon", "hyperparameters", "tuning",
+        "finetune", "lora_rank"}
+COMMAND = {"factorization", "noise_file", "pretrained", "noise_multiplier", "data_dir", "cache_dir", "device", "eval_batch_size",
            "progress_every_s"}
 
 # A value away from the default for each value type: a new setting of an existing type is

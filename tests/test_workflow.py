@@ -81,7 +81,7 @@ def test_audits_test_the_configs_delta(tmp_path, repo_copy):
     assert audit_commands and all("--delta 1e-06 " in line for line in audit_commands), out[-3000:]
 
 
-@pytest.mark.parametrize("config", [".test/config/config.yaml", "config/audit.yaml"])
+@pytest.mark.parametrize("config", [".test/config/config.yaml", "config/audit.yaml", ".test/config/finetune.yaml"])
 def test_dpbench_grid_lists_every_job_snakemake_runs(repo_copy, config):
     """The package's expansion (`dpbench grid --jobs`) and Snakemake's dry run agree rule by
     rule: datasets, matrix stages, cells, aggregate, audits, figures (Snakemake adds `all`)."""

@@ -9,6 +9,7 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from snakemake.utils import min_version
 
 from dpbench.pipeline import cluster, fingerprint, jobs, watch
+from dpbench.training.recipes import RECIPES as PRETRAIN_RECIPES
 from dpbench.pipeline.grid import ConfigError
 
 min_version("9.0")
@@ -87,8 +88,10 @@ STREAMING_CACHE = f"{RESULTS}/cache/streaming"
 
 def train_inputs(wildcards):
     cell = CELLS[wildcards.cell]
+    pretrained = JOBS.pretrained_of(cell)  # a fine-tuning cell's public checkpoint (pretrain.smk)
     return {"manifest": JOBS.manifest(cell.dataset),
-            **{name: str(path) for name, path in JOBS.cache_files(cell).items()}}
+            **{name: str(path) for name, path in JOBS.cache_files(cell).items()},
+            **({"pretrained": pretrained} if pretrained else {})}
 
 
 def train_args(wildcards):
@@ -148,3 +151,21 @@ def matrix_resource(name):
         return cluster.factorization_resources(k * b, attempt)[name]
 
     return resource
+
+
+# Public pretraining (pretrain.smk): the checkpoint <name>-<recipe key>-<code>.pt of a recipe of
+# RECIPES, or of one the config changes (pretrain.fields: the command gets it as JSON).
+def pretrain_recipe(wildcards):
+    return shlex.quote(JOBS.recipe_argument(wildcards.recipe, wildcards.pretrain_key.split("-")[0]))
+
+
+def pretrain_threads(wildcards):
+    recipe = JOBS.recipe_of(wildcards.recipe, wildcards.pretrain_key.split("-")[0])
+    return (recipe or PRETRAIN_RECIPES[wildcards.recipe]).threads
+
+
+# The committed study's checkpoints (benchmarks/results/finetune/pretrained), beside this
+# workflow's Snakefile: where they are is no result, so not a rerun trigger (as DATA_DIR).
+def PRETRAINED_DIR(wildcards, resources):
+    return shlex.quote(os.path.relpath(os.path.join(workflow.basedir, "benchmarks", "results", "finetune",
+                                                    "pretrained")))

@@ -1,17 +1,15 @@
 # Public pretraining (dpbench.training.pretrain): one checkpoint per named recipe, its file named
-# by the recipe's key and the pretraining code's fingerprint (pretrained_file), so that it is
-# made again exactly when either changes and an old checkpoint is never taken for a new one; a
-# problem that starts from a checkpoint names pretrained_file(recipe) as its input.
-# The command checks that the name it is asked to write is the current one (--expect), resumes a
-# killed job from OUT.resume, and writes the sidecar OUT.json (the checkpoint's SHA-256, recipe,
-# code, corpora, and the text removed from the public corpus).
-
-from dpbench.training.recipes import RECIPES as PRETRAIN_RECIPES, checkpoint_name
+# by the recipe's key and the pretraining code's fingerprint (JOBS.pretrained_file), so that it
+# is made again exactly when either changes and an old checkpoint is never taken for a new one;
+# a fine-tuning cell names its recipe's checkpoint as an input (common.smk's train_inputs).
+# The command checks that the name it is asked to write is the current one (--expect), copies
+# the committed checkpoint of that exact name where one verifies (--reuse: its SHA-256, recipe
+# and code; a damaged one stops the job, naming it), else trains, resuming a killed job from
+# OUT.resume, and writes the sidecar OUT.json (the checkpoint's SHA-256, recipe, code, corpora,
+# and the text removed from the public corpus).
 
 PRETRAIN_CACHE = f"{RESULTS}/cache/pretrain"
-PRETRAIN_CODE = fingerprint.pretrain_fingerprint()
-# the checkpoint of a named recipe under the current code
-pretrained_file = lambda name: f"{PRETRAIN_CACHE}/{checkpoint_name(PRETRAIN_RECIPES[name], PRETRAIN_CODE)}"
+# the recipe's name or JSON, its threads and where the committed checkpoints are: common.smk
 
 
 wildcard_constraints:
@@ -30,7 +28,9 @@ rule pretrain:
     params:
         dpbench=DPBENCH,
         data_dir=DATA_DIR,
-    threads: lambda wildcards: PRETRAIN_RECIPES[wildcards.recipe].threads
+        recipe=pretrain_recipe,
+        reuse=PRETRAINED_DIR,
+    threads: pretrain_threads
     resources:
         mem_mb=4000,
         runtime=120,
@@ -38,5 +38,5 @@ rule pretrain:
         ENVS["train"]
     shell:
         "OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
-        "{params.dpbench} pretrain --recipe {wildcards.recipe} --expect {wildcards.pretrain_key} "
-        "--out {output.model} --data-dir {params.data_dir} > {log} 2>&1"
+        "{params.dpbench} pretrain --recipe {params.recipe} --expect {wildcards.pretrain_key} "
+        "--out {output.model:q} --reuse {params.reuse} --data-dir {params.data_dir} > {log:q} 2>&1"

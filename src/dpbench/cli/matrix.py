@@ -81,7 +81,6 @@ def noise_estimate(config_path: str) -> int:
 
     from dpbench.pipeline.grid import expand, load_config
     from dpbench.matrix.store import keys, noise_files
-    from dpbench.problems import facts
 
     config = load_config(config_path)
     cache_dir = Path(config["results_dir"]) / "cache"
@@ -90,7 +89,7 @@ def noise_estimate(config_path: str) -> int:
         files = cell.cache_files(config["train"], cache_dir)
         if "noise" in files:
             _, k, b, _ = keys.parse_dense_key(files["factorization"].parent.name)
-            steps, dim = k * b, facts(cell.problem).parameters
+            steps, dim = k * b, cell.trainable_parameters  # a fine-tuning cell's d: the parameters its mode trains
             entry = noise.setdefault(files["noise"], {"steps": steps, "dim": dim, "cells": 0})
             entry["cells"] += 1
             dense[files["factorization"]] = 3 * 8 * steps * steps  # C, C^-1, B in float64

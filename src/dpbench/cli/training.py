@@ -68,11 +68,22 @@ def cmd_train(args) -> int:
         cfg.validate(spec)
     except SettingError as exc:
         raise ValueError(exc.as_given(lambda name: flag_of(RunConfig, name), "argument ")) from None
+    pretrained = None
+    if cfg.pretrained is not None:  # verified against its sidecar; its dimensions bound LoRA's rank
+        pretrained = load_public_checkpoint(cfg.pretrained)
+        try:
+            cfg.check_finetune(pretrained.model_dims)
+        except SettingError as exc:
+            raise ValueError(exc.as_given(lambda name: flag_of(RunConfig, name), "argument ")) from None
     if args.threads:
         torch.set_num_threads(args.threads)
     checkpoint = args.checkpoint or f"{args.out}.ckpt"
-    result = run(cfg, spec, checkpoint=checkpoint, checkpoint_every_s=args.checkpoint_every,
-                 code_key=optimizer_fingerprint(spec.name) + problem_fingerprint(cfg.problem))
+    # a resume file of a run from another public checkpoint is stale too
+    code_key = optimizer_fingerprint(spec.name) + problem_fingerprint(cfg.problem)
+    if pretrained is not None:
+        code_key += f"-start{pretrained.sha256[:16]}"
+    result = run(cfg, spec, checkpoint=checkpoint, checkpoint_every_s=args.checkpoint_every, code_key=code_key,
+                 pretrained=pretrained, finetune=cfg.finetuning)
     result.meta["run_id"] = args.run_id or Path(args.out).stem
     write_run(args.out, result.metrics, result.meta)
     Path(checkpoint).unlink(missing_ok=True)  # the run file now holds everything
@@ -83,6 +94,22 @@ def cmd_train(args) -> int:
     if p.get("caveat"):  # e.g. "not a valid DP guarantee: ..." (dpdice, D2P2's paper mode)
         print(f"privacy caveat: {p['caveat']}", file=sys.stderr)
     return 0
+
+
+def load_public_checkpoint(path: str):
+    """``--pretrained``: the checkpoint verified against its sidecar (``load_pretrained``: a
+    damaged or swapped file, or one without its sidecar, is refused naming it), as a
+    ``PublicCheckpoint`` carrying its file, SHA-256 and recipe into the run's start record."""
+    from dpbench.problems.finetune import PublicCheckpoint
+    from dpbench.training.pretrain import load_pretrained
+
+    try:
+        loaded = load_pretrained(path)
+    except ValueError as exc:
+        raise ValueError(f"argument --pretrained: {exc}") from None
+    record = loaded.record
+    return PublicCheckpoint(loaded.state_dict, loaded.model_dims, str(path), record["sha256"],
+                            (record.get("recipe") or {}).get("name"), record)
 
 
 def cmd_data(args) -> int:

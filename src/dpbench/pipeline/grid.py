@@ -24,8 +24,15 @@ import yaml
 from dpbench.pipeline.configfile import ConfigError, check_configfiles, configfiles_of, read_yaml  # noqa: F401
 from dpbench.pipeline import searches
 from dpbench.problems import facts
+from dpbench.problems.modes import DEFAULT_DIMS, DEFAULT_LORA_RANK, Finetune, check as check_mode
 from dpbench.training.config import RunConfig, check_data
+from dpbench.training.recipes import RECIPES, Recipe, from_json as recipe_from_json
 from dpbench.training.settings import SettingError
+
+# the tokens a fine-tuning problem's model reads (P4's records: dpbench.problems.language.CONTEXT)
+CONTEXT = DEFAULT_DIMS["context"]
+# grid key finetune: the modes, and the twin of a fine-tuning problem trained from random initialisation
+SCRATCH = "scratch"
 
 # The config schema ships inside the package (package data), so an installed dpbench validates
 # a config wherever it is; the workflow validates through this module too.
@@ -54,13 +61,41 @@ class Cell:
     seed: int
     hyperparameters: tuple[tuple[str, Any], ...] = ()
     tuning: tuple[tuple[str, Any], ...] = ()  # a search's candidate (pipeline.searches): its pairs
+    # a problem that starts from a public checkpoint (its facts name a recipe): the fine-tuning
+    # mode (dpbench.problems.modes), or SCRATCH, its twin trained from random initialisation;
+    # None for the problems that train from scratch only (P1-P4), whose ids have no -ft part
+    finetune: str | None = None
+    lora_rank: int | None = None  # mode lora's r
+    recipe: Recipe | None = None  # the pretraining recipe of the checkpoint a fine-tuning cell reads
 
     @property
     def id(self) -> str:
         eps = "nonprivate" if self.epsilon is None else f"eps{fmt(self.epsilon)}"
         hp = "".join(f"-{k}{fmt(v) if isinstance(v, (int, float)) else v}" for k, v in self.hyperparameters)
-        return (f"{self.problem}/{self.optimizer}/"
-                f"L{self.batch_size}-E{self.epochs}-{eps}-lr{fmt(self.lr)}{hp}{searches.id_part(self.tuning)}-s{self.seed_index}")
+        return (f"{self.problem}/{self.optimizer}/L{self.batch_size}-E{self.epochs}-{eps}-lr{fmt(self.lr)}{hp}"
+                f"{searches.id_part(self.tuning)}{self.finetune_part}-s{self.seed_index}")
+
+    @property
+    def finetune_part(self) -> str:
+        """The id's part of the start: ``-ft<mode>``, ``-ftlora<r>``, ``-ftscratch``; empty where none is set."""
+        if self.finetune is None:
+            return ""
+        return f"-ftlora{self.lora_rank}" if self.finetune == "lora" else f"-ft{self.finetune}"
+
+    @property
+    def fine_tunes(self) -> bool:
+        """Whether the cell starts from a public checkpoint (a mode, not the scratch twin)."""
+        return self.finetune not in (None, SCRATCH)
+
+    @property
+    def trainable_parameters(self) -> int:
+        """d, the parameters this cell trains, which a matrix mechanism's noise rows are as wide
+        as: under a fine-tuning mode, of the recipe's model (``ProblemFacts.trainable``); from
+        scratch, the problem's own model (``ProblemFacts.parameters``)."""
+        f = facts(self.problem)
+        if not self.fine_tunes:
+            return f.parameters
+        return f.trainable(self.recipe.model_dims, Finetune(self.finetune, self.lora_rank))
 
 
     @property
@@ -90,7 +125,7 @@ class Cell:
                               hyperparameters=dict(self.hyperparameters), target_epsilon=self.epsilon,
                               delta=train.get("delta", accounting.DELTA), cache_dir=Path(cache_dir))
         if isinstance(mechanism, MatrixMechanism):
-            factorization, noise = cache.run_files(cache_dir, mechanism.key(request), facts(self.problem).parameters,
+            factorization, noise = cache.run_files(cache_dir, mechanism.key(request), self.trainable_parameters,
                                                    self.seed)
             return {"factorization": factorization, "noise": noise}
         if isinstance(mechanism, StreamingMechanism):
@@ -102,7 +137,8 @@ class Cell:
         RunConfig's ``train`` settings: the schema and RunConfig are held to each other)."""
         return RunConfig(problem=self.problem, optimizer=self.optimizer, lr=self.lr, batch_size=self.batch_size,
                          epochs=self.epochs, seed=self.seed, epsilon=self.epsilon,
-                         hyperparameters=dict(self.hyperparameters), tuning=dict(self.tuning) or None, **train)
+                         hyperparameters=dict(self.hyperparameters), tuning=dict(self.tuning) or None,
+                         finetune=self.finetune if self.fine_tunes else None, lora_rank=self.lora_rank, **train)
 
     def train_args(self, train: dict[str, Any]) -> list[str]:
         """The ``dpbench train`` arguments of this cell under the config's ``train`` section."""
@@ -182,6 +218,8 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     if errors:
         raise _schema_error(errors[0])
     check_figure_ids(config)
+    if (config.get("pretrain") or {}).get("recipe") is not None:
+        pretrain_recipe(config, None)
     cells = expand(config)  # semantic checks: optimizer names, hyperparameter names, data sizes, batch sizes
     check_figures(config, cells)
     return config
@@ -364,6 +402,7 @@ def expand(config: dict[str, Any]) -> list[Cell]:
                 if L > n:
                     raise ConfigError(f"config key {where}.batch_sizes: batch size {L} is above the {n} training "
                                       f"examples of {problem} (after train.train_subset and validation_size)")
+            starts = {problem: starts_of(config, block, where, problem) for problem in block["problems"]}
             settings = [(lr, hp) for lr in lrs for hp in itertools.product(*hp_axes.values())]
             search = block.get("tuning") if spec.private else None
             for problem, L, E, eps, s in itertools.product(block["problems"], block["batch_sizes"], block["epochs"],
@@ -377,12 +416,79 @@ def expand(config: dict[str, Any]) -> list[Cell]:
                     lr, hp = settings[i]
                     # a hyperparameter at its default is the cell that leaves it out: one cell, one id
                     given = tuple((k, v) for k, v in zip(hp_axes, hp) if not _same(v, spec.defaults[k]))
-                    cell = Cell(problem, name, int(L), int(E), eps, float(lr), s, seed, given, tuning)
-                    other = cells.setdefault(cell.id, cell)
-                    if other != cell:
-                        raise ConfigError(f"config key {where}.optimizers.{name}: {_difference(other, cell)} give "
-                                          f"the same cell id {cell.id!r}; give values that differ in the id")
+                    for start in starts[problem]:
+                        cell = Cell(problem, name, int(L), int(E), eps, float(lr), s, seed, given, tuning, *start)
+                        other = cells.setdefault(cell.id, cell)
+                        if other != cell:
+                            raise ConfigError(f"config key {where}.optimizers.{name}: {_difference(other, cell)} "
+                                              f"give the same cell id {cell.id!r}; give values that differ in the id")
     return sorted(cells.values(), key=lambda c: c.id)
+
+
+def pretrain_recipe(config: dict[str, Any], problem: str | None) -> Recipe:
+    """The pretraining recipe of a problem's fine-tuning cells: the config's ``pretrain.recipe``,
+    else the one its facts name (one of ``RECIPES``), with the config's ``pretrain.fields`` in
+    place of the named recipe's; refused naming the key: an unknown recipe or field, a bad value,
+    a model whose context is shorter than the records the problems read."""
+    section = config.get("pretrain") or {}
+    given = section.get("recipe")
+    name = given or facts(problem).pretrained
+    if name not in RECIPES:
+        where = "pretrain.recipe" if given else "pretrain"
+        raise ConfigError(f"config key {where}: unknown pretraining recipe {name!r}"
+                          f"{'' if given else f' (problem {problem} names it)'} ({_closest(name, RECIPES)})")
+    changes = section.get("fields") or {}
+    if not changes:
+        recipe = RECIPES[name]
+    else:
+        unknown = sorted(set(changes) - (set(RECIPES[name].to_json()) - {"name"}))
+        if unknown:
+            raise ConfigError(f"config key pretrain.fields.{unknown[0]}: not a field of a recipe "
+                              f"({_closest(unknown[0], set(RECIPES[name].to_json()) - {'name'})})")
+        try:
+            recipe = recipe_from_json({**RECIPES[name].to_json(), **changes, "name": name})
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"config key pretrain.fields: {exc}") from None
+    if recipe.context < CONTEXT:
+        raise ConfigError(f"config key {'pretrain.fields' if 'context' in changes else 'pretrain.recipe'}: recipe "
+                          f"{name}'s model reads {recipe.context} tokens, fewer than the {CONTEXT} of the fine-tuning "
+                          f"problems' records (set pretrain.fields.context: {CONTEXT})")
+    return recipe
+
+
+def starts_of(config: dict[str, Any], block: dict[str, Any], where: str,
+              problem: str) -> list[tuple[str | None, int | None, Recipe | None]]:
+    """(finetune, lora_rank, recipe) of each start of a block's problem (``Cell``'s last fields):
+    its ``finetune`` modes (by default ``full``; ``scratch``: the twin from random
+    initialisation), mode lora once per ``lora_ranks`` entry (by default ``DEFAULT_LORA_RANK``);
+    a problem that starts from no checkpoint has one start, (None, None, None), and refuses the keys."""
+    modes_given, ranks = block.get("finetune"), block.get("lora_ranks")
+    if facts(problem).pretrained is None:
+        for key in ("finetune", "lora_ranks"):
+            if block.get(key) is not None:
+                raise ConfigError(f"config key {where}.{key}: problem {problem} trains from scratch (its facts name "
+                                  "no pretraining recipe); fine-tuning applies to problems that start from a public "
+                                  "checkpoint (P5, P6): give them a block of their own")
+        return [(None, None, None)]
+    modes_given = modes_given or ["full"]
+    if ranks is not None and "lora" not in modes_given:
+        raise ConfigError(f"config key {where}.lora_ranks: ranks belong to mode lora, which {where}.finetune "
+                          f"({', '.join(modes_given)}) does not train")
+    recipe = pretrain_recipe(config, problem)
+    starts = []
+    for mode in modes_given:
+        if mode == SCRATCH:
+            starts.append((SCRATCH, None, None))
+        elif mode == "lora":
+            for i, r in enumerate(ranks or [DEFAULT_LORA_RANK]):
+                try:
+                    check_mode(Finetune("lora", r), recipe.model_dims)
+                except ValueError as exc:
+                    raise ConfigError(f"config key {where}.lora_ranks.{i}: {exc} (recipe {recipe.name})") from None
+                starts.append(("lora", int(r), recipe))
+        else:
+            starts.append((mode, None, recipe))
+    return starts
 
 
 MAX_SEEDS = 10_000  # seed indices below it: deriving them all from root_seed takes a fraction of a second

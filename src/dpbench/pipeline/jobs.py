@@ -17,6 +17,7 @@ import re
 import shlex
 import subprocess
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -74,22 +75,66 @@ class Jobs:
         """The factorization (and noise) file a matrix-mechanism cell reads (``Cell.cache_files``)."""
         return cell.cache_files(self.config["train"], f"{self.results}/cache")
 
+    def pretrained_file(self, recipe) -> str:
+        """The checkpoint of a pretraining recipe (a ``Recipe``, or the name of one of ``RECIPES``)
+        under the current pretraining code, which the rule pretrain makes:
+        ``cache/pretrain/<name>-<recipe key>-<code fingerprint>.pt``, so that it is made again
+        exactly when the recipe or the code changes."""
+        from dpbench.training.recipes import RECIPES, checkpoint_name
+
+        recipe = RECIPES[recipe] if isinstance(recipe, str) else recipe
+        return f"{self.results}/cache/pretrain/{checkpoint_name(recipe, _pretrain_code())}"
+
+    def pretrained_of(self, cell: Cell) -> str | None:
+        """The checkpoint a fine-tuning cell starts from; None for the others (its scratch twin too)."""
+        return self.pretrained_file(cell.recipe) if cell.fine_tunes else None
+
+    def recipe_of(self, name: str, key: str):
+        """The recipe of the checkpoint ``<name>-<key>``: the one the config's fine-tuning cells
+        read (``pretrain.fields`` may change the named recipe), else the named recipe where its
+        key is ``key``; None where neither is (the command's ``--expect`` then refuses it)."""
+        from dpbench.training.recipes import RECIPES
+
+        found = [c.recipe for c in self.cells.values() if c.fine_tunes and (c.recipe.name, c.recipe.key) == (name, key)]
+        if found:
+            return found[0]
+        named = RECIPES.get(name)
+        return named if named is not None and named.key == key else None
+
+    def recipe_argument(self, name: str, key: str) -> str:
+        """``dpbench pretrain --recipe``'s value (unquoted) for the checkpoint ``<name>-<key>``:
+        the name of a recipe of ``RECIPES``, or the JSON of one the config changes."""
+        import json
+
+        from dpbench.training.recipes import RECIPES, Recipe
+
+        recipe = self.recipe_of(name, key)
+        if recipe is None or recipe == RECIPES.get(name):
+            return name
+        # the fields away from Recipe's defaults, which the command fills in (recipes.from_json)
+        defaults = Recipe(name=name).to_json()
+        return json.dumps({k: v for k, v in recipe.to_json().items() if k == "name" or v != defaults[k]},
+                          sort_keys=True)
+
     def train_args(self, cell: Cell) -> str:
         """The ``dpbench train`` arguments of a cell, quoted for the shell, with the files it reads."""
         files = self.cache_files(cell)
         run = replace(cell.run_config(self.config["train"]),
                       factorization=str(files["factorization"]) if "factorization" in files else None,
-                      noise_file=str(files["noise"]) if "noise" in files else None)
+                      noise_file=str(files["noise"]) if "noise" in files else None,
+                      pretrained=self.pretrained_of(cell))
         return shlex.join(run.to_args())
 
     def listing(self) -> list[tuple[str, str]]:
         """Every job, as (its rule, the file it writes: the first where it writes several), stage
-        by stage: datasets, the matrix mechanisms' factorizations and noise files, training,
-        aggregation, audits, figures. The jobs ``snakemake -n`` counts, less its target ``all``."""
+        by stage: datasets, public pretraining, the matrix mechanisms' factorizations and noise
+        files, training, aggregation, audits, figures. The jobs ``snakemake -n`` counts, less its
+        target ``all``."""
         cells = list(self.cells.values())
         files = [self.cache_files(cell) for cell in cells]
         dense = [f for f in files if "noise" in f]  # a streamed mechanism's cell has no noise file
         jobs = [("data", self.manifest(d)) for d in sorted({cell.dataset for cell in cells})]
+        jobs += [("pretrain", p) for p in sorted({self.pretrained_of(cell) for cell in cells} - {None})]
         jobs += [("factorize", p) for p in sorted({str(f["factorization"]) for f in dense})]
         jobs += [("noise", p) for p in sorted({str(f["noise"]) for f in dense})]
         jobs += [("factorize_streaming", p) for p in sorted({str(f["factorization"]) for f in files
@@ -99,6 +144,15 @@ class Jobs:
         jobs += [("audit", self.audit_file(name)) for name in self.audits]
         jobs += [("audit_table", self.audit_table)] if self.audits else []
         return jobs + [(f"plot_{figure}", self.figure_files(figure)[0]) for figure in self.figures]
+
+
+@lru_cache(maxsize=1)
+def _pretrain_code() -> str:
+    """The pretraining code's fingerprint, hashed once per process (a workflow names every
+    fine-tuning cell's checkpoint by it; its sources do not change while Snakemake runs)."""
+    from dpbench.pipeline.fingerprint import pretrain_fingerprint
+
+    return pretrain_fingerprint()
 
 
 def dpbench_command(src: str, python: str) -> str:

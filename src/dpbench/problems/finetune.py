@@ -16,12 +16,13 @@ parameters its mode trains (``dpbench.problems.modes``: which, how many, and the
 
 A checkpoint is any object with ``state_dict`` (a TransformerLM state dict) and ``model_dims``
 (TransformerLM keyword arguments); ``path``, ``sha256`` and ``recipe`` are recorded where it has
-them.
+them, as ``PublicCheckpoint`` (what ``dpbench train --pretrained`` loads) has.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -29,6 +30,20 @@ from torch import nn
 from dpbench.problems import modes
 from dpbench.problems.modes import Finetune
 from dpbench.problems.spec import Problem
+
+
+@dataclass(frozen=True)
+class PublicCheckpoint:
+    """A verified public checkpoint as a run starts from it: its weights and model dimensions,
+    the file it was read from, its SHA-256 (the sidecar's, checked against the bytes) and the
+    name of the recipe that made it; ``record``: the whole sidecar."""
+
+    state_dict: dict = field(repr=False)
+    model_dims: dict
+    path: str
+    sha256: str
+    recipe: str | None
+    record: dict = field(default_factory=dict, repr=False)
 
 
 class LoRALinear(nn.Module):

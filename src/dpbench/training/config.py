@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dpbench.privacy import accounting
-from dpbench.problems import facts
+from dpbench.problems import facts, modes
 from dpbench.training.settings import (SettingError, check_values, choice, hyperparameter, nonnegative_float,
                                        nonnegative_int, path, positive_float, positive_int, probability,
                                        search_candidate, setting, switch, text, to_args, torch_device)
@@ -48,6 +48,13 @@ class RunConfig:
         help='this run is candidate j of K of a hyperparameter search, sigma calibrated for the whole search: '
              '{"distribution": "negative_binomial"|"poisson"|"composition", "mean": .., "shape": .., '
              '"repetitions": K, "candidate": j}')
+    # fine-tuning a public checkpoint (dpbench.problems.modes; docs/finetune.md): the mode and LoRA's rank;
+    # the checkpoint itself is --pretrained (a command setting, below)
+    finetune: str | None = setting(None, type=choice(modes.MODES), scope="cell",
+                                   help="fine-tune the --pretrained checkpoint in this mode (P5, P6); "
+                                        "not given: the model trains from random initialisation")
+    lora_rank: int | None = setting(None, type=positive_int, scope="cell", metavar="R",
+                                    help=f"--finetune lora: the adapters' rank r (default {modes.DEFAULT_LORA_RANK})")
     # -- a workflow config's train: section (config/README.md) --------------------------------
     # always: every cell's command line has carried these three, at their defaults too
     delta: float = setting(accounting.DELTA, type=probability, scope="train", always=True,
@@ -77,6 +84,9 @@ class RunConfig:
                                              "(streamed), made by dpbench factorize")
     noise_file: str | None = setting(None, type=path, scope="command",
                                      help="matrix mechanisms: the correlated noise .npy (dpbench noise)")
+    pretrained: str | None = setting(None, type=path, scope="command", metavar="CHECKPOINT",
+                                     help="--finetune: the public checkpoint (.pt, its sidecar .pt.json beside it), "
+                                          "made by dpbench pretrain")
     noise_multiplier: float | None = setting(None, type=nonnegative_float, scope="command", metavar="SIGMA",
                                              help="use this sigma instead of calibrating it from epsilon")
     data_dir: str | None = setting(None, type=path, scope="command", help="directory with the official dataset files")
@@ -110,6 +120,7 @@ class RunConfig:
             raise ValueError(f"optimizer {self.optimizer!r} is private: give --epsilon or --noise-multiplier")
         check_data(self.problem, self.train_subset, self.test_subset, self.validation_size)
         spec.hyperparameters(self.hyperparameters)
+        self.check_finetune()
         if self.tuning is not None:  # refused as the config check refuses it, in the same words
             from dpbench.training.tuning import check_search
 
@@ -117,6 +128,41 @@ class RunConfig:
                 check_search(self.tuning, spec, self.validation_size)
             except ValueError as exc:
                 raise ValueError(f"tuning: {exc}") from None
+
+    @property
+    def finetuning(self) -> modes.Finetune | None:
+        """The fine-tuning mode (``modes.Finetune``) of ``finetune`` and ``lora_rank``; None: from scratch."""
+        return None if self.finetune is None else modes.Finetune(self.finetune, self.lora_rank)
+
+    def check_finetune(self, model_dims: dict | None = None) -> None:
+        """A mode needs a checkpoint (and a checkpoint a mode), a problem that starts from one
+        (its facts name a pretraining recipe) and, for a rank, mode lora; with ``model_dims`` (the
+        loaded checkpoint's), a context that holds the problem's records and a rank within every
+        adapted layer's width. SettingError naming the flag."""
+        if self.lora_rank is not None and self.finetune != "lora":
+            raise SettingError("lora_rank", f"a rank belongs to `finetune` lora, not to "
+                                            f"{'no mode' if self.finetune is None else repr(self.finetune)}")
+        if self.finetune is None:
+            if self.pretrained is not None:
+                raise SettingError("pretrained", "a checkpoint is fine-tuned in a mode: give `finetune` "
+                                                 f"({', '.join(modes.MODES)})")
+            return
+        if self.pretrained is None:
+            raise SettingError("finetune", f"mode {self.finetune!r} fine-tunes a checkpoint: give `pretrained` "
+                                           "(dpbench pretrain makes one)")
+        try:
+            modes.check(self.finetuning, pretrained=facts(self.problem).pretrained, problem=self.problem)
+        except ValueError as exc:
+            raise SettingError("finetune", str(exc)) from None
+        if model_dims is not None:
+            context, needed = modes.dims_of(model_dims)["context"], modes.DEFAULT_DIMS["context"]
+            if context < needed:  # the records are P4's, cut to its model's context
+                raise SettingError("pretrained", f"the checkpoint's model reads {context} tokens, fewer than the "
+                                                 f"{needed} of {self.problem}'s records")
+            try:
+                modes.check(self.finetuning, model_dims)
+            except ValueError as exc:
+                raise SettingError("lora_rank", str(exc)) from None
 
 
 def check_data(problem: str, train_subset: int | None = None, test_subset: int | None = None,

@@ -250,8 +250,13 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     ``checkpoint_every_s`` seconds, and a run killed earlier continues from it, ending with
     the same metrics as an uninterrupted run; ``code_key`` (a hash of the code that trains
     it) makes a checkpoint of other code stale. ``pretrained``: a loaded public checkpoint to
-    fine-tune under ``finetune``'s mode (``harness.build_model``)."""
+    fine-tune under ``finetune``'s mode (``harness.build_model``); ``finetune`` None takes the mode
+    of ``cfg.finetune`` (a different one is refused: the run records its settings)."""
     cfg.validate(spec)
+    if cfg.finetuning is not None:
+        if finetune is not None and finetune.record() != cfg.finetuning.record():
+            raise ValueError(f"finetune {finetune} differs from the settings' {cfg.finetuning}")
+        finetune = cfg.finetuning
     t_start = time.perf_counter()
     started_at = pd.Timestamp.now(tz="UTC").isoformat()
     problem = get_problem(cfg.problem)
