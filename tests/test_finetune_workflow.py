@@ -306,7 +306,9 @@ def test_the_tiny_finetune_workflow_end_to_end(tmp_path):
         assert start["trainable_parameters"] == facts(problem).trainable(TINY128.model_dims, mode)
         assert meta["config"]["finetune"] == start["mode"] and meta["privacy"]["epsilon"] <= 10.0
         assert meta["result"]["status"] == "completed"
-    assert (results / "figures" / "fig5_1.png").stat().st_size > 0
+    assert (results / "figures" / "finetune.png").stat().st_size > 0
+    table = (results / "figures" / "finetune_table.md").read_text()
+    assert "LoRA (r = 4)" in table and "| full |" in table  # both modes of P6, apart
     again = subprocess.run([*command, "-n"], cwd=work, capture_output=True, text=True, timeout=300, env=tree_env(work))
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]
 
