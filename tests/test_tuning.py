@@ -443,3 +443,114 @@ def test_the_tuning_figure_table_and_docs_say_what_the_search_protects():
     privacy = " ".join((REPO / "docs" / "privacy.md").read_text().split())
     assert "**What a search protects.**" in privacy and "not protected" in privacy
     assert "share their batches and, where two mechanisms draw their noise the same way, their noise" in privacy
+
+
+# -- the candidates of a search share one accounted event ---------------------------------------
+
+
+def _block(optimizer, **settings):
+    config = _config(distribution="negative_binomial", mean=3)
+    config["grid"][0]["optimizers"] = {optimizer: {"lr": [0.1, 0.5], **settings}}
+    return config
+
+
+@pytest.mark.parametrize("optimizer,name,values", [
+    ("dpmatrix-band-amp", "bands", [2, 4]), ("dpmatrix-band", "bands", ["auto", 2]),
+    ("dpmatrix-blt", "buffers", [2, 3]), ("dpmatrix-me-lambda", "tau", [2.0, 4.0]),
+    ("d2p2sgd", "projection", ["srht", "gaussian"]),
+])
+def test_a_search_over_settings_with_different_privacy_events_is_refused(optimizer, name, values):
+    """Papernot & Steinke bound the search by the pointwise maximum of the settings' RDP curves;
+    each candidate is calibrated on its own, so settings that change the accounted event (BandMF's
+    b: its sample rate and rounds) would undercount the search where the curves cross. Accepted
+    before (candidates each calibrated on their own b)."""
+    with pytest.raises(ConfigError) as refused:
+        validate(_block(optimizer, **{name: values}))
+    assert str(refused.value) == (f"config key grid.0.tuning: hyperparameter {name!r} changes the accounted privacy "
+                                  "event (candidates must share one: sweep it across separate searches)")
+    config = _block(optimizer, **{name: values})
+    config["grid"][0].pop("tuning")
+    assert len(expand(validate(config))) == 2 * 2 * 2 * 2  # without a search every setting is its own run
+    config = _block(optimizer, **{name: values[1:]})  # one value: every candidate shares it
+    assert {dict(c.hyperparameters).get(name, values[1]) for c in expand(validate(config))} == {values[1]}
+
+
+@pytest.mark.parametrize("optimizer,settings", [
+    ("dpsgd", {}), ("dpadam", {"beta2": [0.99, 0.999]}), ("d2p2sgd", {"projection_rate": [0.5, 0.7]}),
+    ("dpdice-strict", {"c2": [0.5, 1.0]}), ("dpmatrix-band-amp", {"bands": [4]}),
+])
+def test_a_search_over_what_no_mechanism_reads_is_accepted(optimizer, settings):
+    cells = expand(validate(_block(optimizer, **settings)))
+    assert cells and all(dict(c.tuning)["repetitions"] >= 1 for c in cells)
+    assert len({(c.lr, c.hyperparameters) for c in cells}) >= 1
+
+
+def _other(name, default):
+    """A valid value other than the default, for each kind of hyperparameter default."""
+    if isinstance(default, bool):
+        return not default
+    return {None: 2, "auto": 2, "srht": "gaussian"}.get(default, default * 0.5 if isinstance(default, float) else 1)
+
+
+def test_every_mechanism_declares_the_hyperparameters_its_plan_reads():
+    """Each registered private optimizer: a hyperparameter outside the mechanism's declaration
+    leaves its plan (or the factorization key, which fixes C and sens(C)) unchanged; each one in
+    it changes them. A mechanism that read a new hyperparameter without declaring it fails here."""
+    from dpbench.mechanisms.base import PlanRequest
+    from dpbench.optimizers import OPTIMIZERS
+    from dpbench.training.tuning import event_hyperparameters
+
+    checked = set()
+    for name in sorted(OPTIMIZERS):
+        spec = OPTIMIZERS[name]
+        if not spec.private:
+            continue
+        mechanism, read = spec.mechanism, event_hyperparameters(spec.mechanism)
+        assert read is not None, name
+        assert set(read) <= set(spec.defaults), name
+
+        def planned(hyper, mechanism=mechanism):
+            request = PlanRequest(1000, 50, 1, hyperparameters=hyper, target_epsilon=1.0)
+            return mechanism.key(request) if hasattr(mechanism, "key") else mechanism.plan(request)
+
+        base = planned({})
+        for hp, default in spec.defaults.items():
+            changed = planned({hp: _other(hp, default)}) != base
+            assert changed == (hp in read), (name, hp)
+            checked.add((name, hp, changed))
+    assert ("dpmatrix-band-amp", "bands", True) in checked and ("dpadam", "beta2", False) in checked
+    assert ("d2p2sgd", "projection", True) in checked and ("d2p2sgd", "projection_rate", False) in checked
+
+
+def test_a_mechanism_that_declares_nothing_shares_no_hyperparameter():
+    """A plugin's mechanism that plans itself without declaring what it reads (one inheriting
+    DP-SGD's declaration but planning otherwise, or one declaring nothing) is taken to read every
+    hyperparameter: its searches sweep learning rates only. The run side sees one setting."""
+    import dataclasses
+
+    from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
+    from dpbench.optimizers import get_optimizer
+    from dpbench.training import tuning as tt
+
+    class Reads(PoissonSubsampledGaussian):
+        def plan(self, request):
+            return super().plan(request)
+
+    class Declares(Reads):
+        event_hyperparameters = ("beta1",)
+
+    dpadam = get_optimizer("dpadam")
+    plugin = dataclasses.replace(dpadam, mechanism=Reads())
+    assert tt.event_hyperparameters(Reads()) is None and tt.event_hyperparameters(Declares()) == ("beta1",)
+    assert tt.shared_event_refusal(dpadam, [{"beta2": 0.99}, {"beta2": 0.999}]) is None
+    assert tt.shared_event_refusal(plugin, [{"beta2": 0.99}, {"beta2": 0.999}]) == (
+        "hyperparameter 'beta2' may change the accounted privacy event: mechanism 'poisson-subsampled-gaussian' does "
+        "not declare the hyperparameters it reads (event_hyperparameters), and candidates must share one: sweep it "
+        "across separate searches")
+    assert tt.shared_event_refusal(plugin, [{"beta2": 0.99}, {"beta2": 0.99}]) is None
+    declared = dataclasses.replace(dpadam, mechanism=Declares())
+    assert tt.shared_event_refusal(declared, [{"beta2": 0.99}, {"beta2": 0.999}]) is None
+    assert "'beta1' changes" in tt.shared_event_refusal(declared, [{"beta1": 0.8}, {}])
+    with pytest.raises(ValueError, match="hyperparameter 'beta2' may change"):
+        tt.check_search({"distribution": "poisson", "mean": 2}, plugin, 100, [{"beta2": 0.99}, {"beta2": 0.9}])
+    tt.check_search({"distribution": "poisson", "mean": 2}, plugin, 100)  # a run: one setting, nothing to compare

@@ -40,6 +40,7 @@ class AmplifiedBandedMechanism(StreamingMechanism):
 
     name = "amplified-banded-matrix-factorization"
     audit = AuditSpec("banded-lr")
+    event_hyperparameters = ("bands",)  # b: the groups, the rate p = b L / N and the rounds
 
     def key(self, request: PlanRequest) -> str:
         """The factorization a run needs: ``band-n<T>-b<b>`` for a given b; with ``bands`` = "auto"

@@ -122,7 +122,11 @@ class Mechanism(Protocol):
     ``epsilon``, ``epsilon_planned``, ``epsilon_rdp`` and any facts of its own), ``sampler``
     and ``noise``; the audit also calls ``privacy_profile`` and reads ``audit``. All of these
     members are required of a plugin's mechanism (``dpbench.optimizers.MECHANISM_METHODS``);
-    a mechanism of a plugin's own class makes the privacy claim the plugin's."""
+    a mechanism of a plugin's own class makes the privacy claim the plugin's. Optional:
+    ``event_hyperparameters``, the names of the optimizer's hyperparameters its ``plan`` reads
+    that change the accounted event (``bands``, ``tau``, ...; () for none): a private search
+    over settings that differ in one is refused (dpbench.training.tuning.shared_event_refusal),
+    and a mechanism whose class does not declare them is taken to read every one."""
 
     name: str
     audit: AuditSpec  # how the empirical audit (dpbench.audit) attacks the mechanism

@@ -65,6 +65,11 @@ class MatrixMechanism:
         self.name = (f"matrix-factorization-{'single' if single_epoch else 'multi'}-epoch"
                      f"{'-convergence-aware' if convergence_aware else ''}")
 
+    @property
+    def event_hyperparameters(self) -> tuple[str, ...]:
+        """tau picks the convergence-aware C (hence sens(C)); the others read no hyperparameter."""
+        return ("tau",) if self.convergence_aware else ()
+
     def key(self, request: PlanRequest) -> str:
         """The factorization a run needs: (kind, k = E, b = N // L, tau)."""
         n_train, batch_size, epochs = request.n_train, request.batch_size, request.epochs

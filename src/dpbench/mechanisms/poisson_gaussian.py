@@ -52,6 +52,7 @@ class PoissonSubsampledGaussian:
 
     name = "poisson-subsampled-gaussian"
     audit = AuditSpec("lr")
+    event_hyperparameters = ()  # the plan reads none of the optimizer's hyperparameters
 
     def __init__(self, schedule: Callable[[int], float] | None = None, schedule_name: str = "constant",
                  bucket_rel: float = 0.01, accountant: str | None = None):

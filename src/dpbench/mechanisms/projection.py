@@ -369,6 +369,7 @@ class RandomProjectionGaussian(PoissonSubsampledGaussian):
 
     name = "poisson-subsampled-gaussian-random-projection"
     audit = AuditSpec("projected-lr", others_zero=True)  # P_k mixes coordinates: the others are 0
+    event_hyperparameters = tuple(PLAN_HYPERPARAMETERS)  # delta_fail and the claim's validity
 
     def plan(self, request: PlanRequest) -> ProjectionPlan:
         base = super().plan(request)

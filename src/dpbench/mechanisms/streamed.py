@@ -212,6 +212,7 @@ class BandedMechanism(_FixedOrderMechanism):
 
     name = "banded-matrix-factorization"
     kind = "band"
+    event_hyperparameters = ("bands",)  # C, hence sens(C)
 
     @staticmethod
     def _key(steps: int, batches: int, epochs: int, bands: int) -> str:
@@ -247,6 +248,7 @@ class BLTMechanism(_FixedOrderMechanism):
 
     name = "buffered-linear-toeplitz"
     kind = "blt"
+    event_hyperparameters = ("buffers",)  # C, hence sens(C)
 
     @staticmethod
     def _key(steps: int, batches: int, epochs: int, buffers: int | None) -> str:

@@ -408,7 +408,7 @@ def expand(config: dict[str, Any]) -> list[Cell]:
             for problem, L, E, eps, s in itertools.product(block["problems"], block["batch_sizes"], block["epochs"],
                                                           epsilons, seed_indices):
                 try:  # a search's candidates (settings drawn, seeds their own), or every setting at the cell's seed
-                    runs = (searches.candidates(search, seeds[s], len(settings), f"{where}.tuning", config, spec) if search
+                    runs = (searches.candidates(search, seeds[s], settings, hp_axes, f"{where}.tuning", config, spec) if search
                             else [(i, seeds[s], ()) for i in range(len(settings))])
                 except ValueError as exc:
                     raise ConfigError(str(exc)) from None

@@ -3,7 +3,7 @@ dpbench.privacy.tuning) and the part of a cell id that names the search and the 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 from dpbench.privacy.tuning import Tuning, draw_candidates
 
@@ -17,16 +17,19 @@ def id_part(tuning: tuple[tuple[str, Any], ...]) -> str:
     return f"-tune{label}-k{t['repetitions']}c{t['candidate']}"
 
 
-def candidates(search: dict[str, Any], seed: int, choices: int, where: str,
-               config: dict[str, Any], spec) -> list[tuple[int, int, tuple]]:
-    """A search's candidates (dpbench.privacy.tuning.draw_candidates) over optimizer ``spec``:
-    (setting index, seed, the cell's tuning pairs) each, or a ValueError whose message starts
-    with the key's path; refused as a run refuses it (dpbench.training.tuning.check_search). K
+def candidates(search: dict[str, Any], seed: int, settings: Sequence[tuple[float, tuple]], names: Iterable[str],
+               where: str, config: dict[str, Any], spec) -> list[tuple[int, int, tuple]]:
+    """A search's candidates (dpbench.privacy.tuning.draw_candidates) among ``settings`` (each
+    its learning rate and its hyperparameters' values, in the order of ``names``) of optimizer
+    ``spec``: (setting index, seed, the cell's tuning pairs) each, or a ValueError whose message
+    starts with the key's path; refused as a run refuses it (dpbench.training.tuning.check_search),
+    and where the settings differ in a hyperparameter the mechanism plans with (their candidates
+    would not share one accounted event). K
     is drawn from the seed of the search's seed index, so the same in every block, optimizer and
     epsilon of that index (common random numbers, like the seeds)."""
     from dpbench.training.tuning import check_search
 
-    distribution = search["distribution"]
+    distribution, choices = search["distribution"], len(settings)
     if distribution == "composition":
         if search.get("mean") not in (None, choices):
             raise ValueError(f"config key {where}.mean: composition runs each of the {choices} settings once; "
@@ -37,7 +40,8 @@ def candidates(search: dict[str, Any], seed: int, choices: int, where: str,
     else:
         mean = search["mean"]
     try:
-        how = check_search({**search, "mean": mean}, spec, (config.get("train") or {}).get("validation_size") or 0)
+        how = check_search({**search, "mean": mean}, spec, (config.get("train") or {}).get("validation_size") or 0,
+                           [dict(zip(tuple(names), values)) for _, values in settings])
         drawn = draw_candidates(how, seed, choices)
     except ValueError as exc:
         raise ValueError(f"config key {where}: {exc}") from None

@@ -8,6 +8,11 @@ DP-SGD's family and amplified BandMF their Poisson-subsampled Gaussian steps, a 
 mechanism one Gaussian release of sensitivity sens(C) (history [(sigma / sens, 1, 1)]). Other
 mechanisms have no such event, and a search over them is refused: among them a mechanism that
 inherits a history but accounts itself otherwise (dpdice-strict's unamplified composition).
+Papernot & Steinke bound the search of a base algorithm "draw a setting, train with it", whose
+RDP is at most the pointwise maximum of the settings' curves; each candidate is calibrated on
+its own curve, so every setting of a search must give the same accounted event: a search whose
+settings differ in a hyperparameter the mechanism plans with (``bands``, ``buffers``, ``tau``,
+D2P2's ``projection``) is refused (``shared_event_refusal``).
 ``check_search`` holds every refusal, for the config check (dpbench.pipeline.searches) and for
 a run (``RunConfig.validate``) alike, in the same words; and a search's epsilon is never below
 its candidate's own (``check_not_below_candidate``). The accounting itself is
@@ -16,7 +21,7 @@ dpbench.privacy.tuning.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from dpbench.mechanisms.base import Plan
 from dpbench.optimizers.spec import OptimizerSpec
@@ -58,13 +63,53 @@ def search_refusal(spec: OptimizerSpec) -> str | None:
             f"release, and mechanism {mechanism.name!r} accounts itself otherwise")
 
 
-def check_search(tuning: dict[str, Any], spec: OptimizerSpec, validation_size: int) -> Tuning:
+def event_hyperparameters(mechanism) -> tuple[str, ...] | None:
+    """The hyperparameters that change the mechanism's accounted event, as its class declares
+    them (``event_hyperparameters``); None where it declares none: no class does, or the one
+    that does sits above the class that plans (``plan``, ``key``: where the request's
+    hyperparameters are read), so that a subclass planning otherwise is not taken at its
+    parent's word."""
+    declared = _owner(mechanism, "event_hyperparameters")
+    if declared is None:
+        return None
+    planners = [c for c in (_owner(mechanism, m) for m in ("plan", "key")) if c is not None]
+    if not all(issubclass(declared, c) for c in planners):
+        return None
+    return tuple(mechanism.event_hyperparameters)
+
+
+def shared_event_refusal(spec: OptimizerSpec, settings: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the settings of one search (each its hyperparameters; the learning rate is no
+    mechanism's) would not share one accounted event, None where they do. The search's bound
+    (Papernot & Steinke 2022) holds for the pointwise maximum of the settings' RDP curves, and
+    each candidate is calibrated on its own: settings that differ in a hyperparameter the
+    mechanism plans with (``event_hyperparameters``; every one where it declares none) are
+    refused, naming the first."""
+    full = [spec.hyperparameters(dict(s)) for s in settings]
+    differ = sorted(k for k in spec.defaults if any(f[k] != full[0][k] for f in full[1:]))
+    read = event_hyperparameters(spec.mechanism)
+    changes = [k for k in differ if read is None or k in read]
+    if not changes:
+        return None
+    advice = "candidates must share one: sweep it across separate searches"
+    if read is None:
+        return (f"hyperparameter {changes[0]!r} may change the accounted privacy event: mechanism "
+                f"{spec.mechanism.name!r} does not declare the hyperparameters it reads (event_hyperparameters), "
+                f"and {advice}")
+    return f"hyperparameter {changes[0]!r} changes the accounted privacy event ({advice})"
+
+
+def check_search(tuning: dict[str, Any], spec: OptimizerSpec, validation_size: int,
+                 settings: Sequence[Mapping[str, Any]] = ()) -> Tuning:
     """Every refusal of a search, one place for the config check (a grid block's ``tuning``,
     where the candidates are not drawn yet: no ``repetitions``) and a run (``--tuning``): the
     keys, the distribution, mean and shape (``Tuning``: shape only for negative_binomial, the
     bounds on the mean), a composition's k, the candidate's index, the validation split the
-    release is chosen on, and the optimizer (``search_refusal``). Returns the ``Tuning``;
-    raises ValueError with the reason."""
+    release is chosen on, the optimizer (``search_refusal``) and the settings searched, each
+    its hyperparameters (``shared_event_refusal``). Only the config check sees the settings: a
+    run is one candidate and cannot see the others, so a search whose settings do not share one
+    event is refused where the grid block is checked. Returns the ``Tuning``; raises ValueError
+    with the reason."""
     unknown = sorted(set(tuning) - set(SEARCH_KEYS))
     if unknown:
         raise ValueError(f"unknown key {unknown[0]!r} (keys: {', '.join(SEARCH_KEYS)})")
@@ -83,7 +128,7 @@ def check_search(tuning: dict[str, Any], spec: OptimizerSpec, validation_size: i
     if not validation_size:
         raise ValueError("a search releases the candidate best on the validation split, and there is none "
                          "(validation_size is 0)")
-    refusal = search_refusal(spec)
+    refusal = search_refusal(spec) or shared_event_refusal(spec, settings)
     if refusal:
         raise ValueError(refusal)
     return how
