@@ -317,9 +317,9 @@ def check_figures(config: dict[str, Any], cells: list[Cell]) -> None:
         merged = {**figures.FIGURES[name].defaults, **options}
         need = figures.validation_needed(name, options)
         drawn = _as_list(merged["problem"]) if "problem" in merged else merged.get("problems")
-        # the cells it may draw (of its problems) and which of them have no validation split (their
-        # block's validation_size, else train:'s)
-        shown = [c for c in cells if drawn is None or c.problem in drawn]
+        # the cells it may draw (of its problems; all where it draws none, refused below) and which
+        # of them have no validation split (their block's validation_size, else train:'s)
+        shown = [c for c in cells if drawn is None or c.problem in drawn] or cells
         without = [c for c in shown if not c.train_section(train).get("validation_size")]
         if need and without:
             where = "there is none" if len(without) == len(shown) else (
