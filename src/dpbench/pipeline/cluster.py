@@ -7,7 +7,8 @@ The numbers are a deliberately conservative cost model, not a measurement of eac
 * the problem's sizes and cost constants come from its facts (``dpbench.problems.catalog``);
 * steps T = round(E·N/L) (as ``dpbench train``), capped by ``max_steps``; N is the run's own
   (``ProblemFacts.n_train``: ``train_subset``, ``validation_size`` and planted canaries
-  included), the test set capped by ``test_subset``;
+  included), the test set capped by ``test_subset``; each of these the cell's own where its
+  grid block sets it (``cell_train``: a cell's ``train_settings`` over the config's ``train``);
 * time per step on a GPU (the profile decides GPU or CPU, see workflow/rules/common.smk) comes
   from ``GpuCosts``: the measured seconds per step of the problem and the optimizer's cost class
   (``OptimizerSpec.cost_class``) at the measured batch sizes, interpolated linearly in L (below
@@ -164,6 +165,13 @@ def _round_up(x: float, step: int) -> int:
     return int(step * math.ceil(x / step))
 
 
+def cell_train(cell: Any, train: Mapping | None = None) -> dict:
+    """The config's ``train`` section as a cell's run has it: the cell's ``train_settings`` (its
+    grid block's own ``max_steps``, subsets, validation split: ``grid.Cell``; a mapping's key
+    of that name, pairs or a dict) over it."""
+    return {**(train or {}), **dict(_get(cell, "train_settings") or ())}
+
+
 def train_size(problem: str, train: Mapping | None = None) -> int:
     """N, as the run counts it (``ProblemFacts.n_train``) under the config's ``train`` section."""
     train = train or {}
@@ -183,7 +191,7 @@ def compute_seconds(cell: Any, train: Mapping | None = None, on_gpu: bool = True
     """Estimated seconds of training and evaluation of a cell on a GPU or on the CPU (no
     start-up, no safety factor); on a GPU from ``costs`` (default: the measured ones if
     committed, see ``GpuCosts``)."""
-    train, costs = train or {}, costs or COSTS
+    train, costs = cell_train(cell, train), costs or COSTS
     problem, batch_size, epochs = _get(cell, "problem"), int(_get(cell, "batch_size")), int(_get(cell, "epochs"))
     steps = planned_steps(problem, batch_size, epochs, train)
     n_train = train_size(problem, train)
@@ -198,7 +206,7 @@ def compute_seconds(cell: Any, train: Mapping | None = None, on_gpu: bool = True
 
 def memory_mb(cell: Any, train: Mapping | None = None) -> float:
     """Estimated peak host memory (MB) of a cell, before the safety factor."""
-    train = train or {}
+    train = cell_train(cell, train)
     problem = _get(cell, "problem")
     n_train, f = train_size(problem, train), facts(problem)
     # the full files (and planted canaries) as uint8, the (sub)set used as float32

@@ -14,6 +14,14 @@ class ConfigError(ValueError):
     """A bad config value; the message starts with the key's path."""
 
 
+def closest(word: str, choices) -> str:
+    """The end of a refusal of ``word``: the choice closest to it, else the valid choices."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.5)
+    return f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(sorted(map(str, choices)))}"
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """A config file's YAML, strictly: a syntax error names the file and line, a key given
     twice in one mapping (which YAML would silently resolve to the last value) is refused

@@ -22,17 +22,15 @@ import numpy as np
 import yaml
 
 from dpbench.pipeline.configfile import ConfigError, check_configfiles, configfiles_of, read_yaml  # noqa: F401
-from dpbench.pipeline import searches
+from dpbench.pipeline.configfile import closest as _closest
+from dpbench.pipeline import blocks, searches
+from dpbench.pipeline.blocks import BLOCK_SETTINGS, block_settings, check_train_data  # noqa: F401
+from dpbench.pipeline.starts import CONTEXT, SCRATCH, pretrain_recipe, starts_of  # noqa: F401
 from dpbench.problems import facts
-from dpbench.problems.modes import DEFAULT_DIMS, DEFAULT_LORA_RANK, Finetune, check as check_mode
-from dpbench.training.config import RunConfig, check_data
-from dpbench.training.recipes import RECIPES, Recipe, from_json as recipe_from_json
-from dpbench.training.settings import SettingError
+from dpbench.problems.modes import Finetune
+from dpbench.training.config import RunConfig
+from dpbench.training.recipes import Recipe
 
-# the tokens a fine-tuning problem's model reads (P4's records: dpbench.problems.language.CONTEXT)
-CONTEXT = DEFAULT_DIMS["context"]
-# grid key finetune: the modes, and the twin of a fine-tuning problem trained from random initialisation
-SCRATCH = "scratch"
 
 # The config schema ships inside the package (package data), so an installed dpbench validates
 # a config wherever it is; the workflow validates through this module too.
@@ -67,13 +65,27 @@ class Cell:
     finetune: str | None = None
     lora_rank: int | None = None  # mode lora's r
     recipe: Recipe | None = None  # the pretraining recipe of the checkpoint a fine-tuning cell reads
+    # its block's own values of BLOCK_SETTINGS where they differ from the config's train: section,
+    # (key, value) pairs in BLOCK_SETTINGS' order; () where the cell's run takes train:'s values
+    train_settings: tuple[tuple[str, Any], ...] = ()
 
     @property
     def id(self) -> str:
         eps = "nonprivate" if self.epsilon is None else f"eps{fmt(self.epsilon)}"
         hp = "".join(f"-{k}{fmt(v) if isinstance(v, (int, float)) else v}" for k, v in self.hyperparameters)
         return (f"{self.problem}/{self.optimizer}/L{self.batch_size}-E{self.epochs}-{eps}-lr{fmt(self.lr)}{hp}"
-                f"{searches.id_part(self.tuning)}{self.finetune_part}-s{self.seed_index}")
+                f"{searches.id_part(self.tuning)}{self.finetune_part}{self.settings_part}-s{self.seed_index}")
+
+    @property
+    def settings_part(self) -> str:
+        """The id's part of the block's own train settings (``blocks.id_part``): ``-ntrain4000``."""
+        return blocks.id_part(self.train_settings)
+
+    def train_section(self, train: dict[str, Any] | None) -> dict[str, Any]:
+        """The config's ``train`` section as this cell's run has it: its block's own settings
+        (``train_settings``) over it. Everything that reads a cell's N, steps, subsets or
+        validation split reads them from here."""
+        return {**(train or {}), **dict(self.train_settings)}
 
     @property
     def finetune_part(self) -> str:
@@ -106,7 +118,9 @@ class Cell:
         """N, the examples the run trains on: the official training set (or its ``train_subset``)
         less the ``validation_size`` held out before batches are cut, plus the canary copies a
         language-model run plants (they are training records: q = L / N counts them); counted
-        by ``catalog.training_examples``, as the run counts its own."""
+        by ``catalog.training_examples``, as the run counts its own. ``train``: the config's
+        section, which the cell's own settings override (``train_section``)."""
+        train = self.train_section(train)
         return facts(self.problem).n_train(train.get("train_subset"), train.get("validation_size") or 0)
 
     def cache_files(self, train: dict[str, Any], cache_dir: str | Path) -> dict[str, Path]:
@@ -134,11 +148,13 @@ class Cell:
 
     def run_config(self, train: dict[str, Any]) -> RunConfig:
         """The settings of this cell's run under the config's ``train`` section (whose keys are
-        RunConfig's ``train`` settings: the schema and RunConfig are held to each other)."""
+        RunConfig's ``train`` settings: the schema and RunConfig are held to each other), with
+        its block's own settings over it (``train_section``)."""
         return RunConfig(problem=self.problem, optimizer=self.optimizer, lr=self.lr, batch_size=self.batch_size,
                          epochs=self.epochs, seed=self.seed, epsilon=self.epsilon,
                          hyperparameters=dict(self.hyperparameters), tuning=dict(self.tuning) or None,
-                         finetune=self.finetune if self.fine_tunes else None, lora_rank=self.lora_rank, **train)
+                         finetune=self.finetune if self.fine_tunes else None, lora_rank=self.lora_rank,
+                         **self.train_section(train))
 
     def train_args(self, train: dict[str, Any]) -> list[str]:
         """The ``dpbench train`` arguments of this cell under the config's ``train`` section."""
@@ -225,13 +241,6 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _closest(word: str, choices) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.5)
-    return f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(sorted(map(str, choices)))}"
-
-
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -271,16 +280,6 @@ def _schema_error(e) -> ConfigError:
     return ConfigError(f"config key {key}: {message}{what}")
 
 
-def check_train_data(config: dict[str, Any], problem: str) -> None:
-    """``train.train_subset``, ``test_subset`` and ``validation_size`` against the problem's
-    dataset (``dpbench.training.config.check_data``: the run's own check, without torch)."""
-    train = config.get("train") or {}
-    try:
-        check_data(problem, train.get("train_subset"), train.get("test_subset"), train.get("validation_size") or 0)
-    except SettingError as exc:
-        raise ConfigError(exc.as_given(lambda name: f"train.{name}", "config key ")) from None
-
-
 def check_figure_ids(config: dict[str, Any]) -> None:
     """Each figure is a built-in's or an installed plugin's (``dpbench.reporting.figures.FIGURES``);
     a broken plugin's id is its one-line error."""
@@ -307,7 +306,7 @@ def check_figures(config: dict[str, Any], cells: list[Cell]) -> None:
 
     problems = sorted({c.problem for c in cells})
     optimizers = sorted({c.optimizer for c in cells})
-    validation = (config.get("train") or {}).get("validation_size") or 0
+    train = config.get("train") or {}
     for name, options in figures_config.items():
         if name == "audit" or name not in figures.FIGURES:
             continue
@@ -317,10 +316,17 @@ def check_figures(config: dict[str, Any], cells: list[Cell]) -> None:
             raise ConfigError(f"config key figures.{name}: {exc}") from None
         merged = {**figures.FIGURES[name].defaults, **options}
         need = figures.validation_needed(name, options)
-        if need and not validation:
-            raise ConfigError(f"config key figures.{name}{'.' * bool(need[0])}{need[0]}: {need[1]}, and there is none "
-                              "(set train.validation_size)")
         drawn = _as_list(merged["problem"]) if "problem" in merged else merged.get("problems")
+        # the cells it may draw (of its problems; all where it draws none, refused below) and which
+        # of them have no validation split (their block's validation_size, else train:'s)
+        shown = [c for c in cells if drawn is None or c.problem in drawn] or cells
+        without = [c for c in shown if not c.train_section(train).get("validation_size")]
+        if need and without:
+            where = "there is none" if len(without) == len(shown) else (
+                f"cells of {without[0].id.split('/')[0]} have none, e.g. {without[0].id}")
+            raise ConfigError(f"config key figures.{name}{'.' * bool(need[0])}{need[0]}: {need[1]}, and {where} "
+                              "(set train.validation_size" + (")" if len(without) == len(shown) else
+                                                               ", or their grid block's validation_size)"))
         if drawn is not None and not set(drawn) & set(problems):
             which = "problem" if "problem" in merged else "problems"
             given = "" if which in options else " (its default)"
@@ -371,6 +377,8 @@ def expand(config: dict[str, Any]) -> list[Cell]:
             raise ConfigError(f"config key {where}.seeds: seed index {max(seed_indices)} is not below {MAX_SEEDS}, the "
                               "seeds a grid derives from root_seed")
         seeds = seeds_from_root(config.get("root_seed", 0), max(seed_indices) + 1)
+        overrides = block_settings(config, block)  # the block's own train settings: its cells' runs take them
+        block_config = {**config, "train": {**(config.get("train") or {}), **dict(overrides)}}
         for i, problem in enumerate(block["problems"]):
             if problem not in PROBLEMS:  # a broken plugin's id: its one-line error
                 raise ConfigError(f"config key {where}.problems.{i}: " + str(PROBLEMS.error(problem) or (
@@ -396,19 +404,22 @@ def expand(config: dict[str, Any]) -> list[Cell]:
             if not epsilons:
                 raise ConfigError(f"config key {where}.epsilons: private optimizer {name!r} needs at least one epsilon")
             for problem, L in itertools.product(block["problems"], block["batch_sizes"]):
-                check_train_data(config, problem)
-                probe = Cell(problem, name, int(L), 1, None, 1.0, 0, 0)
+                check_train_data(config, problem, block, where)
+                probe = Cell(problem, name, int(L), 1, None, 1.0, 0, 0, train_settings=overrides)
                 n = probe.n_train(config.get("train") or {})
                 if L > n:
+                    after = "train_subset and validation_size of train: and the block" if overrides else (
+                        "train.train_subset and validation_size")
                     raise ConfigError(f"config key {where}.batch_sizes: batch size {L} is above the {n} training "
-                                      f"examples of {problem} (after train.train_subset and validation_size)")
+                                      f"examples of {problem} (after {after})")
             starts = {problem: starts_of(config, block, where, problem) for problem in block["problems"]}
             settings = [(lr, hp) for lr in lrs for hp in itertools.product(*hp_axes.values())]
             search = block.get("tuning") if spec.private else None
             for problem, L, E, eps, s in itertools.product(block["problems"], block["batch_sizes"], block["epochs"],
                                                           epsilons, seed_indices):
                 try:  # a search's candidates (settings drawn, seeds their own), or every setting at the cell's seed
-                    runs = (searches.candidates(search, seeds[s], settings, hp_axes, f"{where}.tuning", config, spec) if search
+                    runs = (searches.candidates(search, seeds[s], settings, hp_axes, f"{where}.tuning", block_config,
+                                                spec) if search
                             else [(i, seeds[s], ()) for i in range(len(settings))])
                 except ValueError as exc:
                     raise ConfigError(str(exc)) from None
@@ -417,78 +428,13 @@ def expand(config: dict[str, Any]) -> list[Cell]:
                     # a hyperparameter at its default is the cell that leaves it out: one cell, one id
                     given = tuple((k, v) for k, v in zip(hp_axes, hp) if not _same(v, spec.defaults[k]))
                     for start in starts[problem]:
-                        cell = Cell(problem, name, int(L), int(E), eps, float(lr), s, seed, given, tuning, *start)
+                        cell = Cell(problem, name, int(L), int(E), eps, float(lr), s, seed, given, tuning, *start,
+                                    train_settings=overrides)
                         other = cells.setdefault(cell.id, cell)
                         if other != cell:
                             raise ConfigError(f"config key {where}.optimizers.{name}: {_difference(other, cell)} "
                                               f"give the same cell id {cell.id!r}; give values that differ in the id")
     return sorted(cells.values(), key=lambda c: c.id)
-
-
-def pretrain_recipe(config: dict[str, Any], problem: str | None) -> Recipe:
-    """The pretraining recipe of a problem's fine-tuning cells: the config's ``pretrain.recipe``,
-    else the one its facts name (one of ``RECIPES``), with the config's ``pretrain.fields`` in
-    place of the named recipe's; refused naming the key: an unknown recipe or field, a bad value,
-    a model whose context is shorter than the records the problems read."""
-    section = config.get("pretrain") or {}
-    given = section.get("recipe")
-    name = given or facts(problem).pretrained
-    if name not in RECIPES:
-        where = "pretrain.recipe" if given else "pretrain"
-        raise ConfigError(f"config key {where}: unknown pretraining recipe {name!r}"
-                          f"{'' if given else f' (problem {problem} names it)'} ({_closest(name, RECIPES)})")
-    changes = section.get("fields") or {}
-    if not changes:
-        recipe = RECIPES[name]
-    else:
-        unknown = sorted(set(changes) - (set(RECIPES[name].to_json()) - {"name"}))
-        if unknown:
-            raise ConfigError(f"config key pretrain.fields.{unknown[0]}: not a field of a recipe "
-                              f"({_closest(unknown[0], set(RECIPES[name].to_json()) - {'name'})})")
-        try:
-            recipe = recipe_from_json({**RECIPES[name].to_json(), **changes, "name": name})
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"config key pretrain.fields: {exc}") from None
-    if recipe.context < CONTEXT:
-        raise ConfigError(f"config key {'pretrain.fields' if 'context' in changes else 'pretrain.recipe'}: recipe "
-                          f"{name}'s model reads {recipe.context} tokens, fewer than the {CONTEXT} of the fine-tuning "
-                          f"problems' records (set pretrain.fields.context: {CONTEXT})")
-    return recipe
-
-
-def starts_of(config: dict[str, Any], block: dict[str, Any], where: str,
-              problem: str) -> list[tuple[str | None, int | None, Recipe | None]]:
-    """(finetune, lora_rank, recipe) of each start of a block's problem (``Cell``'s last fields):
-    its ``finetune`` modes (by default ``full``; ``scratch``: the twin from random
-    initialisation), mode lora once per ``lora_ranks`` entry (by default ``DEFAULT_LORA_RANK``);
-    a problem that starts from no checkpoint has one start, (None, None, None), and refuses the keys."""
-    modes_given, ranks = block.get("finetune"), block.get("lora_ranks")
-    if facts(problem).pretrained is None:
-        for key in ("finetune", "lora_ranks"):
-            if block.get(key) is not None:
-                raise ConfigError(f"config key {where}.{key}: problem {problem} trains from scratch (its facts name "
-                                  "no pretraining recipe); fine-tuning applies to problems that start from a public "
-                                  "checkpoint (P5, P6): give them a block of their own")
-        return [(None, None, None)]
-    modes_given = modes_given or ["full"]
-    if ranks is not None and "lora" not in modes_given:
-        raise ConfigError(f"config key {where}.lora_ranks: ranks belong to mode lora, which {where}.finetune "
-                          f"({', '.join(modes_given)}) does not train")
-    recipe = pretrain_recipe(config, problem)
-    starts = []
-    for mode in modes_given:
-        if mode == SCRATCH:
-            starts.append((SCRATCH, None, None))
-        elif mode == "lora":
-            for i, r in enumerate(ranks or [DEFAULT_LORA_RANK]):
-                try:
-                    check_mode(Finetune("lora", r), recipe.model_dims)
-                except ValueError as exc:
-                    raise ConfigError(f"config key {where}.lora_ranks.{i}: {exc} (recipe {recipe.name})") from None
-                starts.append(("lora", int(r), recipe))
-        else:
-            starts.append((mode, None, recipe))
-    return starts
 
 
 MAX_SEEDS = 10_000  # seed indices below it: deriving them all from root_seed takes a fraction of a second
@@ -509,4 +455,6 @@ def _difference(a: Cell, b: Cell) -> str:
     pairs = [("lr", a.lr, b.lr), ("epsilon", a.epsilon, b.epsilon)]
     ha, hb = dict(a.hyperparameters), dict(b.hyperparameters)
     pairs += [(k, ha.get(k), hb.get(k)) for k in sorted(set(ha) | set(hb))]
+    sa, sb = dict(a.train_settings), dict(b.train_settings)
+    pairs += [(k, sa.get(k), sb.get(k)) for k in BLOCK_SETTINGS if k in sa or k in sb]
     return ", ".join(f"{k} values {x!r} and {y!r}" for k, x, y in pairs if x != y or type(x) is not type(y))

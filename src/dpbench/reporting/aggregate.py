@@ -36,6 +36,8 @@ from dpbench.problems.catalog import CANARY_REPEATS, FACTS, task_facts
 from dpbench.reporting.audits import violations
 from dpbench.reporting.results import dp_guarantee, is_private, read_run
 
+# RunConfig's train settings that a grid block may set per block (pipeline.grid.BLOCK_SETTINGS)
+DATA_KEYS = ("train_subset", "test_subset", "validation_size", "max_steps")
 RUN_KEYS = ["problem", "optimizer", "private", "mechanism_origin", "lr", "batch_size", "epochs", "seed",
             "target_epsilon"]
 # Columns computed from private data without noise (results.NOT_PRIVATE): marked private: false.
@@ -114,6 +116,10 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
         "test_loss_at_best_val": res.get("test_loss_at_best_val", math.nan),
         "val_perplexity": _perplexity(res["best_val_loss"]) if "best_val_loss" in res else math.nan,
         "n_val": meta["data"].get("n_val", 0),
+        # the data a run trained and was tested on and its step cap (a grid block may set its own):
+        # part of a configuration, so that runs on different subsets are never pooled as seeds of
+        # one (reporting.figures.selection.CONFIG_KEYS); None where not set
+        **{key: cfg.get(key) for key in DATA_KEYS},
         "wall_time_s": timing["wall_time_s"],
         "steps_per_second": timing["steps_per_second"],
         "device": meta["environment"]["device"],

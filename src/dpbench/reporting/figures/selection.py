@@ -35,8 +35,10 @@ from dpbench.problems.catalog import task_facts
 # ``finetune`` and ``lora_rank`` (the runs table's start columns: the fine-tuning mode, "scratch"
 # for the from-scratch twin) make runs of different modes different configurations, never seeds
 # or rates of one; tables without them (runs aggregated before they existed) group as before.
+# ``train_subset``, ``test_subset``, ``validation_size`` and ``max_steps`` (which a grid block
+# may set for its cells alone) likewise: runs on different data are different configurations.
 CONFIG_KEYS = ("problem", "optimizer", "lr", "batch_size", "epochs", "epsilon", "hyperparameters", "finetune",
-               "lora_rank")
+               "lora_rank", "train_subset", "test_subset", "validation_size", "max_steps")
 
 
 def select_runs(runs: pd.DataFrame, filters: dict | None = None, optimizers: Iterable[str] | None = None,

@@ -1,0 +1,56 @@
+"""A grid block's own train settings: ``max_steps``, ``train_subset``, ``test_subset`` and
+``validation_size`` given in a block (config key ``grid.<i>.<key>``) are that block's cells'
+values over the config's ``train:`` section. A cell carries the values in which its block
+differs from train: (``grid.Cell.train_settings``; ``Cell.train_section`` merges them), so its
+command line, N, steps, cache files and cluster estimates are its own; its id carries a part
+per such value (``id_part``), so blocks that differ only in a setting never share an id, and a
+config whose blocks set none keeps its ids. Their values are checked as train:'s are
+(``check_train_data``), naming the key each came from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpbench.pipeline.configfile import ConfigError
+from dpbench.training.config import check_data
+from dpbench.training.settings import SettingError
+
+# The train: settings a grid block may give its own values of (config key grid.<i>.<key>), over
+# the config's train: section for that block's cells, each with the word its cell ids carry
+# where the block's value differs from train:'s (-ntrain4000; a null value, where train: sets
+# one: -ntrainall, the whole set, or -Tmaxnone, no cap). A cell that takes train:'s values has
+# no such part, so a config whose blocks set none keeps its ids.
+BLOCK_SETTINGS = {"max_steps": "Tmax", "train_subset": "ntrain", "test_subset": "ntest", "validation_size": "nval"}
+
+
+def id_part(train_settings: tuple[tuple[str, Any], ...]) -> str:
+    """The cell id's part of a cell's own train settings, in ``BLOCK_SETTINGS``' order:
+    ``-Tmax5-ntrain4000-ntest500-nval200``; a null value (train: sets one, the block none):
+    ``-Tmaxnone`` (no cap), ``-ntrainall``, ``-ntestall`` (the whole set); "" for none."""
+    none = {"max_steps": "none"}
+    return "".join(f"-{BLOCK_SETTINGS[k]}{none.get(k, 'all') if v is None else v}" for k, v in train_settings)
+
+
+
+def check_train_data(config: dict[str, Any], problem: str, block: dict[str, Any] | None = None,
+                     where: str = "") -> None:
+    """``train.train_subset``, ``test_subset`` and ``validation_size`` against the problem's
+    dataset (``dpbench.training.config.check_data``: the run's own check, without torch), with
+    the values a grid block (config key ``where``) gives over them; refused naming the key that
+    gave the value: ``<where>.<key>`` or ``train.<key>``."""
+    block = block or {}
+    train = {**(config.get("train") or {}), **{k: block[k] for k in BLOCK_SETTINGS if k in block}}
+    try:
+        check_data(problem, train.get("train_subset"), train.get("test_subset"), train.get("validation_size") or 0)
+    except SettingError as exc:
+        raise ConfigError(exc.as_given(lambda name: f"{where}.{name}" if name in block else f"train.{name}",
+                                       "config key ")) from None
+
+
+def block_settings(config: dict[str, Any], block: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A block's own values of ``BLOCK_SETTINGS`` that differ from the config's ``train:``
+    section (``Cell.train_settings``): a value equal to train:'s is train:'s, so the block's
+    cells (and their ids) are those of a block that leaves the key out."""
+    train = config.get("train") or {}
+    current = {k: train.get(k) for k in BLOCK_SETTINGS} | {"validation_size": train.get("validation_size") or 0}
+    return tuple((k, block[k]) for k in BLOCK_SETTINGS if k in block and block[k] != current[k])
