@@ -9,7 +9,6 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from snakemake.utils import min_version
 
 from dpbench.pipeline import cluster, fingerprint, jobs, watch
-from dpbench.training.recipes import RECIPES as PRETRAIN_RECIPES
 from dpbench.pipeline.grid import ConfigError
 
 min_version("9.0")
@@ -30,20 +29,15 @@ RESULTS = config["results_dir"]
 AUDIT_TABLE = JOBS.audit_table
 run_file, audit_file, figure_input = JOBS.run_file, JOBS.audit_file, JOBS.figure_input
 
-# Jobs stop when this Snakemake process is gone (kill -9 cannot be caught, and would leave
-# them running as orphans): every dpbench command watches the process named here
-# (dpbench.pipeline.watch). Not a param: it changes with every invocation.
+# Jobs stop when this Snakemake process is gone, even after kill -9 (dpbench.pipeline.watch);
+# not a param: it changes with every invocation.
 os.environ[watch.ENV] = watch.token()
 
 
-# What each job runs (params.dpbench, jobs.dpbench_command): this workflow's src/ (whose code the
-# fingerprints hash) before the caller's PYTHONPATH, so jobs see the plugins the caller sees, with
-# the venv's interpreter or, under conda, the job's environment; and where jobs look for the
-# dataset files (params.data_dir). Neither can change a result (the code is fingerprinted, the
-# dataset verified against its checksums), so neither may be a rerun trigger: Snakemake compares
-# every param with its recorded value except those it derives from a job's input, output, threads
-# or resources, so these two are functions of `resources` that do not use it. Moving the data or
-# the repository, or switching between the venv and conda, reruns nothing (tests/test_reruns.py).
+# What each job runs (jobs.dpbench_command: this workflow's src/ before the caller's PYTHONPATH,
+# the venv's interpreter or conda's) and where it finds the data: neither changes a result, so
+# neither is a rerun trigger: functions of `resources`, which Snakemake does not compare
+# (moving the data or the repository reruns nothing: tests/test_reruns.py).
 def DPBENCH(wildcards, resources):
     return jobs.dpbench_command(os.path.relpath(SRC), PYTHON)
 
@@ -52,10 +46,8 @@ def DATA_DIR(wildcards, resources):
     return shlex.quote(config["data_dir"])
 
 
-# Deployment comes from the profile, never from the config: the GPUs it gives training
-# (`set-resources: train: gpu: N`, or a gres naming a GPU) choose the device, cuda or cpu, and
-# under conda the environment, envs/train-cuda.yaml or train-cpu.yaml; `set-threads: train=N`
-# the torch threads. Snakemake hands these to every job it submits (a cluster job agrees).
+# Deployment comes from the profile, never the config: GPUs given to training (`set-resources:
+# train: gpu: N`, or a gres naming one) choose the device and conda environment (cuda or cpu).
 def _train_has_gpu():
     settings = workflow.resource_settings.overwrite_resources.get("train", {})
 
@@ -79,9 +71,7 @@ ENVS = {
 }
 
 
-# Matrix mechanisms: a dense one's cell reads a factorization and a noise file, a streamed
-# one's a factorization (Cell.cache_files); matrix.smk makes each once, for every cell that
-# shares it (common random numbers).
+# Matrix mechanisms' files (Cell.cache_files), made once by matrix.smk for every cell sharing them.
 MATRIX_CACHE = f"{RESULTS}/cache/matrix"
 STREAMING_CACHE = f"{RESULTS}/cache/streaming"
 
@@ -89,9 +79,8 @@ STREAMING_CACHE = f"{RESULTS}/cache/streaming"
 def train_inputs(wildcards):
     cell = CELLS[wildcards.cell]
     pretrained = JOBS.pretrained_of(cell)  # a fine-tuning cell's public checkpoint (pretrain.smk)
-    return {"manifest": JOBS.manifest(cell.dataset),
-            **{name: str(path) for name, path in JOBS.cache_files(cell).items()},
-            **({"pretrained": pretrained} if pretrained else {})}
+    files = {"manifest": JOBS.manifest(cell.dataset), **{k: str(p) for k, p in JOBS.cache_files(cell).items()}}
+    return {**files, "pretrained": pretrained} if pretrained else files
 
 
 def train_args(wildcards):
@@ -153,19 +142,9 @@ def matrix_resource(name):
     return resource
 
 
-# Public pretraining (pretrain.smk): the checkpoint <name>-<recipe key>-<code>.pt of a recipe of
-# RECIPES, or of one the config changes (pretrain.fields: the command gets it as JSON).
-def pretrain_recipe(wildcards):
-    return shlex.quote(JOBS.recipe_argument(wildcards.recipe, wildcards.pretrain_key.split("-")[0]))
-
-
-def pretrain_threads(wildcards):
-    recipe = JOBS.recipe_of(wildcards.recipe, wildcards.pretrain_key.split("-")[0])
-    return (recipe or PRETRAIN_RECIPES[wildcards.recipe]).threads
-
-
-# The committed study's checkpoints (benchmarks/results/finetune/pretrained), beside this
-# workflow's Snakefile: where they are is no result, so not a rerun trigger (as DATA_DIR).
-def PRETRAINED_DIR(wildcards, resources):
-    return shlex.quote(os.path.relpath(os.path.join(workflow.basedir, "benchmarks", "results", "finetune",
-                                                    "pretrained")))
+# Public pretraining (pretrain.smk): a checkpoint's --recipe (a name, or the JSON of a recipe the
+# config changes: pretrain.fields) and threads; the committed checkpoints' folder beside this
+# Snakefile is no result, so not a rerun trigger (as DATA_DIR).
+pretrain_recipe = lambda wildcards: JOBS.pretrain_job(wildcards.recipe, wildcards.pretrain_key)[0]
+pretrain_threads = lambda wildcards: JOBS.pretrain_job(wildcards.recipe, wildcards.pretrain_key)[1]
+PRETRAINED_DIR = lambda wildcards, resources: shlex.quote(os.path.relpath(os.path.join(workflow.basedir, *jobs.COMMITTED_PRETRAINED)))

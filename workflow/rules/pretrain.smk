@@ -7,6 +7,8 @@
 # and code; a damaged one stops the job, naming it), else trains, resuming a killed job from
 # OUT.resume, and writes the sidecar OUT.json (the checkpoint's SHA-256, recipe, code, corpora,
 # and the text removed from the public corpus).
+from dpbench.training.recipes import RECIPES as PRETRAIN_RECIPES
+
 
 PRETRAIN_CACHE = f"{RESULTS}/cache/pretrain"
 # the recipe's name or JSON, its threads and where the committed checkpoints are: common.smk

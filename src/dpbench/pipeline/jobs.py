@@ -26,6 +26,11 @@ import yaml
 from dpbench.pipeline.grid import Cell, ConfigError, expand, read_yaml, validate
 
 
+# where the committed study's public checkpoints lie, relative to the workflow's directory
+# (``dpbench pretrain --reuse``: one of the exact name that verifies is copied, not retrained)
+COMMITTED_PRETRAINED = ("benchmarks", "results", "finetune", "pretrained")
+
+
 @dataclass(frozen=True)
 class Jobs:
     """The jobs of a validated config and the files they write (paths under ``results_dir``)."""
@@ -100,6 +105,15 @@ class Jobs:
             return found[0]
         named = RECIPES.get(name)
         return named if named is not None and named.key == key else None
+
+    def pretrain_job(self, name: str, pretrain_key: str) -> tuple[str, int]:
+        """The pretrain rule's ``--recipe`` value (quoted for the shell) and threads for the
+        checkpoint ``<name>-<pretrain_key>`` (``<recipe key>-<code>``)."""
+        from dpbench.training.recipes import RECIPES
+
+        key = pretrain_key.split("-")[0]
+        recipe = self.recipe_of(name, key) or RECIPES[name]
+        return shlex.quote(self.recipe_argument(name, key)), recipe.threads
 
     def recipe_argument(self, name: str, key: str) -> str:
         """``dpbench pretrain --recipe``'s value (unquoted) for the checkpoint ``<name>-<key>``:
