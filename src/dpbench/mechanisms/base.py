@@ -18,12 +18,13 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from dpbench.matrix.store.cache import default_cache_dir
 from dpbench.privacy import accounting
+
+if TYPE_CHECKING:  # annotations only: the workflow reads PlanRequest without torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,9 @@ class Mechanism(Protocol):
     ``epsilon``, ``epsilon_planned``, ``epsilon_rdp`` and any facts of its own), ``sampler``
     and ``noise``; the audit also calls ``privacy_profile`` and reads ``audit``. All of these
     members are required of a plugin's mechanism (``dpbench.optimizers.MECHANISM_METHODS``);
-    a mechanism of a plugin's own class makes the privacy claim the plugin's."""
+    a mechanism of a plugin's own class makes the privacy claim the plugin's. ``files``
+    (optional; absent or None: none) declares the cached files its runs read, which the
+    workflow makes before them (``dpbench.mechanisms.files``: ``DenseFiles``, ``StreamedFiles``)."""
 
     name: str
     audit: AuditSpec  # how the empirical audit (dpbench.audit) attacks the mechanism

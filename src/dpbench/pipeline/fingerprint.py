@@ -95,13 +95,14 @@ def optimizer_fingerprint(optimizer: str) -> str:
     """Hash of the sources that determine an optimizer's runs: the harness and its module(s);
     for a plugin's optimizer, the harness, the dpbench modules the plugin imports and the
     plugin's source hash (``dpbench.plugins.Plugin.source_sha256``)."""
+    from dpbench.pipeline import catalog
+
+    if optimizer in catalog.OPTIMIZERS:  # a built-in: its module, from the torch-free catalog
+        return modules_fingerprint((*HARNESS, catalog.OPTIMIZERS[optimizer].module))
     from dpbench.optimizers import OPTIMIZERS, get_optimizer
 
-    spec = get_optimizer(optimizer)
-    plugin = OPTIMIZERS.plugin(optimizer)
-    if plugin is None:
-        return modules_fingerprint((*HARNESS, spec.build.__module__))
-    return _plugin_digest(plugin, HARNESS)
+    get_optimizer(optimizer)  # an unknown id: its KeyError; a broken plugin: its one-line error
+    return _plugin_digest(OPTIMIZERS.plugin(optimizer), HARNESS)
 
 
 @lru_cache(maxsize=None)
@@ -110,6 +111,10 @@ def problem_fingerprint(problem: str) -> str:
     imports them all); for a plugin's problem, a hash of the dpbench modules it imports and
     its source hash. A cell's code is ``optimizer_fingerprint + problem_fingerprint``, so that
     editing a problem plugin reruns exactly its cells."""
+    from dpbench.problems import catalog
+
+    if problem in catalog.FACTS:  # a built-in (no registry: it imports torch)
+        return ""
     from dpbench.problems import PROBLEMS, get_problem
 
     get_problem(problem)
