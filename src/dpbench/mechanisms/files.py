@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from dpbench.matrix import blt
 from dpbench.matrix.store import cache, keys
 
 if TYPE_CHECKING:
@@ -100,6 +99,8 @@ class StreamedFiles:
                                  "epoch order an example's participations are b' steps apart, and b > b' bands would "
                                  "make its columns overlap (use bands <= b', or dpmatrix-blt)")
             return keys.band_key(steps, bands)
+        from dpbench.matrix import blt  # scipy: only for a BLT's key
+
         buffers = count_or_auto(request.hyperparameters, "buffers")
         if buffers is not None and buffers > blt.MAX_BUFFERS:
             raise ValueError(f"buffers = {buffers}: at most {blt.MAX_BUFFERS} (optimisation is unstable beyond)")
