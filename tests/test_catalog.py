@@ -98,8 +98,31 @@ def test_a_figure_spec_names_a_known_table():
         check(FigureSpec("x", FIGURES["fig5_1"].build, "a title", table="epochs"))
 
 
+def test_a_builtin_figures_fingerprint_read_from_the_sources_is_the_live_one():
+    """The workflow hashes a built-in figure's drawing code from the sources (no matplotlib);
+    the digest is the one the imported functions give (``function_closure``), so no figure
+    reruns for the change, and an edit is seen in either."""
+    import inspect
+
+    from dpbench.pipeline import fingerprint
+    from dpbench.reporting import figures
+
+    for figure_id in catalog.FIGURES:
+        spec = figures.spec_of(figure_id)
+        live = {f"{f.__module__}.{f.__qualname__}": inspect.getsource(f)
+                for f in fingerprint.function_closure(spec.build) + fingerprint._plot_closure()}
+        build, defaults = fingerprint._builtin_declarations()[figure_id]
+        static = {**fingerprint._static_closure(*fingerprint._resolve(fingerprint.FIGURES_PACKAGE, build)),
+                  **fingerprint._static_closure(fingerprint.FIGURES_PACKAGE, "plot")}
+        assert static == live, figure_id
+        assert defaults == spec.defaults
+        assert fingerprint.figure_fingerprint(figure_id) == fingerprint._digest(
+            list(live.items()) + [("defaults", repr(spec.defaults)),
+                                  ("thesis_filters", repr(figures.THESIS_FILTERS.get(figure_id)))])
+
+
 # What the workflow computes to start: the jobs, every cell's arguments, files, resources and
-# code fingerprints, each figure's files and table.
+# code fingerprints, each figure's files, table and code fingerprint.
 _BUILD = """import json, sys
 from dpbench.pipeline import cluster, fingerprint, jobs
 for path in sys.argv[1:]:
@@ -110,7 +133,7 @@ for path in sys.argv[1:]:
         cluster.resources(cell, found.config["train"], 1)
         fingerprint.optimizer_fingerprint(cell.optimizer) + fingerprint.problem_fingerprint(cell.problem)
     for figure in found.figures:
-        found.figure_input(figure), found.figure_files(figure)
+        found.figure_input(figure), found.figure_files(figure), fingerprint.figure_fingerprint(figure)
 print(json.dumps(sorted(m for m in ("torch", "matplotlib", "pandas") if m in sys.modules)))
 """
 
