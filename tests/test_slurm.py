@@ -95,16 +95,17 @@ def test_measured_gpu_costs(tmp_path):
 
 
 def test_the_cost_class_is_read_from_the_optimizer_spec(tmp_path, monkeypatch):
-    """A spec's cost_class decides which measured step stands for it (none: the assumed cost)."""
+    """A spec's cost_class decides which measured step stands for it (none: the assumed cost),
+    read from the torch-free catalog (tests/test_catalog.py holds it equal to the spec)."""
     import dataclasses
 
-    import dpbench.optimizers as optimizers
+    from dpbench.pipeline import catalog
 
     (tmp_path / "costs.json").write_text(json.dumps(MEASURED))
     costs = cluster.GpuCosts.from_file(tmp_path / "costs.json")
     assert costs.step("P2", "d2p2sgd", 256) == cluster.ASSUMED.step("P2", "d2p2sgd", 256) == 0.010 + 256 * 30e-6
-    lookup, spec = optimizers.get_optimizer, dataclasses.replace(optimizers.get_optimizer("d2p2sgd"), cost_class="dpsgd")
-    monkeypatch.setattr(optimizers, "get_optimizer", lambda name: spec if name == "d2p2sgd" else lookup(name))
+    monkeypatch.setitem(catalog.OPTIMIZERS, "d2p2sgd", dataclasses.replace(catalog.OPTIMIZERS["d2p2sgd"],
+                                                                         cost_class="dpsgd"))
     assert cluster.cost_class("d2p2sgd") == "dpsgd" and costs.step("P2", "d2p2sgd", 256) == 0.004
 
 

@@ -2,11 +2,11 @@
 # plugin's figure: one caption for all, naming its rule): figures write <id>.png and .pdf, tables
 # (FigureSpec.kind == "table") <id>.md; the first file goes into the report and is the one
 # `dpbench plot --out` names.
-from dpbench.reporting.figures import FIGURES as FIGURE_SPECS
+from dpbench.pipeline import catalog
 
 for _figure in FIGURES:
     _files = JOBS.figure_files(_figure)
-    _caption = "plugin_figure" if FIGURE_SPECS.plugin(_figure) else _figure
+    _caption = "plugin_figure" if catalog.is_plugin("figures", _figure) else _figure
     _table = _files[0].endswith(".md")
     # the main file first and by name (the command names it: a shell string is formatted when
     # the job runs, after this loop has moved on, so it must not name a variable of the loop)

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpbench.matrix.store import keys
 from dpbench.mechanisms import cyclic_poisson
 from dpbench.mechanisms.base import AuditSpec, PlanRequest
 from dpbench.mechanisms.noise import BandedNoise
 from dpbench.mechanisms.sampling import CyclicPoissonSampler
-from dpbench.mechanisms.streamed import StreamedPlan, StreamingMechanism, count_or_auto
+from dpbench.mechanisms.files import StreamedFiles
+from dpbench.mechanisms.streamed import StreamedPlan, StreamingMechanism
 from dpbench.privacy import accounting, pld, profiles
 
 
@@ -41,24 +41,12 @@ class AmplifiedBandedMechanism(StreamingMechanism):
     name = "amplified-banded-matrix-factorization"
     audit = AuditSpec("banded-lr")
     event_hyperparameters = ("bands",)  # b: the groups, the rate p = b L / N and the rounds
+    files = StreamedFiles("band-amp")  # the factorization a run reads (the workflow's)
 
     def key(self, request: PlanRequest) -> str:
         """The factorization a run needs: ``band-n<T>-b<b>`` for a given b; with ``bands`` = "auto"
-        the band search's key, which names (N, L, T, target epsilon, delta)."""
-        n_train, batch_size, epochs = request.n_train, request.batch_size, request.epochs
-        if not 1 <= batch_size <= n_train:
-            raise ValueError(f"batch_size {batch_size} must be between 1 and the number of training examples {n_train}")
-        steps = max(1, round(epochs * n_train / batch_size))  # T as for DP-SGD (Poisson sampling)
-        bands = count_or_auto(request.hyperparameters, "bands")
-        if bands is None:
-            if request.target_epsilon is None:
-                raise ValueError("dpmatrix-band-amp with bands = 'auto' chooses b for the target epsilon: give "
-                                 "--epsilon, or set the hyperparameter bands explicitly")
-            return keys.band_search_key(n_train, batch_size, steps, request.target_epsilon, request.delta)
-        if bands > steps:
-            raise ValueError(f"bands = {bands} exceeds the number of steps T = {steps}")
-        cyclic_poisson.sample_rate(bands, batch_size, n_train)  # refuses b > N / L
-        return keys.band_key(steps, bands)
+        the band search's key, which names (N, L, T, target epsilon, delta) (``files``)."""
+        return self.files.key(request)
 
     def plan(self, request: PlanRequest) -> AmplifiedBandedPlan:
         key = self.key(request)

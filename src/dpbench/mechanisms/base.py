@@ -18,12 +18,13 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from dpbench.matrix.store.cache import default_cache_dir
 from dpbench.privacy import accounting
+
+if TYPE_CHECKING:  # annotations only: the workflow reads PlanRequest without torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,9 @@ class Mechanism(Protocol):
     ``event_hyperparameters``, the names of the optimizer's hyperparameters its ``plan`` reads
     that change the accounted event (``bands``, ``tau``, ...; () for none): a private search
     over settings that differ in one is refused (dpbench.training.tuning.shared_event_refusal),
-    and a mechanism whose class does not declare them is taken to read every one."""
+    and a mechanism whose class does not declare them is taken to read every one; ``files``
+    (absent or None: none) declares the cached files its runs read, which the workflow makes
+    before them (``dpbench.mechanisms.files``: ``DenseFiles``, ``StreamedFiles``)."""
 
     name: str
     audit: AuditSpec  # how the empirical audit (dpbench.audit) attacks the mechanism

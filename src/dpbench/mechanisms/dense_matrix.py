@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpbench.matrix.dense_factorization import Factorization
-from dpbench.matrix.store import cache, dense_files, keys, noise_files
+from dpbench.matrix.store import cache, dense_files, noise_files
 from dpbench.matrix.store.noise_files import NoiseFile
 from dpbench.matrix.sensitivity import prefix_sensitivity
+from dpbench.mechanisms.files import DenseFiles
 from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest, one_release_epsilons
 from dpbench.mechanisms.noise import CorrelatedNoise
 from dpbench.mechanisms.sampling import FixedBatchSampler
@@ -64,6 +65,7 @@ class MatrixMechanism:
         self.kind = ("se" if single_epoch else "me") + ("-lambda" if convergence_aware else "")
         self.name = (f"matrix-factorization-{'single' if single_epoch else 'multi'}-epoch"
                      f"{'-convergence-aware' if convergence_aware else ''}")
+        self.files = DenseFiles(self.kind)  # the factorization and noise file a run reads (the workflow's)
 
     @property
     def event_hyperparameters(self) -> tuple[str, ...]:
@@ -71,15 +73,8 @@ class MatrixMechanism:
         return ("tau",) if self.convergence_aware else ()
 
     def key(self, request: PlanRequest) -> str:
-        """The factorization a run needs: (kind, k = E, b = N // L, tau)."""
-        n_train, batch_size, epochs = request.n_train, request.batch_size, request.epochs
-        tau = request.hyperparameters.get("tau")
-        if batch_size > n_train:
-            raise ValueError(f"batch_size {batch_size} exceeds the number of training examples {n_train}")
-        if self.single_epoch and epochs > 1:
-            raise ValueError(f"the single-epoch matrix mechanism ({self.kind}) lets each example participate once: "
-                             f"it cannot train for E = {epochs} epochs (use dpmatrix-me{self.kind[2:]} for E > 1)")
-        return keys.dense_key(self.kind, epochs, n_train // batch_size, tau if self.convergence_aware else None)
+        """The factorization a run needs: (kind, k = E, b = N // L, tau) (``files``)."""
+        return self.files.key(request)
 
     def plan(self, request: PlanRequest) -> DenseMatrixPlan:
         n_train, batch_size, epochs = request.n_train, request.batch_size, request.epochs

@@ -40,7 +40,6 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
 
 import numpy as np
 
@@ -49,12 +48,12 @@ from dpbench.matrix.store import cache, keys, streamed_files
 from dpbench.matrix.store.streamed_files import StreamingFactorization
 from dpbench.mechanisms import cyclic_poisson
 from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest, one_release_epsilons
+from dpbench.mechanisms.files import StreamedFiles
 from dpbench.mechanisms.noise import BandedNoise, BLTNoise
 from dpbench.mechanisms.sampling import FixedBatchSampler
 from dpbench.privacy import accounting, profiles
 
 KINDS = ("band", "blt")
-DEFAULT_BANDS = 64  # dpmatrix-band's "auto": min(64, b', n)
 
 
 def factorize(kind: str, steps: int, min_separation: int, participations: int, size: int | None):
@@ -118,15 +117,6 @@ class StreamingMechanism:
                              f"--out {path}`, or leave --factorization out to compute it into the cache)") from None
 
 
-def count_or_auto(hyper: Mapping[str, Any], name: str) -> int | None:
-    value = hyper.get(name, "auto")
-    if value in ("auto", None):
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"hyperparameter {name!r} must be a positive integer or 'auto', got {value!r}")
-    return int(value)
-
-
 @dataclass(frozen=True, kw_only=True)
 class FixedOrderPlan(StreamedPlan):
     """BandMF's and BLT's plan: fixed epoch order over b' = N // L batches, k = E
@@ -146,13 +136,8 @@ class _FixedOrderMechanism(StreamingMechanism):
 
     def key(self, request: PlanRequest) -> str:
         """The factorization a run needs (dpbench.matrix.store.keys): from (N, L, E) and its
-        ``bands`` or ``buffers``."""
-        n_train, batch_size, epochs = request.n_train, request.batch_size, request.epochs
-        if not 1 <= batch_size <= n_train:
-            raise ValueError(f"batch_size {batch_size} must be between 1 and the number of training examples {n_train}")
-        batches = n_train // batch_size  # b' = S: steps per epoch, the separation of participations
-        steps = epochs * batches
-        return self._key(steps, batches, epochs, self._size(request.hyperparameters, batches, steps))
+        ``bands`` or ``buffers`` (``files``, which the workflow reads without torch)."""
+        return self.files.key(request)
 
     def plan(self, request: PlanRequest) -> FixedOrderPlan:
         n_train, batch_size, epochs = request.n_train, request.batch_size, request.epochs
@@ -213,21 +198,7 @@ class BandedMechanism(_FixedOrderMechanism):
     name = "banded-matrix-factorization"
     kind = "band"
     event_hyperparameters = ("bands",)  # C, hence sens(C)
-
-    @staticmethod
-    def _key(steps: int, batches: int, epochs: int, bands: int) -> str:
-        return keys.band_key(steps, bands)
-
-    @staticmethod
-    def _size(hyper: Mapping[str, Any], batches: int, steps: int) -> int:
-        bands = count_or_auto(hyper, "bands")
-        if bands is None:
-            return min(DEFAULT_BANDS, batches, steps)
-        if bands > batches:
-            raise ValueError(f"bands = {bands} exceeds the steps per epoch b' = N // L = {batches}: with fixed epoch "
-                             "order an example's participations are b' steps apart, and b > b' bands would make "
-                             "its columns overlap (use bands <= b', or dpmatrix-blt)")
-        return bands
+    files = StreamedFiles("band")  # the factorization a run reads (the workflow's)
 
     @staticmethod
     def sensitivity(fact, batches: int, epochs: int, steps: int | None = None) -> float:
@@ -249,17 +220,7 @@ class BLTMechanism(_FixedOrderMechanism):
     name = "buffered-linear-toeplitz"
     kind = "blt"
     event_hyperparameters = ("buffers",)  # C, hence sens(C)
-
-    @staticmethod
-    def _key(steps: int, batches: int, epochs: int, buffers: int | None) -> str:
-        return keys.blt_key(steps, batches, epochs, buffers)
-
-    @staticmethod
-    def _size(hyper: Mapping[str, Any], batches: int, steps: int) -> int | None:
-        buffers = count_or_auto(hyper, "buffers")
-        if buffers is not None and buffers > blt.MAX_BUFFERS:
-            raise ValueError(f"buffers = {buffers}: at most {blt.MAX_BUFFERS} (optimisation is unstable beyond)")
-        return buffers
+    files = StreamedFiles("blt")  # the factorization a run reads (the workflow's)
 
     @staticmethod
     def sensitivity(fact, batches: int, epochs: int, steps: int | None = None) -> float:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from dpbench import hyperparameters
 from dpbench.mechanisms.base import AuditSpec, Mechanism
 from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
 from dpbench.optimizers.base import Context, DPStep
@@ -47,18 +46,4 @@ class OptimizerSpec:
         its default (a number for a number, true/false for a flag), is an error that names it.
         Hyperparameters whose default is a word or None (``bands: auto``, ``tau``) are checked
         by their optimizer."""
-        given = dict(given or {})
-        unknown = sorted(set(given) - set(self.defaults))
-        if unknown:
-            allowed = ", ".join(sorted(self.defaults)) or "none"
-            raise ValueError(f"optimizer {self.name!r} has no hyperparameter {unknown[0]!r} (it takes: {allowed})")
-        for name, value in given.items():
-            default = self.defaults[name]
-            if isinstance(default, bool) and not isinstance(value, bool):
-                raise ValueError(f"hyperparameter {name!r} of {self.name!r} takes true or false "
-                                 f"(default {str(default).lower()}), got {value!r}")
-            if isinstance(default, (int, float)) and not isinstance(default, bool) and (
-                    isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)):
-                raise ValueError(f"hyperparameter {name!r} of {self.name!r} takes a finite number "
-                                 f"(default {default}), got {value!r}")
-        return {**self.defaults, **given}
+        return hyperparameters.merged(self.name, self.defaults, given)

@@ -68,9 +68,9 @@ def cost_class(optimizer: str) -> str | None:
     mechanism for all, their steps differing only in the factorization behind the noise rows;
     None for the projected optimizers, a d x p projection per step, not measured, and for a
     plugin's optimizer unless its spec names a class: the assumed, conservative cost)."""
-    from dpbench.optimizers import get_optimizer  # the registry imports torch: only when asked
+    from dpbench.pipeline import catalog  # torch-free for the built-ins (a plugin's: its spec)
 
-    return get_optimizer(optimizer).cost_class
+    return catalog.optimizer(optimizer).cost_class
 
 
 def _interpolate(table: Mapping[int, float], batch_size: int) -> float:

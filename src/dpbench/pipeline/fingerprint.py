@@ -95,13 +95,14 @@ def optimizer_fingerprint(optimizer: str) -> str:
     """Hash of the sources that determine an optimizer's runs: the harness and its module(s);
     for a plugin's optimizer, the harness, the dpbench modules the plugin imports and the
     plugin's source hash (``dpbench.plugins.Plugin.source_sha256``)."""
+    from dpbench.pipeline import catalog
+
+    if optimizer in catalog.OPTIMIZERS:  # a built-in: its module, from the torch-free catalog
+        return modules_fingerprint((*HARNESS, catalog.OPTIMIZERS[optimizer].module))
     from dpbench.optimizers import OPTIMIZERS, get_optimizer
 
-    spec = get_optimizer(optimizer)
-    plugin = OPTIMIZERS.plugin(optimizer)
-    if plugin is None:
-        return modules_fingerprint((*HARNESS, spec.build.__module__))
-    return _plugin_digest(plugin, HARNESS)
+    get_optimizer(optimizer)  # an unknown id: its KeyError; a broken plugin: its one-line error
+    return _plugin_digest(OPTIMIZERS.plugin(optimizer), HARNESS)
 
 
 @lru_cache(maxsize=None)
@@ -110,6 +111,10 @@ def problem_fingerprint(problem: str) -> str:
     imports them all); for a plugin's problem, a hash of the dpbench modules it imports and
     its source hash. A cell's code is ``optimizer_fingerprint + problem_fingerprint``, so that
     editing a problem plugin reruns exactly its cells."""
+    from dpbench.problems import catalog
+
+    if problem in catalog.FACTS:  # a built-in (no registry: it imports torch)
+        return ""
     from dpbench.problems import PROBLEMS, get_problem
 
     get_problem(problem)
@@ -176,7 +181,12 @@ def function_closure(fn) -> list:
 def figure_fingerprint(figure_id: str) -> str:
     """Hash of what draws one figure: its builder and the functions it calls, wherever in
     dpbench.reporting they are; the shared plotting path; its defaults; for a plugin's figure,
-    the plugin's source hash."""
+    the plugin's source hash. A built-in's is read from the sources (``_static_closure``), so
+    that the workflow's start imports no matplotlib; a plugin's through the registry."""
+    from dpbench.pipeline import catalog
+
+    if figure_id in catalog.FIGURES:
+        return _builtin_figure_fingerprint(figure_id)
     from dpbench.reporting import figures
 
     spec = figures.spec_of(figure_id)
@@ -195,6 +205,120 @@ def _plot_closure() -> list:
     from dpbench.reporting import figures
 
     return function_closure(figures.plot)
+
+
+# -- the same closure read from the sources, nothing imported ---------------------------------
+FIGURES_PACKAGE = "dpbench.reporting.figures"
+
+
+def _parsed(module: str) -> tuple[list[str], dict[str, ast.AST], dict[str, tuple[str, str | None]]]:
+    """A module's source lines, its module-level functions (name -> def) and its import bindings
+    (name -> (module, attribute), attribute None for ``import module``), parsed once per version
+    of its file."""
+    path = _module_file(module)
+    stat = path.stat()
+    return _parse(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=None)
+def _parse(path: Path, mtime_ns: int, size: int):
+    text = path.read_text()
+    defs: dict[str, ast.AST] = {}
+    bound: dict[str, tuple[str, str | None]] = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef):
+            bound.pop(node.name, None)
+            # a cached function is no plain function (the live closure leaves it out too)
+            if not any("cache" in ast.unparse(d) for d in node.decorator_list):
+                defs[node.name] = node
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for a in node.names:
+                defs.pop(a.asname or a.name, None)
+                bound[a.asname or a.name] = (node.module, a.name)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                bound[a.asname or a.name.partition(".")[0]] = (a.name if a.asname else a.name.partition(".")[0], None)
+    return text.splitlines(keepends=True), defs, bound
+
+
+def _resolve(module: str, name: str, depth: int = 0) -> tuple[str, str | None] | None:
+    """What ``name`` is in ``module``: (its defining module, the function's name), (a module,
+    None), or None (not a dpbench function or module)."""
+    if _module_file(module) is None or depth > 20:
+        return None
+    _, defs, bound = _parsed(module)
+    if name in defs:
+        return module, name
+    if name not in bound:
+        return None
+    owner, attribute = bound[name]
+    if attribute is None:
+        return (owner, None) if _module_file(owner) is not None else None
+    if _module_file(f"{owner}.{attribute}") is not None and (owner, attribute) != (module, name):
+        return f"{owner}.{attribute}", None
+    return _resolve(owner, attribute, depth + 1)
+
+
+def _static_referenced(module: str, name: str) -> list[tuple[str, str]]:
+    """``_referenced``, read from the sources."""
+    found = []
+    for node in ast.walk(_parsed(module)[1][name]):
+        if isinstance(node, ast.Name):
+            found.append(_resolve(module, node.id))
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            owner = _resolve(module, node.value.id)
+            if owner is not None and owner[1] is None and _followed(owner[0]):
+                found.append(_resolve(owner[0], node.attr))
+        elif isinstance(node, ast.ImportFrom) and not node.level and _followed(node.module or ""):
+            found += [_resolve(node.module, a.name) for a in node.names]
+    return [g for g in found if g is not None and g[1] is not None and (g[0] == module or _followed(g[0]))]
+
+
+def _static_closure(module: str, name: str) -> dict[str, str]:
+    """``function_closure`` of ``module.name`` read from the sources: key -> the function's
+    source, as ``inspect.getsource`` gives it (its decorators included)."""
+    seen, todo = {}, [(module, name)]
+    while todo:
+        where, what = todo.pop()
+        key = f"{where}.{what}"
+        if key in seen:
+            continue
+        lines, defs, _ = _parsed(where)
+        node = defs[what]
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        seen[key] = "".join(lines[first - 1:node.end_lineno])
+        todo.extend(_static_referenced(where, what))
+    return seen
+
+
+def _builtin_declarations() -> dict[str, tuple[str, dict]]:
+    """Each built-in figure's (build function's name in the figures package, defaults), read
+    from its declaration (``FigureSpec(id, build, title, defaults, ...)`` in BUILT_IN)."""
+    lines, _, _ = _parsed(FIGURES_PACKAGE)
+    found = {}
+    for node in ast.walk(ast.parse("".join(lines))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "FigureSpec":
+            given = {k.arg: k.value for k in node.keywords}
+            defaults = node.args[3] if len(node.args) > 3 else given.get("defaults")
+            found[ast.literal_eval(node.args[0])] = (node.args[1].id,
+                                                     ast.literal_eval(defaults) if defaults is not None else {})
+    return found
+
+
+def _thesis_filters() -> dict:
+    lines, _, _ = _parsed(f"{FIGURES_PACKAGE}.thesis")
+    for node in ast.parse("".join(lines)).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "THESIS_FILTERS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise ValueError("dpbench.reporting.figures.thesis declares no THESIS_FILTERS")
+
+
+def _builtin_figure_fingerprint(figure_id: str) -> str:
+    """``figure_fingerprint`` of a built-in figure, from the sources (the same digest)."""
+    build, defaults = _builtin_declarations()[figure_id]
+    functions = {**_static_closure(*_resolve(FIGURES_PACKAGE, build)), **_static_closure(FIGURES_PACKAGE, "plot")}
+    return _digest(list(functions.items()) + [("defaults", repr(defaults)),
+                                              ("thesis_filters", repr(_thesis_filters().get(figure_id)))])
 
 
 def modules_fingerprint(roots: tuple[str, ...]) -> str:

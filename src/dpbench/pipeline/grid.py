@@ -23,7 +23,7 @@ import yaml
 
 from dpbench.pipeline.configfile import ConfigError, check_configfiles, configfiles_of, read_yaml  # noqa: F401
 from dpbench.pipeline.configfile import closest as _closest
-from dpbench.pipeline import blocks, searches
+from dpbench.pipeline import blocks, catalog, searches
 from dpbench.pipeline.blocks import BLOCK_SETTINGS, block_settings, check_train_data  # noqa: F401
 from dpbench.pipeline.starts import CONTEXT, SCRATCH, pretrain_recipe, starts_of  # noqa: F401
 from dpbench.problems import facts
@@ -124,27 +124,20 @@ class Cell:
         return facts(self.problem).n_train(train.get("train_subset"), train.get("validation_size") or 0)
 
     def cache_files(self, train: dict[str, Any], cache_dir: str | Path) -> dict[str, Path]:
-        """The cached files this cell's run reads, under ``cache_dir`` (nothing is computed here):
-        a dense matrix mechanism's factorization and noise file, a streamed mechanism's
+        """The cached files this cell's run reads, under ``cache_dir`` (nothing is computed here),
+        as its mechanism declares them (``files``: dpbench.mechanisms.files, read from the torch-free
+        catalog): a dense matrix mechanism's factorization and noise file, a streamed mechanism's
         factorization (it writes no noise file), nothing for the other optimizers."""
-        from dpbench.matrix.store import cache
         from dpbench.mechanisms.base import PlanRequest
-        from dpbench.mechanisms.dense_matrix import MatrixMechanism
-        from dpbench.mechanisms.streamed import StreamingMechanism
-        from dpbench.optimizers import get_optimizer
         from dpbench.privacy import accounting
 
-        mechanism = get_optimizer(self.optimizer).mechanism
+        files = catalog.optimizer(self.optimizer).files
+        if files is None:
+            return {}
         request = PlanRequest(self.n_train(train), self.batch_size, self.epochs,
                               hyperparameters=dict(self.hyperparameters), target_epsilon=self.epsilon,
                               delta=train.get("delta", accounting.DELTA), cache_dir=Path(cache_dir))
-        if isinstance(mechanism, MatrixMechanism):
-            factorization, noise = cache.run_files(cache_dir, mechanism.key(request), self.trainable_parameters,
-                                                   self.seed)
-            return {"factorization": factorization, "noise": noise}
-        if isinstance(mechanism, StreamingMechanism):
-            return {"factorization": cache.streaming_path(cache_dir, mechanism.key(request))}
-        return {}
+        return files.paths(request, cache_dir, self.trainable_parameters, self.seed)
 
     def run_config(self, train: dict[str, Any]) -> RunConfig:
         """The settings of this cell's run under the config's ``train`` section (whose keys are
@@ -264,9 +257,8 @@ def _schema_error(e) -> ConfigError:
         name = ".".join([*path, extra[0]])
         return ConfigError(f"config key {name}: unknown key ({_closest(extra[0], allowed)})")
     if "propertyNames" in e.absolute_schema_path and key == "figures":
-        from dpbench.reporting.figures import FIGURES
-
-        return ConfigError(f"config key figures.{e.instance}: unknown figure ({_closest(e.instance, FIGURES)})")
+        return ConfigError(f"config key figures.{e.instance}: unknown figure "
+                           f"({_closest(e.instance, catalog.figure_names())})")
     if e.validator == "required":
         return ConfigError(f"config key {key}: {e.message}")
     if described:
@@ -281,16 +273,12 @@ def _schema_error(e) -> ConfigError:
 
 
 def check_figure_ids(config: dict[str, Any]) -> None:
-    """Each figure is a built-in's or an installed plugin's (``dpbench.reporting.figures.FIGURES``);
+    """Each figure is a built-in's or an installed plugin's (``dpbench.pipeline.catalog``);
     a broken plugin's id is its one-line error."""
-    if not config.get("figures"):
-        return
-    from dpbench.reporting.figures import FIGURES
-
-    for name in config["figures"]:
-        if name not in FIGURES:
-            raise ConfigError(f"config key figures.{name}: " + str(FIGURES.error(name) or (
-                f"unknown figure ({_closest(name, FIGURES)})")))
+    for name in config.get("figures") or {}:
+        if not catalog.is_figure(name):
+            raise ConfigError(f"config key figures.{name}: " + str(catalog.figure_error(name) or (
+                f"unknown figure ({_closest(name, catalog.figure_names())})")))
 
 
 def check_figures(config: dict[str, Any], cells: list[Cell]) -> None:
@@ -300,22 +288,21 @@ def check_figures(config: dict[str, Any], cells: list[Cell]) -> None:
     figures_config = config.get("figures") or {}
     if not figures_config or not cells:
         return  # an audit-only config: the workflow refuses figures other than 'audit' itself
-    import inspect
-
-    from dpbench.reporting import figures
+    from dpbench.reporting.figure_options import check_options, validation_needed
 
     problems = sorted({c.problem for c in cells})
     optimizers = sorted({c.optimizer for c in cells})
     train = config.get("train") or {}
     for name, options in figures_config.items():
-        if name == "audit" or name not in figures.FIGURES:
-            continue
+        if not catalog.is_figure(name) or catalog.figure(name).table != "runs":
+            continue  # drawn from the audits: the workflow checks that there are audits
+        spec = catalog.figure(name)
         try:
-            figures.check_options(name, options)
+            check_options(name, spec.options, options)
         except ValueError as exc:
             raise ConfigError(f"config key figures.{name}: {exc}") from None
-        merged = {**figures.FIGURES[name].defaults, **options}
-        need = figures.validation_needed(name, options)
+        merged = {**spec.defaults, **options}
+        need = validation_needed(name, spec.defaults, spec.needs_validation, options)
         drawn = _as_list(merged["problem"]) if "problem" in merged else merged.get("problems")
         # the cells it may draw (of its problems; all where it draws none, refused below) and which
         # of them have no validation split (their block's validation_size, else train:'s)
@@ -338,8 +325,8 @@ def check_figures(config: dict[str, Any], cells: list[Cell]) -> None:
             raise ConfigError(f"config key figures.{name}.epsilons: {_short(merged['epsilons'])}{given} is not trained "
                               f"by the grid (its epsilons: {', '.join(map(fmt, sorted(epsilons))) or 'none'}): the "
                               "figure would be empty")
-        if "min_seeds" in inspect.signature(figures.FIGURES[name].build).parameters:
-            need = merged.get("min_seeds", inspect.signature(figures.FIGURES[name].build).parameters["min_seeds"].default)
+        if "min_seeds" in spec.options:
+            need = merged.get("min_seeds", spec.min_seeds)
             seeds: dict = {}
             for c in cells:
                 seeds.setdefault(c.id.rsplit("-s", 1)[0], set()).add(c.seed_index)
@@ -365,9 +352,6 @@ def _set_defaults(properties_validator):
 
 def expand(config: dict[str, Any]) -> list[Cell]:
     """All training cells of a config, deduplicated, in a stable order."""
-    from dpbench.optimizers import OPTIMIZERS
-    from dpbench.problems import PROBLEMS
-
     cells: dict[str, Cell] = {}
     for b, block in enumerate(config.get("grid", [])):
         where = f"grid.{b}"
@@ -380,14 +364,16 @@ def expand(config: dict[str, Any]) -> list[Cell]:
         overrides = block_settings(config, block)  # the block's own train settings: its cells' runs take them
         block_config = {**config, "train": {**(config.get("train") or {}), **dict(overrides)}}
         for i, problem in enumerate(block["problems"]):
-            if problem not in PROBLEMS:  # a broken plugin's id: its one-line error
+            if not catalog.is_problem(problem):  # a broken plugin's id: its one-line error
+                from dpbench.problems import PROBLEMS
+
                 raise ConfigError(f"config key {where}.problems.{i}: " + str(PROBLEMS.error(problem) or (
                     f"unknown problem {problem!r} (choose from {sorted(PROBLEMS)})")))
         for name, settings in block["optimizers"].items():
-            if name not in OPTIMIZERS:
-                raise ConfigError(f"config key {where}.optimizers.{name}: " + str(OPTIMIZERS.error(name) or (
-                    f"unknown optimizer (choose from {sorted(OPTIMIZERS)})")))
-            spec = OPTIMIZERS[name]
+            if not catalog.is_optimizer(name):  # the torch-free catalog (plugins: the registry)
+                raise ConfigError(f"config key {where}.optimizers.{name}: " + str(catalog.optimizer_error(name) or (
+                    f"unknown optimizer (choose from {catalog.optimizer_names()})")))
+            spec = catalog.optimizer(name)
             settings = dict(settings)
             lrs = _as_list(settings.pop("lr"))
             hp_axes = {k: _as_list(v) for k, v in sorted(settings.items())}
@@ -419,7 +405,7 @@ def expand(config: dict[str, Any]) -> list[Cell]:
                                                           epsilons, seed_indices):
                 try:  # a search's candidates (settings drawn, seeds their own), or every setting at the cell's seed
                     runs = (searches.candidates(search, seeds[s], settings, hp_axes, f"{where}.tuning", block_config,
-                                                spec) if search
+                                                catalog.optimizer_spec(name)) if search
                             else [(i, seeds[s], ()) for i in range(len(settings))])
                 except ValueError as exc:
                     raise ConfigError(str(exc)) from None

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from dpbench.pipeline import catalog
 from dpbench.pipeline.grid import Cell, ConfigError, expand, read_yaml, validate
 
 
@@ -67,14 +68,13 @@ class Jobs:
         return f"{self.results}/audit/audits.parquet"
 
     def figure_input(self, figure: str) -> str:
-        """The table a figure is drawn from: the audits for ``audit``, the runs for the others."""
-        return self.audit_table if figure == "audit" else self.runs_table
+        """The table a figure is drawn from, as its spec names it (``table``): the audits table
+        (``audit``'s) or the runs table."""
+        return self.audit_table if catalog.figure(figure).table == "audits" else self.runs_table
 
     def figure_files(self, figure: str) -> list[str]:
         """The files a figure's job writes: <id>.png and .pdf, or <id>.md for a table."""
-        from dpbench.reporting.figures import extensions
-
-        return [f"{self.results}/figures/{figure}.{ext}" for ext in extensions(figure)]
+        return [f"{self.results}/figures/{figure}.{ext}" for ext in catalog.figure(figure).extensions]
 
     def cache_files(self, cell: Cell) -> dict[str, Path]:
         """The factorization (and noise) file a matrix-mechanism cell reads (``Cell.cache_files``)."""
@@ -179,13 +179,16 @@ def named_plugins(jobs: Jobs) -> list[tuple[str, str, str]]:
     """The plugins the config names, as (registry: optimizers, problems or figures; id; its
     origin, "plugin <distribution> <version>"): its cells' optimizers and problems, the
     optimizers it audits and its figures that an installed plugin registers."""
+    named = {("optimizers", c.optimizer) for c in jobs.cells.values()} | {("problems", c.problem)
+                                                                         for c in jobs.cells.values()}
+    named |= {("optimizers", audit_job(a)[0]) for a in jobs.audits} | {("figures", f) for f in jobs.figures}
+    named = {(kind, name) for kind, name in named if catalog.is_plugin(kind, name)}  # no registry for built-ins
+    if not named:
+        return []
     from dpbench.optimizers import OPTIMIZERS
     from dpbench.problems import PROBLEMS
     from dpbench.reporting.figures import FIGURES
 
-    named = {("optimizers", c.optimizer) for c in jobs.cells.values()} | {("problems", c.problem)
-                                                                         for c in jobs.cells.values()}
-    named |= {("optimizers", audit_job(a)[0]) for a in jobs.audits} | {("figures", f) for f in jobs.figures}
     registries = {"optimizers": OPTIMIZERS, "problems": PROBLEMS, "figures": FIGURES}
     return sorted((kind, name, registries[kind].origin(name)) for kind, name in named
                   if registries[kind].plugin(name) is not None)
@@ -334,17 +337,15 @@ def audit_job(name: str) -> tuple[str, float, int]:
 def audited_optimizers(names, cells: list[Cell]) -> list[str]:
     """``all``: every private optimizer of the registry; ``grid``: the private optimizers of the
     grid; else the ones named, each private (a non-private optimizer claims nothing to audit)."""
-    from dpbench.optimizers import OPTIMIZERS, get_optimizer
-
     if names == "all":
-        return sorted(n for n, spec in OPTIMIZERS.items() if spec.private)
+        return sorted(n for n in catalog.optimizer_names() if catalog.optimizer(n).private)
     if names == "grid":
-        return sorted({c.optimizer for c in cells if get_optimizer(c.optimizer).private})
+        return sorted({c.optimizer for c in cells if catalog.optimizer(c.optimizer).private})
     for name in names:
-        if name not in OPTIMIZERS:
+        if not catalog.is_optimizer(name):
             raise ConfigError(f"config key audit.optimizers: unknown optimizer {name!r} "
-                              f"(choose from {sorted(OPTIMIZERS)})")
-        if not get_optimizer(name).private:
+                              f"(choose from {catalog.optimizer_names()})")
+        if not catalog.optimizer(name).private:
             raise ConfigError(f"config key audit.optimizers: {name!r} is not private: there is no claim to audit")
     return sorted(set(names))
 
@@ -358,16 +359,19 @@ def audited_epsilons(epsilons, cells: list[Cell]) -> list[float]:
 
 def figures_of(figures: dict[str, dict], trains: bool, audits: bool, given: bool) -> dict[str, dict]:
     """The figures drawn, id -> options: the config's, and ``audit`` wherever there are audits;
-    a config that trains nothing draws only ``audit`` (by default, where it names no figures)."""
+    a config that trains nothing draws only ``audit`` (by default, where it names no figures).
+    A figure drawn from the audits table needs audits; one drawn from the runs table, training."""
     figures = dict(figures)
     if audits:
         figures.setdefault("audit", {})
-    elif "audit" in figures:
-        raise ConfigError("config key figures.audit: the figure of the audits needs audits (the config key audit)")
+    on_audits = {f for f in figures if catalog.figure(f).table == "audits"}
+    if on_audits and not audits:
+        name = sorted(on_audits)[0]
+        raise ConfigError(f"config key figures.{name}: the figure of the audits needs audits (the config key audit)")
     if not trains:
         if not given:
             figures = {"audit": {}}
-        extra = sorted(set(figures) - {"audit"})
+        extra = sorted(f for f in figures if catalog.figure(f).table != "audits")
         if extra:
             raise ConfigError(f"config key figures.{extra[0]}: figures {extra} need training runs, but the grid is "
                               "empty")

@@ -32,7 +32,6 @@ import math
 import re
 from typing import Any
 
-from dpbench.matrix import banded, blt
 
 DENSE_KINDS = ("se", "se-lambda", "me", "me-lambda", "identity")
 _DENSE_KEY = re.compile(r"^(?P<kind>se-lambda|me-lambda|se|me|identity)-k(?P<k>\d+)-b(?P<b>\d+)(?:-tau(?P<tau>\d+))?$")
@@ -90,6 +89,8 @@ def blt_key(steps: int, min_separation: int, participations: int, buffers: int |
     if steps < 2 or min_separation < 1 or participations < 1:
         raise ValueError(f"a BLT needs n >= 2, b' >= 1 and k >= 1, got n = {steps}, b' = {min_separation}, "
                          f"k = {participations}")
+    from dpbench.matrix import banded, blt  # scipy: only for a streamed key (the workflow reads dense ones without)
+
     if buffers is not None and not 1 <= buffers <= blt.MAX_BUFFERS:
         raise ValueError(f"buffers must be in [1, {blt.MAX_BUFFERS}] or auto, got {buffers}")
     k = banded.max_participations(steps, min_separation, participations)

@@ -1,6 +1,6 @@
 """The figures: the registry ``FIGURES`` (figure id -> ``FigureSpec``) and how a figure is drawn
 and written. Every figure is a pure function of an aggregated table (the runs table; the audits
-table for ``audit``): ``plot(figure_id, runs_path, out_stem, **options)`` reads the table, builds
+table for ``audit``, whose spec names it): ``plot(figure_id, runs_path, out_stem, **options)`` reads the table, builds
 the figure named by its id (a thesis figure's is its number) and writes ``<out_stem>.png`` and
 ``.pdf`` (a table: ``<out_stem>.md``).
 
@@ -19,8 +19,9 @@ One module per idea:
 
 ``FIGURES`` is a ``dpbench.plugins.Registry``: the built-ins below and, from its first read on,
 the figures of installed plugins (entry points of the group ``dpbench.figures``, each naming a
-``FigureSpec`` whose id is the entry point's name; docs/plugins.md). A plugin's figure is drawn
-from the runs table. The public names of the modules above are importable from here too.
+``FigureSpec`` whose id is the entry point's name; docs/plugins.md). A figure is drawn from the
+table its spec names (``table``: the runs table, or the audits table). The public names of the
+modules above are importable from here too.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import matplotlib
 
 matplotlib.use("Agg")  # before any pyplot import (this package's modules import it)
-import difflib  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Iterable  # noqa: E402
 
@@ -38,6 +38,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from dpbench.files import refuse_special  # noqa: E402
 from dpbench.plugins import Registry  # noqa: E402
+from dpbench.reporting import figure_options  # noqa: E402
 # every public name of the modules, as the single module figures.py had them (callers import them from here)
 from dpbench.reporting.figures.audit import audit_figure, draw_audit  # noqa: E402
 from dpbench.reporting.figures.language_model import (  # noqa: E402
@@ -72,7 +73,8 @@ BUILT_IN = (
                {"problem": "P2", "ys": ("batch_size", "epochs")}),
     FigureSpec("figB_2", best_settings_figure, "Setup 1, P2: best epochs and lr per batch size", {"problem": "P2"}),
     # drawn from the audits table (results/audit/audits.parquet), not the runs table
-    FigureSpec("audit", audit_figure, "Empirical privacy audit: claimed ε against the measured lower bound"),
+    FigureSpec("audit", audit_figure, "Empirical privacy audit: claimed ε against the measured lower bound",
+               table="audits"),
     # the language model (config/lm.yaml; Gong, Pavliv & Peng)
     # (each selects an optimizer's configuration on the validation loss, whatever its options)
     FigureSpec("lm_loss", lm_loss_figure, "P4: training and validation loss per optimizer and ε", {"problem": "P4"},
@@ -139,27 +141,15 @@ def spec_of(figure_id: str) -> FigureSpec:
 
 def check_options(figure_id: str, options: dict) -> None:
     """Refuses an option the figure does not take (naming it and the closest one it does) and
-    a ``select_by`` other than test or val, before any drawing."""
-    params = option_names(spec_of(figure_id).build)
-    for key in options:
-        if key not in params:
-            close = difflib.get_close_matches(key, params, n=1, cutoff=0.5)
-            hint = f"did you mean {close[0]!r}?" if close else f"options: {', '.join(params)}"
-            raise ValueError(f"unknown option {key!r} of figure {figure_id} ({hint})")
-    if options.get("select_by", "test") not in ("test", "val"):
-        raise ValueError(f"select_by must be test or val, got {options['select_by']!r}")
+    a ``select_by`` other than test or val, before any drawing (``figure_options.check_options``)."""
+    figure_options.check_options(figure_id, option_names(spec_of(figure_id).build), options)
 
 
 def validation_needed(figure_id: str, options: dict) -> tuple[str, str] | None:
-    """Why the figure needs a validation split under ``options``: (the option that asks for it,
-    "" for the figure itself; the reason), or None. The config check and ``dpbench plot`` refuse
-    it where there is none (the figure would select on NaN: an empty panel, an arbitrary lr)."""
+    """Why the figure needs a validation split under ``options`` (``figure_options.validation_needed``),
+    or None."""
     spec = spec_of(figure_id)
-    if {**spec.defaults, **options}.get("select_by") == "val":
-        return "select_by", "'val' selects on the validation split"
-    if spec.needs_validation:
-        return "", f"{figure_id} selects each optimizer's configuration on the validation split"
-    return None
+    return figure_options.validation_needed(figure_id, spec.defaults, spec.needs_validation, options)
 
 
 def check_validation(figure_id: str, runs: pd.DataFrame, options: dict, where: str) -> None:

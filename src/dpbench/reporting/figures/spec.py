@@ -14,14 +14,15 @@ from matplotlib.figure import Figure
 from dpbench.plugins import Group
 
 KINDS = ("figure", "table")
+TABLES = ("runs", "audits")  # results/aggregate/runs.parquet, results/audit/audits.parquet
 
 
 @dataclass(frozen=True)
 class FigureSpec:
-    """One figure. ``build(table, **options)`` draws it from the aggregated runs table (the
-    audits table for the built-in ``audit``) and returns a matplotlib ``Figure`` (``kind``
-    "figure": written as ``<id>.png`` and ``.pdf``) or a Markdown string ("table": ``<id>.md``).
-    Its keyword parameters are the figure's options (config key ``figures.<id>``, ``dpbench plot
+    """One figure. ``build(table, **options)`` draws it from the aggregated ``table``: ``runs``
+    (the runs table, by default) or ``audits`` (the audits table, as the built-in ``audit``),
+    and returns a matplotlib ``Figure`` (``kind`` "figure": written as ``<id>.png`` and ``.pdf``)
+    or a Markdown string ("table": ``<id>.md``). Its keyword parameters are the figure's options (config key ``figures.<id>``, ``dpbench plot
     -o KEY=VALUE``); ``defaults`` fill in those a config does not give, and are what the config
     check reads (a figure of one problem names it there, ``{"problem": "P4"}``, so that a grid
     without it is refused). ``needs_validation``: the figure selects on the validation split
@@ -35,6 +36,7 @@ class FigureSpec:
     defaults: dict = field(default_factory=dict)
     kind: str = "figure"
     needs_validation: bool = False
+    table: str = "runs"  # the table it is drawn from: one of TABLES
 
 
 def option_names(build: Callable[[pd.DataFrame], Figure | str]) -> list[str]:
@@ -68,6 +70,8 @@ def check(spec: FigureSpec) -> None:
         raise ValueError(f"kind is {spec.kind!r}, not one of {', '.join(KINDS)}")
     if not isinstance(spec.needs_validation, bool):
         raise ValueError(f"needs_validation is {spec.needs_validation!r}, not True or False")
+    if spec.table not in TABLES:
+        raise ValueError(f"table is {spec.table!r}, not one of {', '.join(TABLES)}")
 
 
 GROUP = Group("dpbench.figures", "figure", FigureSpec, "id", check)

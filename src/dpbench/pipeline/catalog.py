@@ -1,0 +1,235 @@
+"""What the workflow reads of the optimizers and the figures, without torch or matplotlib, as
+``dpbench.problems.catalog`` holds the problems' facts: building the DAG of a config (the grid,
+the jobs, the config check, the cluster cost model, the fingerprints) imports neither.
+
+* ``OptimizerFacts`` (``OPTIMIZERS``): per built-in optimizer whether it is private, its
+  hyperparameters' defaults (``hyperparameters`` checks a config's values as the run does),
+  its cost class (``dpbench.pipeline.cluster``), the module that builds its step (its code
+  fingerprint) and the cached files its mechanism reads (``files``, a
+  ``dpbench.mechanisms.files`` declaration: the factorization and noise files the workflow makes).
+* ``FigureFacts`` (``FIGURES``): per built-in figure its kind (the files it writes), the table
+  it is drawn from (``runs`` or ``audits``), its options and their defaults, and whether it
+  selects on the validation split.
+
+Both are second lists beside the registries (``dpbench.optimizers.OPTIMIZERS``,
+``dpbench.reporting.figures.FIGURES``), whose specs hold the step's builder and the drawing
+function: tests/test_catalog.py holds each entry equal to its spec. ``optimizer(id)`` and
+``figure(id)`` read a built-in here and a plugin's from its spec through the registry (which
+imports the plugin, and so may import torch: only where a config names a plugin).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from dpbench import hyperparameters
+from dpbench.mechanisms.files import DenseFiles, StreamedFiles
+
+TABLES = ("runs", "audits")  # what a figure is drawn from: the runs table, the audits table
+
+
+@dataclass(frozen=True)
+class OptimizerFacts:
+    """An optimizer as the workflow reads it (module docstring); ``files``: None where its
+    runs read no cached file."""
+
+    name: str
+    private: bool
+    module: str  # the module that builds its step (``OptimizerSpec.build.__module__``)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    cost_class: str | None = None
+    files: DenseFiles | StreamedFiles | Any = None
+
+    def hyperparameters(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The defaults overridden by ``given``, checked as ``OptimizerSpec.hyperparameters``."""
+        return hyperparameters.merged(self.name, self.defaults, given)
+
+    @classmethod
+    def of(cls, spec) -> OptimizerFacts:
+        """The facts of a registry's spec (a plugin's)."""
+        return cls(spec.name, spec.private, spec.build.__module__, dict(spec.defaults), spec.cost_class,
+                   getattr(spec.mechanism, "files", None))
+
+
+_ADAM = {"beta1": 0.9, "beta2": 0.999}
+_D2P2 = {"auto_clip_gamma": 0.01, "projection_rate": 0.7, "projection": "srht", "paper_sensitivity": False}
+_OPT = "dpbench.optimizers."
+
+OPTIMIZERS: dict[str, OptimizerFacts] = {f.name: f for f in (
+    OptimizerFacts("sgd", False, _OPT + "sgd", {}, "sgd"),
+    OptimizerFacts("dpsgd", True, _OPT + "sgd", {}, "dpsgd"),
+    OptimizerFacts("opacus-dpsgd", True, _OPT + "opacus_dpsgd"),
+    OptimizerFacts("adam", False, _OPT + "adam", {**_ADAM, "eps": 1e-08}, "sgd"),
+    OptimizerFacts("adamw", False, _OPT + "adam", {**_ADAM, "eps": 1e-08, "weight_decay": 1e-05}),
+    OptimizerFacts("dpadam", True, _OPT + "adam", {**_ADAM, "eps": 1e-08}, "dpadambc"),
+    OptimizerFacts("dpadambc", True, _OPT + "adam", {**_ADAM, "zeta": 1e-08}, "dpadambc"),
+    OptimizerFacts("dpadamw", True, _OPT + "adam", {**_ADAM, "eps0": 1e-08, "weight_decay": 1e-05}, "dpadambc"),
+    OptimizerFacts("dpadamw-bc", True, _OPT + "adam", {**_ADAM, "gamma": 1e-08, "weight_decay": 1e-05}, "dpadambc"),
+    OptimizerFacts("dpdice", True, _OPT + "dice", {"c2": 1.0}, "dpdice"),
+    OptimizerFacts("dpdice-strict", True, _OPT + "dice_strict", {"c2": 1.0}, "dpdice"),
+    OptimizerFacts("dpdisk", True, _OPT + "disk", {"kappa": 0.7, "gamma": 0.5}, "dpdisk"),
+    OptimizerFacts("d2p2sgd", True, _OPT + "d2p2", _D2P2),
+    OptimizerFacts("d2psgd", True, _OPT + "d2p2", {"auto_clip_gamma": 0.01}, "dpsgd"),
+    OptimizerFacts("dp2sgd", True, _OPT + "d2p2", _D2P2),
+    OptimizerFacts("dpmatrix-se", True, _OPT + "dpmatrix", {}, "dpmatrix-se", DenseFiles("se")),
+    OptimizerFacts("dpmatrix-se-lambda", True, _OPT + "dpmatrix", {"tau": None}, "dpmatrix-se",
+                   DenseFiles("se-lambda")),
+    OptimizerFacts("dpmatrix-me", True, _OPT + "dpmatrix", {}, "dpmatrix-se", DenseFiles("me")),
+    OptimizerFacts("dpmatrix-me-lambda", True, _OPT + "dpmatrix", {"tau": None}, "dpmatrix-se",
+                   DenseFiles("me-lambda")),
+    OptimizerFacts("dpmatrix-band", True, _OPT + "streaming", {"bands": "auto"}, "dpmatrix-se", StreamedFiles("band")),
+    OptimizerFacts("dpmatrix-band-amp", True, _OPT + "streaming", {"bands": "auto"}, "dpmatrix-se",
+                   StreamedFiles("band-amp")),
+    OptimizerFacts("dpmatrix-blt", True, _OPT + "streaming", {"buffers": "auto"}, "dpmatrix-se", StreamedFiles("blt")),
+)}
+
+
+@dataclass(frozen=True)
+class FigureFacts:
+    """A figure as the workflow reads it (module docstring): ``options``, the keyword
+    parameters of its drawing function; ``min_seeds``, that parameter's default where it takes
+    one (the config check refuses a grid with fewer seeds of a setting)."""
+
+    id: str
+    options: tuple[str, ...]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    kind: str = "figure"  # or "table"
+    table: str = "runs"  # or "audits"
+    needs_validation: bool = False
+    min_seeds: int | None = None
+
+    @property
+    def extensions(self) -> tuple[str, ...]:
+        """The files ``dpbench plot`` writes for it: ("png", "pdf"), or ("md",) for a table."""
+        return ("md",) if self.kind == "table" else ("png", "pdf")
+
+    @classmethod
+    def of(cls, spec) -> FigureFacts:
+        """The facts of a registry's spec (a plugin's, or a built-in's for the tests)."""
+        import inspect
+
+        params = list(inspect.signature(spec.build).parameters.values())[1:]
+        min_seeds = next((p.default for p in params if p.name == "min_seeds"), None)
+        return cls(spec.id, tuple(p.name for p in params), dict(spec.defaults), spec.kind, spec.table,
+                   spec.needs_validation, min_seeds)
+
+
+_COMPARISON = ("problems", "optimizers", "select_by", "filters")
+_HEATMAP = ("problem", "ys", "x", "epsilons", "optimizers", "select_by", "filters", "fmt")
+_BEST = ("problem", "epsilons", "optimizers", "select_by", "filters")
+_LM = ("problem", "optimizers", "filters")
+_TUNING = ("problem", "select_by", "optimizers", "filters")
+_FINETUNE = ("problem", "modes", "epsilons", "optimizers", "select_by", "non_private")
+_VAL = {"select_by": "val"}
+
+FIGURES: dict[str, FigureFacts] = {f.id: f for f in (
+    FigureFacts("fig5_1", _COMPARISON),
+    FigureFacts("fig5_2", _COMPARISON, {"problems": ["P1", "P3", "P2"]}),
+    FigureFacts("fig5_3", ("problems", "optimizers", "select_by", "min_seeds", "filters"), min_seeds=2),
+    FigureFacts("fig5_4", _HEATMAP, {"problem": "P1", "ys": ("batch_size", "epochs")}),
+    FigureFacts("fig5_5", _BEST, {"problem": "P1"}),
+    FigureFacts("fig5_6", _HEATMAP, {"problem": "P2"}),
+    FigureFacts("fig5_7", _HEATMAP, {"problem": "P1"}),
+    FigureFacts("fig5_8", _HEATMAP, {"problem": "P3"}),
+    FigureFacts("figB_1", _HEATMAP, {"problem": "P2", "ys": ("batch_size", "epochs")}),
+    FigureFacts("figB_2", _BEST, {"problem": "P2"}),
+    FigureFacts("audit", ("optimizers",), table="audits"),
+    FigureFacts("lm_loss", _LM, {"problem": "P4"}, needs_validation=True),
+    FigureFacts("lm_exposure", _LM, {"problem": "P4"}, needs_validation=True),
+    FigureFacts("lm_ranking", ("problem", "k", "optimizers", "filters"), {"problem": "P4"}, "table",
+                needs_validation=True),
+    FigureFacts("tuning", _TUNING, {"problem": "P2", **_VAL}),
+    FigureFacts("tuning_table", _TUNING, {"problem": "P2", **_VAL}, "table"),
+    FigureFacts("finetune", (*_FINETUNE, "filters"), {"problem": "P6", **_VAL}),
+    FigureFacts("finetune_table", (*_FINETUNE, "k", "filters"), {"problem": "P6", **_VAL}, "table"),
+    FigureFacts("finetune_exposure", ("problem", "k", *_FINETUNE[1:], "filters"), {"problem": "P5", **_VAL}),
+)}
+
+
+def plugins_installed(group: str) -> bool:
+    """Whether any entry point of ``group`` is installed (read from the distributions'
+    metadata; nothing is imported)."""
+    return any(True for _ in importlib.metadata.entry_points(group=group))
+
+
+def _optimizer_registry():
+    from dpbench.optimizers import OPTIMIZERS as registry  # imports torch: only for a plugin
+
+    return registry
+
+
+def _figure_registry():
+    from dpbench.reporting.figures import FIGURES as registry  # imports matplotlib: only for a plugin
+
+    return registry
+
+
+def optimizer_names() -> list[str]:
+    """Every optimizer id: the built-ins, and the installed plugins' (the registry's)."""
+    return sorted(_optimizer_registry() if plugins_installed("dpbench.optimizers") else OPTIMIZERS)
+
+
+def figure_names() -> list[str]:
+    """Every figure id: the built-ins, and the installed plugins' (the registry's)."""
+    return list(_figure_registry() if plugins_installed("dpbench.figures") else FIGURES)
+
+
+def is_optimizer(name: str) -> bool:
+    return name in OPTIMIZERS or (plugins_installed("dpbench.optimizers") and name in _optimizer_registry())
+
+
+def is_figure(name: str) -> bool:
+    return name in FIGURES or (plugins_installed("dpbench.figures") and name in _figure_registry())
+
+
+def optimizer(name: str) -> OptimizerFacts:
+    """A built-in's facts, else a plugin's from its spec: an unknown id is the registry's
+    KeyError naming the choices, a broken plugin's its one-line ``PluginError``."""
+    return OPTIMIZERS[name] if name in OPTIMIZERS else OptimizerFacts.of(_optimizer_registry().lookup(name))
+
+
+def figure(name: str) -> FigureFacts:
+    """A built-in's facts, else a plugin's from its spec (``dpbench.reporting.figures.spec_of``'s errors)."""
+    if name in FIGURES:
+        return FIGURES[name]
+    from dpbench.reporting.figures import spec_of
+
+    return FigureFacts.of(spec_of(name))
+
+
+def optimizer_spec(name: str):
+    """The registry's spec of an optimizer (it imports torch: what a search accounts, its mechanism)."""
+    return _optimizer_registry().lookup(name)
+
+
+def is_problem(name: str) -> bool:
+    """A built-in problem (the torch-free ``dpbench.problems.catalog``) or an installed plugin's."""
+    from dpbench.problems import catalog as problems
+
+    if name in problems.FACTS:
+        return True
+    from dpbench.problems import PROBLEMS  # the registry: imports torch
+
+    return name in PROBLEMS
+
+
+def optimizer_error(name: str):
+    """The one-line error of a broken optimizer plugin whose id is ``name``, or None."""
+    return _optimizer_registry().error(name) if plugins_installed("dpbench.optimizers") else None
+
+
+def figure_error(name: str):
+    """The one-line error of a broken figure plugin whose id is ``name``, or None."""
+    return _figure_registry().error(name) if plugins_installed("dpbench.figures") else None
+
+
+def is_plugin(registry: str, name: str) -> bool:
+    """Whether ``name`` of ``registry`` (optimizers, problems or figures) is an installed
+    plugin's; a built-in's id never is (the built-in keeps it), and nothing is imported where
+    none of the group is installed."""
+    from dpbench.problems import catalog as problems
+
+    builtins = {"optimizers": OPTIMIZERS, "problems": problems.FACTS, "figures": FIGURES}[registry]
+    return name not in builtins and plugins_installed(f"dpbench.{registry}")
