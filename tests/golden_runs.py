@@ -17,6 +17,8 @@ import contextlib
 import hashlib
 import json
 import math
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -110,6 +112,7 @@ def audits(cache_dir: str):
 
 
 def compute(fmnist_dir: str | None) -> dict:
+    """The golden runs, computed in this process (one torch thread; see ``compute_isolated``)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -119,6 +122,28 @@ def compute(fmnist_dir: str | None) -> dict:
         return out
     finally:
         torch.set_num_threads(threads)
+
+
+# Every numeric library's threads, fixed before it loads: with two BLAS threads a product is summed
+# in another order, and a numerically solved factorization (the SE strategy's sensitivity) moves in
+# its last digits on the same platform (0.9999999999999998 recorded, ...94 with two threads, ...97
+# with threadpoolctl's limit set after the libraries loaded).
+ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
+def compute_isolated(fmnist_dir: str | None) -> dict:
+    """``compute`` in a fresh interpreter whose libraries load with one thread each (``ONE_THREAD``;
+    the rest of the environment, e.g. forced instruction sets, passes through), as the golden runs
+    are recorded (``python tests/golden_runs.py``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "runs.json"
+        code = ("import json, sys; import golden_runs; "
+                "json.dump(golden_runs.compute(sys.argv[1] or None), open(sys.argv[2], 'w'), sort_keys=True)")
+        env = {**os.environ, **ONE_THREAD,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))}
+        subprocess.run([sys.executable, "-c", code, fmnist_dir or "", str(out)], env=env, check=True,
+                       capture_output=True, text=True, timeout=1200)
+        return json.loads(out.read_text())
 
 
 def platform() -> dict:
@@ -151,7 +176,7 @@ if __name__ == "__main__":
     d = _fmnist_dir()
     if d is None:
         sys.exit("golden runs need the real Fashion-MNIST files (apt-get install dataset-fashion-mnist)")
-    runs = compute(str(d))
+    runs = compute_isolated(str(d))
     GOLDEN.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
     PLATFORM.write_text(json.dumps(platform(), indent=1, sort_keys=True) + "\n")
     print(f"wrote {GOLDEN}: {len(runs)} runs", file=sys.stderr)
