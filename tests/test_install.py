@@ -22,7 +22,8 @@ SCANNED = ("src", "tests", "benchmarks", "scripts", "workflow", "Snakefile")
 PATH_EDIT = re.compile("sys" + r"\.path\s*(\.\s*(insert|append|extend|remove|pop|clear)\s*\(|\[[^\]]*\]\s*=(?!=)"
                        r"|\+?=(?!=))|syspath" + "_prepend")
 # The one exception: the plugin tests (and a block-settings test of a plugin problem) install fake
-# distributions (dist-info and package) into a temporary site folder, which must be on the search path as pip's site-packages is.
+# distributions (dist-info and package) into a temporary site folder, which must be on the search
+# path as pip's site-packages is.
 INSTALLS_FAKE_DISTRIBUTIONS = {"tests/test_plugins.py", "tests/test_figure_plugins.py", "tests/test_block_settings.py"}
 
 
