@@ -186,3 +186,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def stand_in_checkpoint(dims: dict, seed: int = 0, sha256: str = "ab" * 32):
+    """A stand-in for a loaded public checkpoint (what dpbench.problems.finetune reads): a
+    TransformerLM's state dict of ``dims`` drawn from ``seed``, its dimensions, and a path,
+    SHA-256 and recipe to record; the caller's random stream is left as it was."""
+    import types
+
+    from dpbench.problems.transformer import TransformerLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        state = TransformerLM(**dims).state_dict()
+    return types.SimpleNamespace(state_dict=state, model_dims=dict(dims), path="/public/wordnet-lm.pt",
+                                 sha256=sha256, recipe="wordnet-lm")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import types
 
 import pytest
 import torch
@@ -28,18 +27,16 @@ from dpbench.training.harness import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+from conftest import stand_in_checkpoint  # noqa: E402
+
 TINY = {"vocab_size": 258, "context": 16, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_mlp": 32}
 MODES = [Finetune("full"), Finetune("last-block"), Finetune("lora", 4), Finetune("bias")]
 MODE_IDS = [f.mode for f in MODES]
 
 
 def checkpoint(dims=TINY, seed=0):
-    """A stand-in for a loaded public checkpoint: a TransformerLM's state dict and dimensions."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        state = TransformerLM(**dims).state_dict()
-    return types.SimpleNamespace(state_dict=state, model_dims=dict(dims), path="/public/wordnet-lm.pt",
-                                 sha256="ab" * 32, recipe="wordnet-lm")
+    """A stand-in for a loaded public checkpoint (conftest.stand_in_checkpoint)."""
+    return stand_in_checkpoint(dims, seed, "ab" * 32)
 
 
 def tokens(n=6, width=12, seed=1):

@@ -6,7 +6,6 @@ mode; padding changes no logit), and a P5 and a P6 run from a checkpoint end to 
 
 from __future__ import annotations
 
-import types
 
 import numpy as np
 import pytest
@@ -27,17 +26,16 @@ from test_fortunes import write_fortunes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+from conftest import stand_in_checkpoint  # noqa: E402
+
 TINY = {"vocab_size": 258, "context": 128, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_mlp": 32}
 MODES = [Finetune("full"), Finetune("last-block"), Finetune("lora", 4), Finetune("bias")]
 WORDS = "the of and a to in is you that it he was for on are as with his they at be this".split()
 
 
 def checkpoint(dims=TINY, seed=0):
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        state = TransformerLM(**dims).state_dict()
-    return types.SimpleNamespace(state_dict=state, model_dims=dict(dims), path="/public/wordnet-lm.pt",
-                                 sha256="cd" * 32, recipe="wordnet-lm")
+    """A stand-in for a loaded public checkpoint (conftest.stand_in_checkpoint)."""
+    return stand_in_checkpoint(dims, seed, "cd" * 32)
 
 
 # -- facts ----------------------------------------------------------------------------------------
