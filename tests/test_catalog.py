@@ -133,7 +133,7 @@ for path in sys.argv[1:]:
         cluster.resources(cell, found.config["train"], 1)
         fingerprint.optimizer_fingerprint(cell.optimizer) + fingerprint.problem_fingerprint(cell.problem)
     for figure in found.figures:
-        found.figure_input(figure), found.figure_files(figure), fingerprint.figure_fingerprint(figure)
+        found.figure_input(figure), found.figure_files(figure), fingerprint.figure_fingerprint(found.figure_id(figure))
 print(json.dumps(sorted(m for m in ("torch", "matplotlib", "pandas") if m in sys.modules)))
 """
 

@@ -309,6 +309,8 @@ def test_the_tiny_finetune_workflow_end_to_end(tmp_path):
     assert (results / "figures" / "finetune.png").stat().st_size > 0
     table = (results / "figures" / "finetune_table.md").read_text()
     assert "LoRA (r = 4)" in table and "| full |" in table  # both modes of P6, apart
+    p5 = (results / "figures" / "finetune_table_p5.md").read_text()  # the same table, drawn again for P5
+    assert p5.startswith("# P5: ") and "LoRA (r = 4)" in p5 and "exposure" in p5
     again = subprocess.run([*command, "-n"], cwd=work, capture_output=True, text=True, timeout=300, env=tree_env(work))
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]
 

@@ -151,6 +151,33 @@ def test_figure_options_are_the_plot_commands_options_quoted():
         "-o problems=P3,P2 -o filter.kappa=0.5,0.7 -o filter.bands=8 -o 'title=a b'"
 
 
+def test_a_figure_drawn_twice_under_its_own_name_writes_its_own_files():
+    """``finetune_p5: {figure: finetune, problem: P5}`` beside ``finetune``: a second drawing of
+    one figure (e.g. P5's perplexity beside P6's accuracy) under a name of its own."""
+    jobs = jobs_of(figures={"fig5_1": {}, "fig5_1_dpsgd": {"figure": "fig5_1", "optimizers": ["dpsgd"]},
+                            "tuning_table": {"problem": "P2", "select_by": "test"}})
+    assert jobs.figure_id("fig5_1_dpsgd") == "fig5_1" and jobs.figure_id("fig5_1") == "fig5_1"
+    assert jobs.figure_files("fig5_1_dpsgd") == ["results/figures/fig5_1_dpsgd.png", "results/figures/fig5_1_dpsgd.pdf"]
+    assert jobs.figure_input("fig5_1_dpsgd") == "results/aggregate/runs.parquet"
+    assert figure_options(jobs.figures["fig5_1_dpsgd"]) == "-o optimizers=dpsgd"  # the figure id is not an option
+    plots = {name: path for name, path in jobs.listing() if name.startswith("plot_")}
+    assert plots == {"plot_fig5_1": "results/figures/fig5_1.png", "plot_fig5_1_dpsgd": "results/figures/fig5_1_dpsgd.png",
+                     "plot_tuning_table": "results/figures/tuning_table.md"}
+
+
+@pytest.mark.parametrize("figures,line", [
+    ({"fig5_2": {"figure": "fig5_1"}}, "config key figures.fig5_2.figure: fig5_2 is itself a figure; a second "
+                                       "drawing of fig5_1 needs a name of its own"),
+    ({"mine": {"figure": "fig5_9"}}, "config key figures.mine.figure: unknown figure"),
+    ({"mine": {"figure": ["fig5_1"]}}, "config key figures.mine.figure: ['fig5_1'] is not a figure id"),
+    ({"mine": {"figure": "fig5_1", "problem": "P2"}}, "config key figures.mine: "),
+    ({"mine": {"problem": "P2"}}, "config key figures.mine: unknown figure"),
+])
+def test_a_second_drawing_names_a_known_figure_and_takes_its_options(figures, line):
+    with pytest.raises(ConfigError, match="^" + line.replace("[", r"\[").replace("]", r"\]")):
+        jobs_of(figures=figures)
+
+
 def test_dpbench_grid_lists_the_cells_and_with_jobs_every_job(capsys):
     tiny = str(REPO / ".test" / "config" / "config.yaml")
     assert cli.main(["grid", tiny]) == 0

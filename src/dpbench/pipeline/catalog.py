@@ -180,6 +180,13 @@ def is_optimizer(name: str) -> bool:
     return name in OPTIMIZERS or (plugins_installed("dpbench.optimizers") and name in _optimizer_registry())
 
 
+def drawn_figure(name: str, options: dict | None) -> str:
+    """The figure that the config's ``figures`` entry ``name`` draws: its option ``figure``
+    where it gives one (a second drawing of a figure under a name of its own, e.g.
+    ``finetune_p5: {figure: finetune, problem: P5}``), else ``name`` itself."""
+    return (options or {}).get("figure", name)
+
+
 def is_figure(name: str) -> bool:
     return name in FIGURES or (plugins_installed("dpbench.figures") and name in _figure_registry())
 

@@ -274,11 +274,19 @@ def _schema_error(e) -> ConfigError:
 
 def check_figure_ids(config: dict[str, Any]) -> None:
     """Each figure is a built-in's or an installed plugin's (``dpbench.pipeline.catalog``);
-    a broken plugin's id is its one-line error."""
-    for name in config.get("figures") or {}:
-        if not catalog.is_figure(name):
-            raise ConfigError(f"config key figures.{name}: " + str(catalog.figure_error(name) or (
-                f"unknown figure ({_closest(name, catalog.figure_names())})")))
+    a broken plugin's id is its one-line error. An entry named otherwise draws the figure its
+    option ``figure`` names (``catalog.drawn_figure``): a second drawing of a figure."""
+    for name, options in (config.get("figures") or {}).items():
+        figure = catalog.drawn_figure(name, options)
+        key = f"figures.{name}" + (".figure" if "figure" in (options or {}) else "")
+        if not isinstance(figure, str):
+            raise ConfigError(f"config key {key}: {_short(figure)} is not a figure id")
+        if figure != name and catalog.is_figure(name):
+            raise ConfigError(f"config key {key}: {name} is itself a figure; a second drawing of {figure} "
+                              "needs a name of its own")
+        if not catalog.is_figure(figure):
+            raise ConfigError(f"config key {key}: " + str(catalog.figure_error(figure) or (
+                f"unknown figure ({_closest(figure, catalog.figure_names())})")))
 
 
 def check_figures(config: dict[str, Any], cells: list[Cell]) -> None:
@@ -294,15 +302,17 @@ def check_figures(config: dict[str, Any], cells: list[Cell]) -> None:
     optimizers = sorted({c.optimizer for c in cells})
     train = config.get("train") or {}
     for name, options in figures_config.items():
-        if not catalog.is_figure(name) or catalog.figure(name).table != "runs":
+        figure = catalog.drawn_figure(name, options)
+        if not catalog.is_figure(figure) or catalog.figure(figure).table != "runs":
             continue  # drawn from the audits: the workflow checks that there are audits
-        spec = catalog.figure(name)
+        spec = catalog.figure(figure)
+        options = {k: v for k, v in options.items() if k != "figure"}
         try:
-            check_options(name, spec.options, options)
+            check_options(figure, spec.options, options)
         except ValueError as exc:
             raise ConfigError(f"config key figures.{name}: {exc}") from None
         merged = {**spec.defaults, **options}
-        need = validation_needed(name, spec.defaults, spec.needs_validation, options)
+        need = validation_needed(figure, spec.defaults, spec.needs_validation, options)
         drawn = _as_list(merged["problem"]) if "problem" in merged else merged.get("problems")
         # the cells it may draw (of its problems; all where it draws none, refused below) and which
         # of them have no validation split (their block's validation_size, else train:'s)

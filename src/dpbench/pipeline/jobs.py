@@ -40,7 +40,7 @@ class Jobs:
     cells: dict[str, Cell]  # cell id -> cell, in id order
     audit: dict[str, Any] | None  # the config's own audit section
     audits: tuple[str, ...]  # "<optimizer>-eps<epsilon>[-seed<seed>]", one audit job each
-    figures: dict[str, dict[str, Any]]  # figure id -> its options
+    figures: dict[str, dict[str, Any]]  # the config's figures entry (a figure id, or a name with option figure) -> options
 
     @property
     def results(self) -> str:
@@ -67,14 +67,19 @@ class Jobs:
     def audit_table(self) -> str:
         return f"{self.results}/audit/audits.parquet"
 
-    def figure_input(self, figure: str) -> str:
+    def figure_id(self, name: str) -> str:
+        """The figure that the figures entry ``name`` draws (``catalog.drawn_figure``; a name the
+        config does not list is a figure id)."""
+        return catalog.drawn_figure(name, self.figures.get(name))
+
+    def figure_input(self, name: str) -> str:
         """The table a figure is drawn from, as its spec names it (``table``): the audits table
         (``audit``'s) or the runs table."""
-        return self.audit_table if catalog.figure(figure).table == "audits" else self.runs_table
+        return self.audit_table if catalog.figure(self.figure_id(name)).table == "audits" else self.runs_table
 
-    def figure_files(self, figure: str) -> list[str]:
-        """The files a figure's job writes: <id>.png and .pdf, or <id>.md for a table."""
-        return [f"{self.results}/figures/{figure}.{ext}" for ext in catalog.figure(figure).extensions]
+    def figure_files(self, name: str) -> list[str]:
+        """The files a figures entry's job writes: <name>.png and .pdf, or <name>.md for a table."""
+        return [f"{self.results}/figures/{name}.{ext}" for ext in catalog.figure(self.figure_id(name)).extensions]
 
     def cache_files(self, cell: Cell) -> dict[str, Path]:
         """The factorization (and noise) file a matrix-mechanism cell reads (``Cell.cache_files``)."""
@@ -181,7 +186,7 @@ def named_plugins(jobs: Jobs) -> list[tuple[str, str, str]]:
     optimizers it audits and its figures that an installed plugin registers."""
     named = {("optimizers", c.optimizer) for c in jobs.cells.values()} | {("problems", c.problem)
                                                                          for c in jobs.cells.values()}
-    named |= {("optimizers", audit_job(a)[0]) for a in jobs.audits} | {("figures", f) for f in jobs.figures}
+    named |= {("optimizers", audit_job(a)[0]) for a in jobs.audits} | {("figures", jobs.figure_id(f)) for f in jobs.figures}
     named = {(kind, name) for kind, name in named if catalog.is_plugin(kind, name)}  # no registry for built-ins
     if not named:
         return []
@@ -364,14 +369,17 @@ def figures_of(figures: dict[str, dict], trains: bool, audits: bool, given: bool
     figures = dict(figures)
     if audits:
         figures.setdefault("audit", {})
-    on_audits = {f for f in figures if catalog.figure(f).table == "audits"}
+    def table(name):
+        return catalog.figure(catalog.drawn_figure(name, figures[name])).table
+
+    on_audits = {f for f in figures if table(f) == "audits"}
     if on_audits and not audits:
         name = sorted(on_audits)[0]
         raise ConfigError(f"config key figures.{name}: the figure of the audits needs audits (the config key audit)")
     if not trains:
         if not given:
             figures = {"audit": {}}
-        extra = sorted(f for f in figures if catalog.figure(f).table != "audits")
+        extra = sorted(f for f in figures if table(f) != "audits")
         if extra:
             raise ConfigError(f"config key figures.{extra[0]}: figures {extra} need training runs, but the grid is "
                               "empty")
@@ -386,6 +394,8 @@ def figure_options(options: dict[str, Any]) -> str:
 
     args = []
     for key, value in options.items():
+        if key == "figure":
+            continue  # which figure the entry draws (catalog.drawn_figure), not one of its options
         if key == "filters" and isinstance(value, dict):
             args += [f"filter.{column}={join(v)}" for column, v in value.items()]
         else:
