@@ -41,9 +41,9 @@ def add_parsers(sub) -> None:
 
 
 def cmd_audits(args) -> int:
-    from dpbench.reporting.audits import aggregate, markdown
+    from dpbench.reporting.audits import aggregate_audits, markdown
 
-    table = aggregate(args.audits, args.out)
+    table = aggregate_audits(args.audits, args.out)
     print(markdown(table), end="")
     print(f"wrote {args.out}: {len(table)} audits, {int(table['violation'].sum())} with a violation", file=sys.stderr)
     return 0

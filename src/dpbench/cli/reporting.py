@@ -47,9 +47,9 @@ def add_parsers(sub) -> None:
 
 
 def cmd_aggregate(args) -> int:
-    from dpbench.reporting.aggregate import aggregate
+    from dpbench.reporting.aggregate import aggregate_runs
 
-    aggregate(args.runs, args.out_runs, args.out_epochs, audits=args.audits)
+    aggregate_runs(args.runs, args.out_runs, args.out_epochs, audits=args.audits)
     return 0
 
 
