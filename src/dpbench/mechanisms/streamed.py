@@ -37,12 +37,12 @@ group drawn independently). Noise state is secret: checkpoints holding it are pr
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from dpbench import log
 from dpbench.matrix import banded, blt
 from dpbench.matrix.store import cache, keys, streamed_files
 from dpbench.matrix.store.streamed_files import StreamedFactorization
@@ -52,6 +52,8 @@ from dpbench.mechanisms.files import StreamedFiles
 from dpbench.mechanisms.noise import BandedNoise, BLTNoise
 from dpbench.mechanisms.sampling import FixedBatchSampler
 from dpbench.privacy import accounting, profiles
+
+_LOG = log.get(__name__)
 
 KINDS = ("band", "blt")
 
@@ -85,7 +87,7 @@ def compute(key: str) -> StreamedFactorization:
 
 
 def _log(message: str) -> None:
-    print(f"[streaming] {message}", file=sys.stderr, flush=True)
+    _LOG.info(f"[streamed] {message}")
 
 
 @dataclass(frozen=True, kw_only=True)
