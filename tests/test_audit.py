@@ -368,7 +368,7 @@ def test_dpdice_runs_carry_the_audit_flag_in_the_runs_table_and_the_legends(tiny
     comparison figure's legend."""
     from conftest import run_cell
     from dpbench.reporting import figures
-    from dpbench.reporting.aggregate import aggregate
+    from dpbench.reporting.aggregate import aggregate_runs
     from dpbench.reporting.results import write_run, write_table
     from dpbench.training.train import RunConfig
 
@@ -382,14 +382,15 @@ def test_dpdice_runs_carry_the_audit_flag_in_the_runs_table_and_the_legends(tiny
     for name in ("dpdice", "dpsgd"):
         rows, rec = run.audit(get_optimizer(name), 2.0, 200, seed=0, problem=SMALL, lanes=200, cache_dir=cache)
         audits.append(write_table(rows, tmp_path / f"audit-{name}.parquet", meta={"audit": rec}))
-    table = audit_table.aggregate(audits, tmp_path / "audits.parquet")
+    table = audit_table.aggregate_audits(audits, tmp_path / "audits.parquet")
     assert dict(zip(table.optimizer, table.violation)) == {"dpdice": True, "dpsgd": False}
     rows = {line.split(" | ")[0]: line for line in audit_table.markdown(table).splitlines()[2:]}
     assert set(rows) == {"| `dpdice`", "| `dpsgd`"} and "ε* = 2" in audit_table.markdown(table)
     assert "**VIOLATION**" in rows["| `dpdice`"] and "**VIOLATION**" not in rows["| `dpsgd`"]
     lower = table.set_index("optimizer").epsilon_lower
     assert f"| {lower['dpsgd']:.2f} / " in rows["| `dpsgd`"]
-    runs, _ = aggregate(files, tmp_path / "runs.parquet", tmp_path / "epochs.parquet", audits=tmp_path / "audits.parquet")
+    runs, _ = aggregate_runs(files, tmp_path / "runs.parquet", tmp_path / "epochs.parquet",
+                             audits=tmp_path / "audits.parquet")
     flag = dict(zip(runs.optimizer, runs.audit_violation))
     assert flag["dpdice"] == True and flag["dpsgd"] == False and pd.isna(flag["sgd"])  # noqa: E712
     labels = figures.legend_labels(pd.read_parquet(tmp_path / "runs.parquet"))

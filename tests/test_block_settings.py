@@ -241,7 +241,7 @@ def test_a_blocks_runs_carry_their_settings_into_the_runs_table_and_the_selectio
     generated dataset), the runs table records each run's data settings, and the selection
     counts them as two configurations, not two seeds of one."""
     from dpbench import cli
-    from dpbench.reporting.aggregate import aggregate
+    from dpbench.reporting.aggregate import aggregate_runs
 
     common = {"optimizer": "sgd", "lr": 0.1, "L": 60, "max_steps": 1, "test_subset": 20}
     config = validate({"grid": [block(["P2"], train_subset=300, **common), block(["P2"], **common)]})
@@ -251,7 +251,7 @@ def test_a_blocks_runs_carry_their_settings_into_the_runs_table_and_the_selectio
         paths.append(tmp_path / f"{len(paths)}.parquet")
         assert cli.main(["train", *shlex.split(jobs.train_args(cell)), "--progress-every", "1e9",
                          "--out", str(paths[-1])]) == 0
-    table, _ = aggregate(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
+    table, _ = aggregate_runs(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
     assert sorted(table["train_subset"].fillna(0)) == [0, 300]
     assert set(table["max_steps"]) == {1} and set(table["test_subset"]) == {20} and set(table["validation_size"]) == {0}
     assert set(table["steps"]) == {1}

@@ -105,3 +105,116 @@ def test_bench_step_p4_batches_are_the_fortunes_training_records():
     assert (x[:, 0] == tokenizer.BOUNDARY).all() and (y == 0).all()
     first = fortunes.load(None).train[0].encode("utf-8")[:127]
     assert bytes(x[0, 1:1 + len(first)].tolist()) == first
+
+
+# -- docs/layout.md lists the repository's files: the package's modules, the benchmark scripts,
+# the configs and the rule files; nothing missing, nothing that is not there ------------------
+
+LAYOUT = REPO / "docs" / "layout.md"
+
+
+def layout_entries(block: str) -> dict[str, str]:
+    """name (``config/``, ``files.py``) -> its text, of a listing block: an entry starts in the
+    first column, its lines after the first are indented."""
+    entries: dict[str, str] = {}
+    name = None
+    for line in block.splitlines():
+        if line and not line[0].isspace():
+            name, _, text = line.partition(" ")
+            entries[name] = text.strip()
+        elif name and line.strip():
+            entries[name] += " " + line.strip()
+    return entries
+
+
+def listed_items(text: str) -> list[tuple[str, str]]:
+    """(sub-folder or "", item) listed in an entry's text. The grammar: parentheses explain and are
+    skipped; ";" separates groups; a group is ``[what it holds:] item, item and item``, where
+    what it holds may end in a sub-folder (``store/ (...): keys, cache``)."""
+    flat, depth = [], 0
+    for char in text:
+        depth += char == "("
+        if depth == 0:
+            flat.append(char)
+        depth -= char == ")" and depth > 0
+    items = []
+    for group in "".join(flat).split(";"):
+        head, colon, tail = group.rpartition(":")
+        sub = re.search(r"(\w+)/\s*$", head).group(1) if colon and re.search(r"\w/\s*$", head) else ""
+        items += [(sub, item.strip()) for item in re.split(r",| and ", tail) if item.strip()]
+    return items
+
+
+def code_block_after(text: str, marker: str) -> str:
+    start = text.index("```\n", text.index(marker)) + 4
+    return text[start:text.index("```", start)]
+
+
+def layout_problems(text: str) -> list[str]:
+    """What docs/layout.md (``text``) says that the repository contradicts: a package module,
+    benchmark script, config file or rule file it does not list, or lists and that is not there."""
+    problems = []
+
+    def compare(listed: set[str], present: set[str], where: str) -> None:
+        problems.extend(f"docs/layout.md does not list {where}{p}" for p in sorted(present - listed))
+        problems.extend(f"docs/layout.md lists {where}{p}, which does not exist" for p in sorted(listed - present))
+
+    def names(entry: str, text: str, pattern: str) -> set[str]:
+        found = set()
+        for sub, item in listed_items(text):
+            if not re.fullmatch(pattern, item):
+                problems.append(f"docs/layout.md, entry {entry}: {item!r} is not a file's name")
+            found.add(f"{sub}/{item}" if sub else item)
+        return found
+
+    top = layout_entries(code_block_after(text, "# Layout"))
+    config = names("config/", top["config/"], r"[\w.-]+\.(yaml|md)")
+    compare(config, {p.name for p in (REPO / "config").iterdir() if p.is_file()}, "config/")
+    scripts = names("benchmarks/", top["benchmarks/"], r"\w+|results/")
+    compare({f"{s}.py" for s in scripts if s != "results/"}, {p.name for p in (REPO / "benchmarks").glob("*.py")},
+            "benchmarks/")
+    if "results/" in scripts and not (REPO / "benchmarks" / "results").is_dir():
+        problems.append("docs/layout.md lists benchmarks/results/, which does not exist")
+    rules = names("workflow/rules/", top["workflow/rules/"], r"\w+(\.smk)?")
+    compare({r if r.endswith(".smk") else f"{r}.smk" for r in rules},
+            {p.name for p in (REPO / "workflow" / "rules").glob("*.smk")}, "workflow/rules/")
+
+    package = REPO / "src" / "dpbench"
+    listed = set()
+    for entry, body in layout_entries(code_block_after(text, "The package, `src/dpbench/`")).items():
+        if entry.endswith(".py"):
+            listed.add(entry)
+            continue
+        folder = entry.rstrip("/")
+        for module in names(entry, body, r"\w+"):
+            listed.add(f"{folder}/{module}.py")
+        for data in (package / folder).glob("*.*"):  # package data (a schema, a cost table) is named in its entry
+            if data.suffix not in (".py", ".pyc") and data.name not in body:
+                problems.append(f"docs/layout.md, entry {entry}: does not name {data.name}")
+    inits = {str(p.relative_to(package)) for p in package.rglob("__init__.py")}  # listed where they hold more
+    compare(listed - inits, {str(p.relative_to(package)) for p in package.rglob("*.py")} - inits, "src/dpbench/")
+    return problems
+
+
+def test_layout_lists_every_module_benchmark_config_and_rule_file_and_no_other():
+    assert layout_problems(LAYOUT.read_text()) == []
+
+
+def test_the_layout_check_catches_a_missing_and_an_invented_file():
+    text = LAYOUT.read_text()
+    planted = (text.replace(" bench_pins,", " bench_pins, bench_nothing,")
+               .replace("log.py        diagnostics", "logs.py       diagnostics")
+               .replace(", finetune-eps1.yaml", "")
+               .replace("spec (OptimizerSpec), ", "spec (OptimizerSpec), registry, "))
+    assert sorted(layout_problems(planted)) == sorted([
+        "docs/layout.md lists benchmarks/bench_nothing.py, which does not exist",
+        "docs/layout.md does not list src/dpbench/log.py",
+        "docs/layout.md lists src/dpbench/logs.py, which does not exist",
+        "docs/layout.md does not list config/finetune-eps1.yaml",
+        "docs/layout.md lists src/dpbench/optimizers/registry.py, which does not exist",
+    ])
+    prose = text.replace("grid (config -> cells", "grid for the config (config -> cells")
+    assert layout_problems(prose) == ["docs/layout.md, entry pipeline/: 'grid for the config' is not a file's name",
+                                      "docs/layout.md does not list src/dpbench/pipeline/grid.py",
+                                      "docs/layout.md lists src/dpbench/pipeline/grid for the config.py, which does "
+                                      "not exist"]

@@ -348,7 +348,7 @@ def test_dpdice_runs_say_their_calibration_is_no_guarantee_in_output_table_and_f
                                                                                       capsys):
     from dpbench import cli
     from dpbench.reporting import figures
-    from dpbench.reporting.aggregate import aggregate
+    from dpbench.reporting.aggregate import aggregate_runs
 
     paths = []
     for name in ("dpdice", "dpdice-strict", "dpsgd"):
@@ -359,7 +359,7 @@ def test_dpdice_runs_say_their_calibration_is_no_guarantee_in_output_table_and_f
                          "--out", str(paths[-1])]) == 0
         err = capsys.readouterr().err
         assert ("privacy caveat: not a valid DP guarantee (for C2 > 0)" in err) == (name == "dpdice"), err
-    runs, _ = aggregate(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
+    runs, _ = aggregate_runs(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
     assert dict(zip(runs.optimizer, runs.dp_guarantee)) == {"dpdice": False, "dpdice-strict": True, "dpsgd": True}
     assert runs.set_index("optimizer").caveat["dpdice"].startswith("not a valid DP guarantee")
     fig = figures.build("fig5_1", runs)
@@ -380,7 +380,7 @@ def test_every_void_calibration_is_worded_so_that_it_is_found():
 
 
 def test_columns_computed_from_private_data_without_noise_are_marked_private_false(tiny_fmnist, tmp_path):
-    from dpbench.reporting.aggregate import aggregate
+    from dpbench.reporting.aggregate import aggregate_runs
     from dpbench.reporting.results import not_private_columns, write_run
     from dpbench.training.train import RunConfig
 
@@ -391,7 +391,7 @@ def test_columns_computed_from_private_data_without_noise_are_marked_private_fal
     marked = not_private_columns(path)
     assert set(marked) == {"loss", "accuracy", "batch_size"}
     assert "train" in marked["loss"] and "val" in marked["loss"] and "Poisson" in marked["batch_size"]
-    aggregate([path], tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
+    aggregate_runs([path], tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
     # (the language model's columns: its validation and training losses, and what the canaries
     # planted in the training data show of the model)
     assert set(not_private_columns(tmp_path / "runs.parquet")) == {

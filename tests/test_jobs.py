@@ -137,8 +137,8 @@ def test_every_job_and_the_file_it_writes():
                                                         "dpmatrix-blt": {"lr": 0.5, "buffers": 1}}}], figures={})
     assert streamed.listing() == [
         ("data", "results/data/fashion-mnist.json"),
-        ("factorize_streaming", "results/cache/streaming/band-n10-b10.json"),  # b = min(64, N // L, T)
-        ("factorize_streaming", "results/cache/streaming/blt-n10-sep10-k1-m1.json"),
+        ("factorize_streamed", "results/cache/streaming/band-n10-b10.json"),  # b = min(64, N // L, T)
+        ("factorize_streamed", "results/cache/streaming/blt-n10-sep10-k1-m1.json"),
         *[("train", f"results/runs/P2/{o}/L100-E1-eps{e}-lr0.5{hp}-s0.parquet")
           for o, hp in (("dpmatrix-band", ""), ("dpmatrix-blt", "-buffers1")) for e in (1, 10)],
         ("aggregate", "results/aggregate/runs.parquet")]

@@ -275,12 +275,12 @@ def test_a_diverged_run_is_aggregated_plotted_and_ranked_as_diverged(tmp_path):
     import matplotlib
 
     from dpbench.reporting import figures
-    from dpbench.reporting.aggregate import aggregate
+    from dpbench.reporting.aggregate import aggregate_runs
 
     study = REPO / "benchmarks" / "results" / "lm" / "study" / "runs" / "P4"
     adamw = study / "adamw" / "L64-E1-nonprivate-lr0.003-s0.parquet"
     paths = [*sorted((study / "sgd").glob("*-lr1-s*.parquet")), adamw]
-    runs, epochs = aggregate(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
+    runs, epochs = aggregate_runs(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
     sgd = runs[runs.optimizer == "sgd"]
     assert (sgd.status == "diverged").all() and (sgd.final_train_loss == np.inf).all()
     assert (epochs[epochs.optimizer == "sgd"].train_loss == np.inf).all()  # one epoch, the one it diverged in

@@ -159,7 +159,7 @@ def test_a_config_trains_a_plugin_cell_beside_a_builtin_one(site, tmp_path):
 
 
 def test_a_run_and_its_tables_record_the_plugin_and_whose_mechanism(site, tiny_fmnist, tmp_path):
-    from dpbench.reporting.aggregate import aggregate
+    from dpbench.reporting.aggregate import aggregate_runs
     from dpbench.reporting.results import write_run
     from dpbench.training.train import RunConfig
 
@@ -179,7 +179,7 @@ def test_a_run_and_its_tables_record_the_plugin_and_whose_mechanism(site, tiny_f
         b"ownmech.py\0" + (site / "ownmech.py").read_bytes() + b"\0").hexdigest()
     assert meta["privacy"]["mechanism_origin"] == "plugin" and meta["problem"]["plugin"] is None
     assert meta["privacy"]["stages"] == {} and meta["privacy"]["step_class"] == "dpbench.optimizers.base.DPStep"
-    runs, epochs = aggregate(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
+    runs, epochs = aggregate_runs(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
     by = runs.set_index("optimizer")
     assert by.loc["dpsgd-own", "mechanism_origin"] == "plugin" and by.loc["dpsgd", "mechanism_origin"] == "built-in"
     assert by.loc["dpsgd-own", "optimizer_origin"] == "plugin own-mechanism 2.5"

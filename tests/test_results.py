@@ -52,7 +52,7 @@ def test_a_private_optimizer_run_without_noise_is_not_labelled_private(tmp_path)
     inf; the aggregated table must not call it private nor say its (epsilon, delta) holds,
     while a DP-SGD run at epsilon 1 on the same problem stays private with a guarantee."""
     from conftest import REPO
-    from dpbench.reporting.aggregate import aggregate
+    from dpbench.reporting.aggregate import aggregate_runs
 
     lm = REPO / "benchmarks" / "results" / "lm" / "study"
     noiseless = lm / "extra" / "dpsgd-sigma0-lr1-s0.parquet"
@@ -60,7 +60,7 @@ def test_a_private_optimizer_run_without_noise_is_not_labelled_private(tmp_path)
     meta = results.read_meta(noiseless)
     assert meta["optimizer"]["private"] and meta["privacy"]["epsilon"] == math.inf
     assert not results.is_private(results.read_meta(noiseless)) and results.is_private(results.read_meta(private))
-    aggregate([noiseless, private], tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
+    aggregate_runs([noiseless, private], tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
     runs = pd.read_parquet(tmp_path / "runs.parquet")
     row = runs[runs["noise_multiplier"] == 0].iloc[0]
     assert row["optimizer"] == "dpsgd" and not row["private"] and not row["dp_guarantee"]
@@ -73,7 +73,7 @@ def test_a_run_that_exceeded_its_target_is_not_labelled_private(tmp_path):
     achieved epsilon 25.6: neither private nor with a guarantee at its target; the same run
     given sigma alone, no target, is private at the epsilon it achieved."""
     from conftest import REPO
-    from dpbench.reporting.aggregate import aggregate
+    from dpbench.reporting.aggregate import aggregate_runs
 
     source = REPO / "benchmarks" / "results" / "lm" / "study" / "runs" / "P4" / "dpsgd" / "L64-E1-eps1-lr1-s0.parquet"
     metrics, meta = results.read_run(source)
@@ -85,7 +85,7 @@ def test_a_run_that_exceeded_its_target_is_not_labelled_private(tmp_path):
     paths = [results.write_run(tmp_path / f"{m['run_id']}.parquet", metrics, m) for m in (over, alone)]
     assert not results.is_private(over) and not results.dp_guarantee(over)
     assert results.is_private(alone) and results.dp_guarantee(alone)
-    runs = aggregate(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")[0].set_index("run_id")
+    runs = aggregate_runs(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")[0].set_index("run_id")
     assert not runs.loc["over", "private"] and not runs.loc["over", "dp_guarantee"]
     assert runs.loc["alone", "private"] and runs.loc["alone", "dp_guarantee"]
     # met exactly: the calibrations' own test (epsilon <= target), no slack either way
@@ -127,7 +127,7 @@ def test_runs_table_says_where_each_run_started(tmp_path):
     written before the section existed still aggregates, with None there."""
     from conftest import REPO
     from dpbench.problems.modes import trainable_parameters, Finetune
-    from dpbench.reporting.aggregate import aggregate
+    from dpbench.reporting.aggregate import aggregate_runs
 
     source = REPO / "benchmarks" / "results" / "lm" / "study" / "runs" / "P4" / "dpsgd" / "L64-E1-eps1-lr1-s0.parquet"
     metrics, meta = results.read_run(source)
@@ -145,7 +145,7 @@ def test_runs_table_says_where_each_run_started(tmp_path):
              "twin": {**meta, "run_id": "twin", "config": p6, "start": scratch},
              "p4": {**meta, "run_id": "p4", "start": {**scratch, "trainable_parameters": 876_034}}}
     paths = [results.write_run(tmp_path / f"{k}.parquet", metrics, m) for k, m in metas.items()]
-    aggregate(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
+    aggregate_runs(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
     runs = pd.read_parquet(tmp_path / "runs.parquet").set_index("run_id")
     cols = ["start", "finetune", "lora_rank", "trainable_parameters", "checkpoint_sha256"]
     assert runs.loc["lora", cols].tolist() == ["public", "lora", 8, d, "ab" * 32]

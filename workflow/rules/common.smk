@@ -73,7 +73,7 @@ ENVS = {
 
 # Matrix mechanisms' files (Cell.cache_files), made once by matrix.smk for every cell sharing them.
 MATRIX_CACHE = f"{RESULTS}/cache/matrix"
-STREAMING_CACHE = f"{RESULTS}/cache/streaming"
+STREAMED_CACHE = f"{RESULTS}/cache/streaming"  # the folder's first name: runs record these paths
 
 
 def train_inputs(wildcards):
@@ -105,7 +105,7 @@ def audit_code(wildcards):
 
 
 MATRIX_CODE = fingerprint.modules_fingerprint(("dpbench.matrix.store.dense_files", "dpbench.matrix.store.noise_files"))
-STREAMING_CODE = fingerprint.modules_fingerprint(("dpbench.mechanisms.streamed",))
+STREAMED_CODE = fingerprint.modules_fingerprint(("dpbench.mechanisms.streamed",))
 
 
 # Training runs that share one GPU at a time: the profile's `resources: gpu_slots` (each run

@@ -7,7 +7,7 @@
 
 wildcard_constraints:
     factorization=r"(se|se-lambda|me|me-lambda|identity)-k\d+-b\d+(-tau\d+)?",
-    streaming=r"band-n\d+-b\d+|blt-n\d+-sep\d+-k\d+-m(\d+|auto)|band-auto-N\d+-L\d+-n\d+-eps[0-9.e+-]+-delta[0-9.e+-]+",
+    streamed_key=r"band-n\d+-b\d+|blt-n\d+-sep\d+-k\d+-m(\d+|auto)|band-auto-N\d+-L\d+-n\d+-eps[0-9.e+-]+-delta[0-9.e+-]+",
     dim=r"\d+",
     noise_seed=r"\d+",
 
@@ -60,24 +60,24 @@ rule noise:
         "--out {output.noise:q} > {log:q} 2>&1"
 
 
-rule factorize_streaming:
+rule factorize_streamed:
     output:
-        f"{STREAMING_CACHE}/{{streaming}}.json",
+        f"{STREAMED_CACHE}/{{streamed_key}}.json",
     log:
-        f"{RESULTS}/logs/streaming/{{streaming}}.log",
+        f"{RESULTS}/logs/streaming/{{streamed_key}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/streaming/{{streaming}}.tsv"
+        f"{RESULTS}/benchmarks/streaming/{{streamed_key}}.tsv"
     params:
         dpbench=DPBENCH,
-        code=STREAMING_CODE,
+        code=STREAMED_CODE,
     threads: 1
     resources:
         mem_mb=2000,
         runtime=30,
     conda:
-        # the training environment: the band search shares the accountant and the streaming
+        # the training environment: the band search shares the accountant and the streamed
         # mechanisms' module (torch) with training
         ENVS["train"]
     shell:
         "OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
-        "{params.dpbench} factorize --key {wildcards.streaming} --out {output:q} > {log:q} 2>&1"
+        "{params.dpbench} factorize --key {wildcards.streamed_key} --out {output:q} > {log:q} 2>&1"

@@ -5,19 +5,26 @@ pretrain``.
 group adds its own sub-commands (``add_parsers``): ``training`` (train, data), ``reporting``
 (aggregate, plot, grid, cost, list), ``matrix`` (factorize, noise), ``audit`` (audit, audits), ``pretrain`` (pretrain);
 ``arguments`` holds the argument types every command shares and the options made from a
-settings dataclass (``dpbench train``'s, from ``RunConfig``)."""
+settings dataclass (``dpbench train``'s, from ``RunConfig``). Diagnostics (progress, what a
+command wrote, warnings) go to stderr through ``dpbench.log`` (``--quiet``: warnings and errors
+only); results (tables, ``dpbench list``, a factorization's report) to stdout."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
+from dpbench import log
 from dpbench.cli import audit, matrix, pretrain, reporting, training
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``dpbench`` parser: each group of commands adds its own sub-commands."""
     parser = argparse.ArgumentParser(prog="dpbench", description="Benchmark differentially private optimizers.")
+    parser.add_argument("-q", "--quiet", action="store_const", const=logging.WARNING, dest="log_level",
+                        help="only warnings and errors on stderr, no progress lines (default: the level "
+                             "DPBENCH_LOG_LEVEL names, else info)")
     sub = parser.add_subparsers(dest="command", required=True)
     for group in (training, reporting, matrix, audit, pretrain):
         group.add_parsers(sub)
@@ -29,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from dpbench.data.image_datasets import DataError
 
     args = build_parser().parse_args(argv)
+    log.setup(args.log_level)  # the one format of every diagnostic line (dpbench.log)
     watch.start()  # started by the workflow: stop when it is gone (dpbench.pipeline.watch)
     try:
         return args.func(args)

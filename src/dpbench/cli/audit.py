@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from dpbench import log
 from dpbench.cli.arguments import (check_output, hyperparameter, nonnegative_int, positive_float, positive_int,
                                    probability)
+
+_LOG = log.get(__name__)
 
 
 def add_parsers(sub) -> None:
@@ -41,11 +43,11 @@ def add_parsers(sub) -> None:
 
 
 def cmd_audits(args) -> int:
-    from dpbench.reporting.audits import aggregate, markdown
+    from dpbench.reporting.audits import aggregate_audits, markdown
 
-    table = aggregate(args.audits, args.out)
+    table = aggregate_audits(args.audits, args.out)
     print(markdown(table), end="")
-    print(f"wrote {args.out}: {len(table)} audits, {int(table['violation'].sum())} with a violation", file=sys.stderr)
+    _LOG.info(f"wrote {args.out}: {len(table)} audits, {int(table['violation'].sum())} with a violation")
     return 0
 
 
@@ -71,17 +73,18 @@ def cmd_audit(args) -> int:
     spec = get_optimizer(args.optimizer)
     rows, record = audit(spec, args.epsilon, args.trials, args.mode, args.beta, args.seed, dict(args.hp or []),
                          args.delta, args.accountant, cache_dir=args.cache_dir,
-                         log=lambda m: print(f"[audit] {m}", file=sys.stderr, flush=True))
+                         log=lambda m: _LOG.info(f"[audit] {m}"))
     write_table(rows, args.out, meta={"audit": record})
     verdict = ("VIOLATION: the claim is refuted" if record["violation"] else "no violation found")
     sens = record["checks"]["sensitivity"]
     own = ", ".join(f"{stage} ({origin})" for stage, origin in record["claim"]["stages"].items()) or "none"
-    print(f"sensitivity check: one example moved the clipped sum by at most {sens['max_moved_per_sensitivity']:.6g} "
-          f"times the claimed sensitivity ({sens['cases']} cases, {len(sens['layers'])} layers; worst: "
-          f"{sens['worst_case']}): {'ok' if sens['ok'] else 'VIOLATION'}; the step's own stages: {own}", file=sys.stderr)
-    print(f"wrote {args.out}: {spec.name} claimed eps = {record['epsilon_claimed']:g} (delta = {record['delta']:g}); "
-          f"eps_lower = {record['epsilon_lower']:.3f}, eps_gdp = {record['epsilon_gdp']:.3f}; {verdict} "
-          f"(beta = {record['beta']:g}, R = {record['trials']})", file=sys.stderr)
+    _LOG.info(f"sensitivity check: one example moved the clipped sum by at most "
+              f"{sens['max_moved_per_sensitivity']:.6g} times the claimed sensitivity ({sens['cases']} cases, "
+              f"{len(sens['layers'])} layers; worst: {sens['worst_case']}): {'ok' if sens['ok'] else 'VIOLATION'}; "
+              f"the step's own stages: {own}")
+    _LOG.info(f"wrote {args.out}: {spec.name} claimed eps = {record['epsilon_claimed']:g} "
+              f"(delta = {record['delta']:g}); eps_lower = {record['epsilon_lower']:.3f}, "
+              f"eps_gdp = {record['epsilon_gdp']:.3f}; {verdict} (beta = {record['beta']:g}, R = {record['trials']})")
     return 0
 
 

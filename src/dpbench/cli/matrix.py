@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dpbench import log
 from dpbench.cli.arguments import nonnegative_int, positive_float, positive_int
 from dpbench.files import refuse_special
+
+_LOG = log.get(__name__)
 
 
 def add_parsers(sub) -> None:
@@ -36,7 +39,6 @@ def add_parsers(sub) -> None:
 def cmd_factorize(args) -> int:
     from dpbench.matrix import dense_factorization
     from dpbench.matrix.store import dense_files, keys, streamed_files
-    from dpbench.matrix.store.noise_files import log_stderr
 
     for option, path in (("--out", args.out), ("--report", args.report)):
         if path:
@@ -49,7 +51,7 @@ def cmd_factorize(args) -> int:
         streamed_files.save(streamed.compute(args.key), args.out)
         print(Path(args.out).read_text(), end="")
         return 0
-    fact = dense_factorization.factorize(args.key, tol=args.tol, log=log_stderr)
+    fact = dense_factorization.factorize(args.key, tol=args.tol, log=_LOG.info)
     dense_files.save(fact, args.out, args.report)
     print(dense_files.report_json(fact.report), end="")
     return 0
@@ -66,7 +68,7 @@ def cmd_noise(args) -> int:
     if missing:
         raise ValueError(f"writing a noise file needs {', '.join(missing)} (or --estimate CONFIG)")
     fact = dense_files.load(args.factorization)
-    info = noise_files.write_noise(args.out, fact.noising, args.dim, args.seed, log=noise_files.log_stderr,
+    info = noise_files.write_noise(args.out, fact.noising, args.dim, args.seed, log=_LOG.info,
                                   meta={"factorization_key": fact.key, "factorization_digest": fact.digest})
     print(json.dumps(info, indent=2, sort_keys=True))
     return 0

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import hashlib
-import sys
 
+from dpbench import log
 from dpbench.cli.arguments import check_output, positive_float
+
+_LOG = log.get(__name__)
 
 
 def add_parsers(sub) -> None:
@@ -46,9 +48,9 @@ def cmd_pretrain(args) -> int:
     record = pretrain(recipe, args.out, args.data_dir, code=code, progress_every_s=args.progress_every,
                       checkpoint_every_s=args.checkpoint_every)
     overlap = record["overlap"]
-    print(f"wrote {args.out} and {args.out}.json: recipe {recipe.name} ({recipe.key}), held-out loss "
-          f"{record['validation']['loss']:.4f} nats/token; removed {overlap['removed']} of "
-          f"{overlap['public_records']} public records sharing text with fortunes", file=sys.stderr)
+    _LOG.info(f"wrote {args.out} and {args.out}.json: recipe {recipe.name} ({recipe.key}), held-out loss "
+              f"{record['validation']['loss']:.4f} nats/token; removed {overlap['removed']} of "
+              f"{overlap['public_records']} public records sharing text with fortunes")
     return 0
 
 
@@ -66,7 +68,7 @@ def reuse(directory: str, recipe, code: str, out: str) -> bool:
 
     committed = Path(directory) / checkpoint_name(recipe, code)
     if not committed.is_file():
-        print(f"pretrain {recipe.name}: no committed checkpoint {committed}; training", file=sys.stderr, flush=True)
+        _LOG.info(f"pretrain {recipe.name}: no committed checkpoint {committed}; training")
         return False
     try:
         loaded = load_pretrained(committed, expected=recipe, code=code)
@@ -77,7 +79,6 @@ def reuse(directory: str, recipe, code: str, out: str) -> bool:
         raise ValueError(f"argument --reuse: {committed} changed while it was read")
     atomic_write(Path(out), lambda f: f.write(data))
     atomic_write(Path(f"{out}.json"), lambda f: f.write(sidecar))
-    print(f"pretrain {recipe.name}: reused {committed} (sha256 {loaded.record['sha256'][:16]}..., recipe "
-          f"{recipe.key}, code {code}, verified): copied to {out} and {out}.json; no training", file=sys.stderr,
-          flush=True)
+    _LOG.info(f"pretrain {recipe.name}: reused {committed} (sha256 {loaded.record['sha256'][:16]}..., recipe "
+              f"{recipe.key}, code {code}, verified): copied to {out} and {out}.json; no training")
     return True

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from dpbench import log
 from dpbench.cli.arguments import positive_int
 from dpbench.files import refuse_special
+
+_LOG = log.get(__name__)
 
 
 def add_parsers(sub) -> None:
@@ -47,9 +49,9 @@ def add_parsers(sub) -> None:
 
 
 def cmd_aggregate(args) -> int:
-    from dpbench.reporting.aggregate import aggregate
+    from dpbench.reporting.aggregate import aggregate_runs
 
-    aggregate(args.runs, args.out_runs, args.out_epochs, audits=args.audits)
+    aggregate_runs(args.runs, args.out_runs, args.out_epochs, audits=args.audits)
     return 0
 
 
@@ -63,7 +65,7 @@ def cmd_plot(args) -> int:
     if args.figure in figures.FIGURES:
         figures.check_options(args.figure, options)  # before reading anything
     paths = figures.plot(args.figure, args.runs, args.out, **options)
-    print(f"wrote {' and '.join(map(str, paths))}", file=sys.stderr)
+    _LOG.info(f"wrote {' and '.join(map(str, paths))}")
     return 0
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+from dpbench import log
 from dpbench.cli.arguments import add_settings, check_output, nonnegative_float, positive_int, settings_of
 from dpbench.files import refuse_special
+
+_LOG = log.get(__name__)
 
 
 def add_parsers(sub) -> None:
@@ -88,11 +90,11 @@ def cmd_train(args) -> int:
     write_run(args.out, result.metrics, result.meta)
     Path(checkpoint).unlink(missing_ok=True)  # the run file now holds everything
     r, p = result.meta["result"], result.meta["privacy"]
-    print(f"wrote {args.out}: status={r['status']} best test accuracy={r['best_test_accuracy']:.4f} "
-          f"best test loss={r['best_test_loss']:.4g} sigma={p['noise_multiplier']:.4g} "
-          f"epsilon target={p['target_epsilon']} achieved={p['epsilon']:.4g}", file=sys.stderr)
+    _LOG.info(f"wrote {args.out}: status={r['status']} best test accuracy={r['best_test_accuracy']:.4f} "
+              f"best test loss={r['best_test_loss']:.4g} sigma={p['noise_multiplier']:.4g} "
+              f"epsilon target={p['target_epsilon']} achieved={p['epsilon']:.4g}")
     if p.get("caveat"):  # e.g. "not a valid DP guarantee: ..." (dpdice, D2P2's paper mode)
-        print(f"privacy caveat: {p['caveat']}", file=sys.stderr)
+        _LOG.warning(f"privacy caveat: {p['caveat']}")
     return 0
 
 

@@ -20,7 +20,7 @@ where omega > 0 and omega_hat < 0, and also require sum omega < 1 and sum omega_
 Then c is positive and non-increasing (c_1 = sum omega < 1 = c_0), which makes the closed-form
 sensitivities below exact.
 
-* Streaming C^-1 z (state m x d): x = z - sum_i omega_i S_i, then S_i <- theta_i S_i + x.
+* Streamed C^-1 z (state m x d): x = z - sum_i omega_i S_i, then S_i <- theta_i S_i + x.
 * Error: C^-1 has Toeplitz coefficients h_0 = 1, h_k = sum_i omega_hat_i theta_hat_i^(k-1);
   B = A C^-1 has beta = cumsum(h), e_t = sum_{j <= t} beta_j^2 and
   err_mean = sum_j ((n - j) / n) beta_j^2.

@@ -20,7 +20,7 @@ from dpbench.mechanisms.base import AuditSpec, PlanRequest
 from dpbench.mechanisms.noise import BandedNoise
 from dpbench.mechanisms.sampling import CyclicPoissonSampler
 from dpbench.mechanisms.files import StreamedFiles
-from dpbench.mechanisms.streamed import StreamedPlan, StreamingMechanism
+from dpbench.mechanisms.streamed import StreamedPlan, StreamedMechanism
 from dpbench.privacy import accounting, pld, profiles
 
 
@@ -35,7 +35,7 @@ class AmplifiedBandedPlan(StreamedPlan):
     band_search: list[dict] | None
 
 
-class AmplifiedBandedMechanism(StreamingMechanism):
+class AmplifiedBandedMechanism(StreamedMechanism):
     """``dpmatrix-band-amp``: BandMF with cyclic Poisson sampling (module docstring)."""
 
     name = "amplified-banded-matrix-factorization"

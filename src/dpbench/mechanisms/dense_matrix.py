@@ -19,10 +19,10 @@ C[:t, :t] (<= sens(C)); its achieved epsilon is computed for that.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpbench import log
 from dpbench.matrix.dense_factorization import Factorization
 from dpbench.matrix.store import cache, dense_files, noise_files
 from dpbench.matrix.store.noise_files import NoiseFile
@@ -33,9 +33,11 @@ from dpbench.mechanisms.noise import CorrelatedNoise
 from dpbench.mechanisms.sampling import FixedBatchSampler
 from dpbench.privacy import accounting, profiles
 
+_LOG = log.get(__name__)
+
 
 def _log(message: str) -> None:
-    print(f"[matrix] {message}", file=sys.stderr, flush=True)
+    _LOG.info(f"[matrix] {message}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,7 @@ A mechanism whose runs read a factorization made ahead of them carries one of th
 * ``DenseFiles``: a dense matrix mechanism's factorization and its noise file C^-1 Z, one per
   (factorization, d, seed) (dense_matrix.py; the workflow's rules factorize and noise);
 * ``StreamedFiles``: a streamed mechanism's factorization (streamed.py, amplified_banded.py; it
-  writes no noise file; the workflow's rule factorize_streaming).
+  writes no noise file; the workflow's rule factorize_streamed).
 
 ``key(request)`` names the factorization a run needs (dpbench.matrix.store.keys), the one the
 mechanism's ``plan`` reads, so the workflow and the run agree on it; ``paths(...)`` are the
@@ -124,4 +124,4 @@ class StreamedFiles:
         return keys.band_key(steps, bands)
 
     def paths(self, request: PlanRequest, cache_dir: str | Path, parameters: int, seed: int) -> dict[str, Path]:
-        return {"factorization": cache.streaming_path(cache_dir, self.key(request))}
+        return {"factorization": cache.streamed_path(cache_dir, self.key(request))}

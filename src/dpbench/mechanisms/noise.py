@@ -117,7 +117,7 @@ class CorrelatedNoise:
         self.step = int(state["step"])
 
 
-class _StreamingNoise:
+class _StreamedNoise:
     """Shared plumbing: the generator, the step counter, the flat z buffer and the split."""
 
     private_state = True  # state_dict holds the recurrence's memory: checkpoints are private files
@@ -179,7 +179,7 @@ class _StreamingNoise:
         return 0 if self.state is None else self.state.numel()
 
 
-class BandedNoise(_StreamingNoise):
+class BandedNoise(_StreamedNoise):
     """w_t = scale_t x_t with C x = z for a b-banded lower-triangular Toeplitz C (coefficients
     ``coef``), ``scale`` the column-normalisation factors d_t (ones without normalisation)."""
 
@@ -222,7 +222,7 @@ class BandedNoise(_StreamingNoise):
         return z
 
 
-class BLTNoise(_StreamingNoise):
+class BLTNoise(_StreamedNoise):
     """x_t = (C^-1 z)_t for the BLT C = BLT(theta, omega), used for ``steps`` steps."""
 
     def __init__(self, theta, omega, steps: int, seed: int, device: torch.device | str = "cpu"):

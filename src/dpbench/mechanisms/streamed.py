@@ -1,4 +1,4 @@
-"""Streaming correlated-noise mechanisms: BandMF, amplified BandMF and BLT, with no noise file.
+"""Streamed correlated-noise mechanisms: BandMF, amplified BandMF and BLT, with no noise file.
 
 The three ``Mechanism`` objects (dpbench.mechanisms.base) behind ``dpmatrix-band``,
 ``dpmatrix-band-amp`` (amplified_banded.py) and ``dpmatrix-blt``. Their noise is generated
@@ -37,15 +37,15 @@ group drawn independently). Noise state is secret: checkpoints holding it are pr
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from dpbench import log
 from dpbench.matrix import banded, blt
 from dpbench.matrix.store import cache, keys, streamed_files
-from dpbench.matrix.store.streamed_files import StreamingFactorization
+from dpbench.matrix.store.streamed_files import StreamedFactorization
 from dpbench.mechanisms import cyclic_poisson
 from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest, one_release_epsilons
 from dpbench.mechanisms.files import StreamedFiles
@@ -53,11 +53,13 @@ from dpbench.mechanisms.noise import BandedNoise, BLTNoise
 from dpbench.mechanisms.sampling import FixedBatchSampler
 from dpbench.privacy import accounting, profiles
 
+_LOG = log.get(__name__)
+
 KINDS = ("band", "blt")
 
 
 def factorize(kind: str, steps: int, min_separation: int, participations: int, size: int | None):
-    """The factorization of a streaming mechanism: a pure function of its arguments (the
+    """The factorization of a streamed mechanism: a pure function of its arguments (the
     workflow may cache it on them). ``kind`` "band": banded Toeplitz with ``size`` = b bands,
     column-normalised (its coefficients depend on (n, b) only; b' and k only have to admit
     it: b <= b'). "blt": a BLT for Pi(b', k) with ``size`` = m buffers (None: grown while it
@@ -69,23 +71,23 @@ def factorize(kind: str, steps: int, min_separation: int, participations: int, s
         return banded.optimize(steps, int(size), column_normalize=True)
     if kind == "blt":
         return blt.optimize(steps, min_separation, participations, buffers=size)
-    raise ValueError(f"unknown streaming factorization kind {kind!r}; choose one of {KINDS}")
+    raise ValueError(f"unknown streamed factorization kind {kind!r}; choose one of {KINDS}")
 
 
-def compute(key: str) -> StreamingFactorization:
-    """The factorization a streaming key names (dpbench.matrix.store.keys), computed."""
+def compute(key: str) -> StreamedFactorization:
+    """The factorization a streamed key names (dpbench.matrix.store.keys), computed."""
     kind, p = keys.parse_streamed_key(key)
     if kind == "band":  # C depends on (n, b) only: any b' >= b admits it
-        return StreamingFactorization(key, factorize("band", p["n"], p["bands"], 1, p["bands"]))
+        return StreamedFactorization(key, factorize("band", p["n"], p["bands"], 1, p["bands"]))
     if kind == "blt":
-        return StreamingFactorization(key, factorize("blt", p["n"], p["min_separation"], p["participations"],
-                                                     p["buffers"]))
+        return StreamedFactorization(key, factorize("blt", p["n"], p["min_separation"], p["participations"],
+                                                    p["buffers"]))
     bands, search = cyclic_poisson.choose_bands(p["n_train"], p["batch_size"], p["n"], p["epsilon"], p["delta"])
-    return StreamingFactorization(key, factorize("band", p["n"], bands, 1, bands), search)
+    return StreamedFactorization(key, factorize("band", p["n"], bands, 1, bands), search)
 
 
 def _log(message: str) -> None:
-    print(f"[streaming] {message}", file=sys.stderr, flush=True)
+    _LOG.info(f"[streamed] {message}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,16 +100,16 @@ class StreamedPlan(Plan):
     factorization_file: Path
 
 
-class StreamingMechanism:
+class StreamedMechanism:
     """What the three mechanisms share: a run's factorization comes from a file (module docstring)."""
 
-    def factorization(self, key: str, request: PlanRequest) -> tuple[StreamingFactorization, Path]:
+    def factorization(self, key: str, request: PlanRequest) -> tuple[StreamedFactorization, Path]:
         """The verified factorization of ``key`` and its file: the request's ``factorization`` file
         if given (refused unless it is this key's), else the cache directory's (computed if missing)."""
         if request.factorization:
             path = request.factorization
         else:
-            path = cache.streaming_path(request.cache_dir, key)
+            path = cache.streamed_path(request.cache_dir, key)
             cache.ensure_file(path, lambda p: streamed_files.save(compute(key), p), _log,
                               f"making factorization {key} into {path}")
         try:
@@ -128,7 +130,7 @@ class FixedOrderPlan(StreamedPlan):
     sensitivity: float
 
 
-class _FixedOrderMechanism(StreamingMechanism):
+class _FixedOrderMechanism(StreamedMechanism):
     """The part the two unamplified mechanisms share: fixed epoch order, one Gaussian release."""
 
     kind: str

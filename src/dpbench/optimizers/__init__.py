@@ -3,7 +3,7 @@
 write a module with an ``OptimizerSpec`` and add it to the list below (see
 docs/adding-an-optimizer.md)."""
 
-from dpbench.optimizers import adam, d2p2, dice, dice_strict, disk, dpmatrix, opacus_dpsgd, sgd, streaming
+from dpbench.optimizers import adam, d2p2, dice, dice_strict, disk, dpmatrix, opacus_dpsgd, sgd, streamed
 from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.plugins import Group, Registry
 from dpbench.mechanisms.base import AuditSpec
@@ -63,9 +63,9 @@ OPTIMIZERS: Registry = Registry(GROUP, {
         dpmatrix.DPMATRIX_SE_LAMBDA,
         dpmatrix.DPMATRIX_ME,
         dpmatrix.DPMATRIX_ME_LAMBDA,
-        streaming.DPMATRIX_BAND,
-        streaming.DPMATRIX_BAND_AMP,
-        streaming.DPMATRIX_BLT,
+        streamed.DPMATRIX_BAND,
+        streamed.DPMATRIX_BAND_AMP,
+        streamed.DPMATRIX_BLT,
     ]
 })
 

@@ -79,10 +79,10 @@ OPTIMIZERS: dict[str, OptimizerFacts] = {f.name: f for f in (
     OptimizerFacts("dpmatrix-me", True, _OPT + "dpmatrix", {}, "dpmatrix-se", DenseFiles("me")),
     OptimizerFacts("dpmatrix-me-lambda", True, _OPT + "dpmatrix", {"tau": None}, "dpmatrix-se",
                    DenseFiles("me-lambda")),
-    OptimizerFacts("dpmatrix-band", True, _OPT + "streaming", {"bands": "auto"}, "dpmatrix-se", StreamedFiles("band")),
-    OptimizerFacts("dpmatrix-band-amp", True, _OPT + "streaming", {"bands": "auto"}, "dpmatrix-se",
+    OptimizerFacts("dpmatrix-band", True, _OPT + "streamed", {"bands": "auto"}, "dpmatrix-se", StreamedFiles("band")),
+    OptimizerFacts("dpmatrix-band-amp", True, _OPT + "streamed", {"bands": "auto"}, "dpmatrix-se",
                    StreamedFiles("band-amp")),
-    OptimizerFacts("dpmatrix-blt", True, _OPT + "streaming", {"buffers": "auto"}, "dpmatrix-se", StreamedFiles("blt")),
+    OptimizerFacts("dpmatrix-blt", True, _OPT + "streamed", {"buffers": "auto"}, "dpmatrix-se", StreamedFiles("blt")),
 )}
 
 

@@ -156,7 +156,7 @@ class Jobs:
         jobs += [("pretrain", p) for p in sorted({self.pretrained_of(cell) for cell in cells} - {None})]
         jobs += [("factorize", p) for p in sorted({str(f["factorization"]) for f in dense})]
         jobs += [("noise", p) for p in sorted({str(f["noise"]) for f in dense})]
-        jobs += [("factorize_streaming", p) for p in sorted({str(f["factorization"]) for f in files
+        jobs += [("factorize_streamed", p) for p in sorted({str(f["factorization"]) for f in files
                                                               if f and "noise" not in f})]
         jobs += [("train", self.run_file(cell_id)) for cell_id in self.cells]
         jobs += [("aggregate", self.runs_table)] if cells else []

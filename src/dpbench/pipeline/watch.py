@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
+
+from dpbench import log
+
+_LOG = log.get(__name__)
 
 ENV = "DPBENCH_WATCH_PID"
 POLL_S = 1.0  # seconds between checks: a job outlives its workflow by about this much
@@ -65,8 +68,8 @@ def alive(tok: str) -> bool:
 def _stop_when_gone(tok: str) -> None:
     while alive(tok):
         time.sleep(POLL_S)
-    print(f"dpbench: the workflow process {tok.partition(':')[0]} that started this job has exited; stopping "
-          "(a training run continues from its checkpoint when the workflow runs again)", file=sys.stderr, flush=True)
+    _LOG.warning(f"the workflow process {tok.partition(':')[0]} that started this job has exited; stopping "
+                 "(a training run continues from its checkpoint when the workflow runs again)")
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(GRACE_S)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -80,7 +83,7 @@ def start(environ=os.environ) -> threading.Thread | None:
     try:
         alive(tok)
     except ValueError:
-        print(f"dpbench: ignoring {ENV}={tok!r} (expected pid:start time)", file=sys.stderr, flush=True)
+        _LOG.warning(f"ignoring {ENV}={tok!r} (expected pid:start time)")
         return None
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         # started in the background of a non-interactive shell (or by a tool that does so), the

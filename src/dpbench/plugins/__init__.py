@@ -34,12 +34,15 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import re
-import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable
+
+from dpbench import log
+
+_LOG = log.get(__name__)
 
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # an id is part of file names and cell ids
 BUILT_IN = "built-in"
@@ -234,7 +237,7 @@ class Registry(Mapping):
                     _PROVENANCE[id(spec)] = (spec, plugin)
         self._table, self._plugins, self._errors = table, plugins, errors
         for exc in errors:
-            print(f"dpbench: warning: {exc.line}", file=sys.stderr, flush=True)
+            _LOG.warning(exc.line)
 
     def reset(self) -> None:
         """Forget the plugins found: the next read discovers them again (tests install and

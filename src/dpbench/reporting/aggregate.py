@@ -198,8 +198,8 @@ def epoch_rows(run_id: str, metrics: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def aggregate(paths: list[str | Path], out_runs: str | Path, out_epochs: str | Path,
-              audits: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def aggregate_runs(paths: list[str | Path], out_runs: str | Path, out_epochs: str | Path,
+                   audits: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The runs and per-epoch tables of ``paths``; with ``audits`` (the table of ``dpbench
     audits``), the runs table's ``audit_violation``: True where an audit of the run's optimizer
     refuted its claim, False where its audits found none, missing where it was not audited."""

@@ -57,7 +57,8 @@ def collect(paths: Iterable[str | Path]) -> pd.DataFrame:
     return df.sort_values(["optimizer", "epsilon_claimed", "seed"], ignore_index=True)
 
 
-def aggregate(paths: Iterable[str | Path], out: str | Path) -> pd.DataFrame:
+def aggregate_audits(paths: Iterable[str | Path], out: str | Path) -> pd.DataFrame:
+    """The table of the audit files ``paths`` (one row per audit), written to ``out``."""
     df = collect(paths)
     write_table(df, out)
     return df

@@ -57,14 +57,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 from typing import Callable
 
 import torch
 
+from dpbench import log
 from dpbench.mechanisms.noise import BandedNoise, BLTNoise, CorrelatedNoise, GaussianNoise
 from dpbench.mechanisms.sampling import CyclicPoissonSampler, FixedBatchSampler, PoissonSampler
 from dpbench.optimizers.base import SGD, DPStep, NonPrivateStep, StepOutput
+
+_LOG = log.get(__name__)
 
 GRANULARITY = 64  # bucket sizes are multiples of this
 OVERFLOW_PROBABILITY = 1e-6  # per step: a batch above the largest bucket (runs eagerly)
@@ -318,7 +320,7 @@ class CapturedStep:
                 self.counts["captures"] += 1
         except Exception as exc:  # noqa: BLE001: any failure leaves the eager step, which is correct
             self.stopped = f"capture failed ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]})"
-            print(f"[cuda graphs] {self.stopped}; the eager step runs from now on", file=sys.stderr, flush=True)
+            _LOG.warning(f"[cuda graphs] {self.stopped}; the eager step runs from now on")
             bucket.graph = bucket.out = None
             return False
         bucket.ready = True
@@ -345,7 +347,7 @@ def for_run(enabled: bool, step, problem, sampler, device: torch.device,
     steps run (the task's ``fixed_shape_loss`` with the run's loss generator), else the step's."""
     if not enabled:
         return step, lambda: None
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log = log or _LOG.info
     if not _graph_device(device):
         reason = f"device {device} is not a CUDA GPU (CUDA graphs need one)"
     else:

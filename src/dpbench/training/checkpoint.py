@@ -8,17 +8,19 @@ import hashlib
 import io
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from dpbench import log
 from dpbench.files import atomic_write, is_no_space, no_space, remove_stale_partials
 from dpbench.training.calibration import Calibration
 from dpbench.training.config import RunConfig
 from dpbench.training.harness import Assembly
+
+_LOG = log.get(__name__)
 
 
 # Settings that do not change a run's result: a checkpoint made under other values still applies.
@@ -123,12 +125,10 @@ class Checkpoint:
         except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it is not resumed from
             aside = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
             os.replace(self.path, aside)
-            print(f"checkpoint {self.path} is damaged ({exc}); moved it to {aside}, starting afresh",
-                  file=sys.stderr, flush=True)
+            _LOG.warning(f"checkpoint {self.path} is damaged ({exc}); moved it to {aside}, starting afresh")
             return None
         if state.get("key") != self.key:
-            print(f"checkpoint {self.path} belongs to another configuration; starting afresh",
-                  file=sys.stderr, flush=True)
+            _LOG.warning(f"checkpoint {self.path} belongs to another configuration; starting afresh")
             return None
         return state
 

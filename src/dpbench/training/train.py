@@ -12,7 +12,6 @@ a killed run: ``checkpoint``), ``train_loop`` (steps, evaluation at epoch ends, 
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from dpbench import log
 from dpbench.mechanisms.base import Plan, recorded_history
 from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.plugins import mechanism_origin, record_of
@@ -40,6 +40,8 @@ from dpbench.training.config import RunConfig
 from dpbench.training.cuda import resolve_device
 from dpbench.training.harness import Assembly, assemble, build_model
 from dpbench.training.splits import Splits, load_splits
+
+_LOG = log.get(__name__)
 
 
 @dataclass
@@ -81,8 +83,8 @@ class Progress:
         now = self.last = time.perf_counter()
         rate = step / max(now - self.start, 1e-9)
         eta = (self.total - step) / rate if rate > 0 else math.inf
-        print(f"[{self.label}] step {step}/{self.total} ({100 * step / self.total:.0f}%) {msg} "
-              f"| {rate:.1f} steps/s | eta {eta:.0f}s", file=sys.stderr, flush=True)
+        _LOG.info(f"[{self.label}] step {step}/{self.total} ({100 * step / self.total:.0f}%) {msg} "
+                  f"| {rate:.1f} steps/s | eta {eta:.0f}s")
 
 
 
@@ -294,9 +296,8 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
         loss_fn=lambda m, x, y: problem.task.fixed_shape_loss(m, x, y, loss_gen))
     ends = epoch_ends(plan.steps, cfg.epochs, steps)
     label = f"{cfg.problem} {cfg.optimizer} lr={cfg.lr:g} L={plan.batch_size} eps={cfg.epsilon} seed={cfg.seed}"
-    print(f"[{label}] N={n_train} q={plan.sample_rate} T={plan.steps} steps={steps} sigma={calibration.sigma:.6g} "
-          f"({calibration.source}) device={device}" + (f", resumed at step {trace.step}" if saved else ""),
-          file=sys.stderr, flush=True)
+    _LOG.info(f"[{label}] N={n_train} q={plan.sample_rate} T={plan.steps} steps={steps} sigma={calibration.sigma:.6g} "
+              f"({calibration.source}) device={device}" + (f", resumed at step {trace.step}" if saved else ""))
     status = train_loop(
         parts, splits, trace, ends,
         evaluate_epoch=lambda epoch, is_diverged: evaluate_splits(problem, model, splits, trace, epoch, is_diverged,

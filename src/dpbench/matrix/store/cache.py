@@ -36,7 +36,8 @@ def factorization_path(cache_dir: str | Path, key: str) -> Path:
     return Path(cache_dir) / "matrix" / key / "factorization.npz"
 
 
-def streaming_path(cache_dir: str | Path, key: str) -> Path:
+def streamed_path(cache_dir: str | Path, key: str) -> Path:
+    # the folder keeps its first name, "streaming": every run records this path (factorization_file)
     return Path(cache_dir) / "streaming" / f"{key}.json"
 
 

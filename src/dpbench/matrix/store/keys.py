@@ -109,7 +109,7 @@ def band_search_key(n_train: int, batch_size: int, steps: int, epsilon: float, d
 
 
 def parse_streamed_key(key: str) -> tuple[str, dict[str, Any]]:
-    """(kind, parameters) of a streaming key; refuses a key that is not canonical."""
+    """(kind, parameters) of a streamed key; refuses a key that is not canonical."""
     for kind, pattern in _STREAMED_KEYS.items():
         m = pattern.match(key)
         if not m:
@@ -131,9 +131,9 @@ def parse_streamed_key(key: str) -> tuple[str, dict[str, Any]]:
             canonical = band_search_key(params["n_train"], params["batch_size"], params["n"], params["epsilon"],
                                         params["delta"])
         if canonical != key:
-            raise ValueError(f"streaming factorization key {key!r} is not canonical (expected {canonical!r})")
+            raise ValueError(f"streamed factorization key {key!r} is not canonical (expected {canonical!r})")
         return kind, params
-    raise ValueError(f"not a streaming factorization key: {key!r} (expected e.g. band-n1875-b64, "
+    raise ValueError(f"not a streamed factorization key: {key!r} (expected e.g. band-n1875-b64, "
                      "blt-n1440-sep48-k30-mauto or band-auto-N60000-L32-n1875-eps1-delta1e-05)")
 
 

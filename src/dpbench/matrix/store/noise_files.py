@@ -46,7 +46,6 @@ import json
 import math
 import os
 import resource
-import sys
 import tempfile
 import time
 import zlib
@@ -326,6 +325,3 @@ def open_verified(path: Path, fact, dim: int, seed: int, log: Callable[[str], No
             f"{time.perf_counter() - t0:.1f} s")
     return file
 
-
-def log_stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)

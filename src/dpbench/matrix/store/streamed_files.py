@@ -1,4 +1,4 @@
-"""A streaming mechanism's factorization on disk: its file, and what loading verifies.
+"""A streamed mechanism's factorization on disk: its file, and what loading verifies.
 
 The strategies of ``dpmatrix-band``, ``dpmatrix-band-amp`` and ``dpmatrix-blt``
 (dpbench.mechanisms.streamed) are a few hundred numbers, but computing them takes up to ~10 s
@@ -16,7 +16,7 @@ computed, the error recorded against the one recomputed from the coefficients, a
 search that the chosen b is admissible (b <= min(N // L, T)) and the best candidate recorded.
 The privacy of a run never rests on the file's word: the run recomputes its sensitivity from
 the coefficients it loaded and its own participation (dpbench.mechanisms.streamed). A refused
-file raises ``StreamingFactorizationError`` naming the file, the check and the fix (delete it;
+file raises ``StreamedFactorizationError`` naming the file, the check and the fix (delete it;
 the workflow computes it again).
 """
 
@@ -39,12 +39,12 @@ ERROR_RTOL = 1e-9  # recorded vs recomputed err_mean
 NORM_TOL = 1e-12  # | ||c|| - 1 | of a band's coefficients
 
 
-class StreamingFactorizationError(ValueError):
-    """A streaming factorization file that must not be used; the message names the file and the fix."""
+class StreamedFactorizationError(ValueError):
+    """A streamed factorization file that must not be used; the message names the file and the fix."""
 
 
 @dataclass(frozen=True)
-class StreamingFactorization:
+class StreamedFactorization:
     """A strategy (banded.BandedToeplitz or blt.BLT) under its key; ``band_search`` holds the
     band search's evaluations for a ``band-auto`` key (None otherwise)."""
 
@@ -71,7 +71,7 @@ def digest(parameters: dict[str, list[float]]) -> str:
     return h.hexdigest()
 
 
-def to_json(fact: StreamingFactorization) -> dict[str, Any]:
+def to_json(fact: StreamedFactorization) -> dict[str, Any]:
     kind, params = parse_streamed_key(fact.key)
     parameters = _parameters(fact.strategy)
     out = {"format_version": FORMAT_VERSION, "key": fact.key, "kind": fact.kind, "steps": fact.strategy.n,
@@ -86,7 +86,7 @@ def to_json(fact: StreamingFactorization) -> dict[str, Any]:
     return out
 
 
-def save(fact: StreamingFactorization, path: str | Path) -> None:
+def save(fact: StreamedFactorization, path: str | Path) -> None:
     """Write the factorization as JSON, atomically (temporary name in the same directory, fsync,
     os.replace): a reader sees the complete file or none."""
     path = Path(path)
@@ -112,21 +112,21 @@ def _vector(record: dict, name: str, size: int | None, refuse) -> np.ndarray:
     return array
 
 
-def load(path: str | Path, expected_key: str | None = None) -> StreamingFactorization:
+def load(path: str | Path, expected_key: str | None = None) -> StreamedFactorization:
     """The factorization stored at ``path``, verified (module docstring); with ``expected_key``,
     refused unless it is the factorization of that key."""
     path = Path(path)
 
-    def refuse(why: str) -> StreamingFactorizationError:
-        return StreamingFactorizationError(f"streaming factorization file {path} is refused: {why}; {_fix(path)}")
+    def refuse(why: str) -> StreamedFactorizationError:
+        return StreamedFactorizationError(f"streamed factorization file {path} is refused: {why}; {_fix(path)}")
 
     try:
         record = json.loads(path.read_text())
     except FileNotFoundError:
         raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StreamingFactorizationError(f"streaming factorization file {path} is unreadable "
-                                          f"({type(exc).__name__}: {exc}); {_fix(path)}") from None
+        raise StreamedFactorizationError(f"streamed factorization file {path} is unreadable "
+                                         f"({type(exc).__name__}: {exc}); {_fix(path)}") from None
     if not isinstance(record, dict):
         raise refuse("it is not a JSON object")
     if record.get("format_version") != FORMAT_VERSION:
@@ -138,8 +138,8 @@ def load(path: str | Path, expected_key: str | None = None) -> StreamingFactoriz
     except ValueError as exc:
         raise refuse(str(exc)) from None
     if expected_key is not None and key != expected_key:
-        raise StreamingFactorizationError(
-            f"streaming factorization file {path} is for {key!r}, but this run needs {expected_key!r}; give the "
+        raise StreamedFactorizationError(
+            f"streamed factorization file {path} is for {key!r}, but this run needs {expected_key!r}; give the "
             "run its own file (the workflow names it), or leave --factorization out to compute it into the cache")
     n = params["n"]
     if record.get("steps") != n:
@@ -175,7 +175,7 @@ def load(path: str | Path, expected_key: str | None = None) -> StreamingFactoriz
     search = None
     if kind == "band-auto":
         search = _verify_search(record.get("band_search"), strategy.bands, params, refuse)
-    return StreamingFactorization(str(key), strategy, search)
+    return StreamedFactorization(str(key), strategy, search)
 
 
 def _verify_search(search, bands: int, params: dict, refuse) -> list[dict]:

@@ -14,7 +14,7 @@ from dpbench.matrix import banded, blt
 from dpbench.matrix.store import cache, keys, streamed_files
 from dpbench.mechanisms import cyclic_poisson, streamed
 from dpbench.mechanisms.base import PlanRequest
-from dpbench.matrix.store.streamed_files import StreamingFactorizationError
+from dpbench.matrix.store.streamed_files import StreamedFactorizationError
 from dpbench.optimizers import get_optimizer
 
 
@@ -60,7 +60,7 @@ def test_keys_parse_back(key):
 
 @pytest.mark.parametrize("key,why", [("band-n10-b11", "b <= n"), ("blt-n100-sep30-k9-m3", "not canonical"),
                                      ("band-auto-N600-L60-n30-eps1.0-delta1e-05", "not canonical"),
-                                     ("blt-n100-sep30-k4-m9", "buffers must be"), ("me-k30-b48", "not a streaming")])
+                                     ("blt-n100-sep30-k4-m9", "buffers must be"), ("me-k30-b48", "not a streamed")])
 def test_bad_keys_are_refused(key, why):
     with pytest.raises(ValueError, match=why):
         keys.parse_streamed_key(key)
@@ -73,8 +73,8 @@ def test_file_round_trips_exactly_and_plan_reads_it_without_optimising(tmp_path,
         monkeypatch.setattr(module, name, no)
     key = "blt-n30-sep10-k3-m2"
     strategy = blt.BLT.from_pair([0.9, 0.3], [0.7, 0.1], 30)
-    cached = cache.streaming_path(tmp_path / "c", key)  # as the workflow's factorize stage leaves it
-    streamed_files.save(streamed_files.StreamingFactorization(key, strategy), cached)
+    cached = cache.streamed_path(tmp_path / "c", key)  # as the workflow's factorize stage leaves it
+    streamed_files.save(streamed_files.StreamedFactorization(key, strategy), cached)
     path = tmp_path / "f.json"
     streamed_files.save(streamed_files.load(cached, key), path)
     assert path.read_text() == cached.read_text()  # exact decimal float64: the round trip is the identity
@@ -127,7 +127,7 @@ def damaged(tmp_path, key, edit):
 ])
 def test_damaged_files_are_refused_naming_the_check_and_the_fix(tmp_path, key, edit, why):
     path = damaged(tmp_path, key, edit)
-    with pytest.raises(StreamingFactorizationError, match=why) as exc:
+    with pytest.raises(StreamedFactorizationError, match=why) as exc:
         streamed_files.load(path, key)
     assert str(path) in str(exc.value) and "delete" in str(exc.value)
 
@@ -135,13 +135,13 @@ def test_damaged_files_are_refused_naming_the_check_and_the_fix(tmp_path, key, e
 def test_a_file_for_another_setting_and_unreadable_files_are_refused(tmp_path):
     path = tmp_path / "f.json"
     streamed_files.save(streamed.compute("band-n40-b5"), path)
-    with pytest.raises(StreamingFactorizationError, match="is for 'band-n40-b5', but this run needs 'band-n40-b4'"):
+    with pytest.raises(StreamedFactorizationError, match="is for 'band-n40-b5', but this run needs 'band-n40-b4'"):
         streamed_files.load(path, "band-n40-b4")
     mech = get_optimizer("dpmatrix-band").mechanism
-    with pytest.raises(StreamingFactorizationError, match="this run needs 'band-n30-b10'"):
+    with pytest.raises(StreamedFactorizationError, match="this run needs 'band-n30-b10'"):
         mech.plan(request(600, 60, 3, factorization=path))
     path.write_text(path.read_text()[:100])  # truncated
-    with pytest.raises(StreamingFactorizationError, match="unreadable"):
+    with pytest.raises(StreamedFactorizationError, match="unreadable"):
         streamed_files.load(path)
     with pytest.raises(ValueError, match="does not exist"):
         mech.plan(request(600, 60, 3, factorization=tmp_path / "missing.json"))
@@ -158,7 +158,7 @@ def test_workflow_names_the_file_the_plan_reads(tmp_path):
         assert set(files) == {"factorization"}
         run = request(600, 60, 2, hyperparameters=dict(hp), epsilon=2.0, delta=1e-6, cache_dir=tmp_path)
         plan = get_optimizer(name).mechanism.plan(run)
-        assert files["factorization"] == cache.streaming_path(tmp_path, plan.factorization_key)
+        assert files["factorization"] == cache.streamed_path(tmp_path, plan.factorization_key)
         assert plan.factorization_file == files["factorization"]
     assert Cell("P2", "dpsgd", 60, 2, 2.0, 0.1, 0, 123).cache_files(train, tmp_path) == {}
     dense = Cell("P2", "dpmatrix-se", 60, 1, 2.0, 0.1, 0, 123).cache_files(train, tmp_path)
@@ -193,7 +193,7 @@ grid:
     assert file_bytes(1875, 225_034) == 128 + 1875 * 225_034 * 4
 
 
-def test_factorize_command_writes_a_streaming_key(tmp_path):
+def test_factorize_command_writes_a_streamed_key(tmp_path):
     from dpbench.cli import main
 
     out = tmp_path / "f.json"
@@ -205,7 +205,7 @@ def test_factorize_command_writes_a_streaming_key(tmp_path):
 
 @pytest.mark.slow
 def test_workflow_factorizes_once_and_trains_streamed_cells(tmp_path, fmnist_dir):
-    """factorize_streaming -> train -> aggregate through Snakemake: one job per key (the band
+    """factorize_streamed -> train -> aggregate through Snakemake: one job per key (the band
     search's file shared by two learning rates), each cell reads the workflow's file, and no
     noise file or checkpoint is left anywhere."""
     import subprocess
@@ -232,7 +232,7 @@ def test_workflow_factorizes_once_and_trains_streamed_cells(tmp_path, fmnist_dir
     assert sorted(p.name for p in (out / "cache").iterdir()) == ["streaming"]  # no dense cache, no noise file
     assert sorted(p.name for p in (out / "cache" / "streaming").glob("*.json")) == sorted(f"{k}.json" for k in
                                                                                          keys.values())
-    assert proc.stderr.count("rule factorize_streaming:") == 3
+    assert proc.stderr.count("rule factorize_streamed:") == 3
     runs = pd.read_parquet(out / "aggregate" / "runs.parquet")
     assert len(runs) == 4 and (runs.status == "completed").all() and (runs.steps == 8).all()
     for _, run in runs.iterrows():

@@ -1,4 +1,4 @@
-"""Cost and error of the streaming correlated-noise mechanisms (dpmatrix-band,
+"""Cost and error of the streamed correlated-noise mechanisms (dpmatrix-band,
 dpmatrix-band-amp, dpmatrix-blt) at the thesis's Setup 2 and Setup 3 sizes.
 
 1. Factorization: the workflow's factorize stage for each mechanism's key
@@ -23,8 +23,8 @@ dpmatrix-band-amp, dpmatrix-blt) at the thesis's Setup 2 and Setup 3 sizes.
 ``--repeat N`` runs each measurement of 1 and 2 N times (each in a fresh process) and prints
 the median with the range: the machine is shared, so single timings mislead.
 
-Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/bench_streaming.py [--threads 2] [--skip-steps] [--skip-factorizations]
-       OPENBLAS_NUM_THREADS=1 python benchmarks/bench_streaming.py --errors --dense-reports /tmp/dpbench-bench
+Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/bench_streamed.py [--threads 2] [--skip-steps] [--skip-factorizations]
+       OPENBLAS_NUM_THREADS=1 python benchmarks/bench_streamed.py --errors --dense-reports /tmp/dpbench-bench
 Prints Markdown tables. One BLAS thread for numpy/scipy (as the factorize rules and
 bench_matrix.py use: on a loaded 2-core machine two OpenBLAS threads made the small L-BFGS-B
 steps several times slower); ``--threads`` sets torch's threads for the noise and DP-SGD steps.

@@ -1,4 +1,4 @@
-"""Streaming correlated noise (dpbench.mechanisms: noise, cyclic_poisson, streamed, amplified_banded): the
+"""Streamed correlated noise (dpbench.mechanisms: noise, cyclic_poisson, streamed, amplified_banded): the
 streamed noise against numpy.linalg.solve(C, Z) row by row, exact resume, the state's size; the
 cyclic Poisson sampler's statistics; the amplified accounting against an independent PLD and
 pinned dp_accounting numbers; the three mechanisms' calibration and reports; b = 1 amplified
@@ -312,7 +312,7 @@ def test_factorize_is_a_pure_function_of_its_arguments():
     a = streamed.factorize("band", 200, 50, 4, 16)
     b = streamed.factorize("band", 200, 50, 4, 16)
     np.testing.assert_array_equal(a.coef, b.coef)
-    with pytest.raises(ValueError, match="unknown streaming factorization kind"):
+    with pytest.raises(ValueError, match="unknown streamed factorization kind"):
         streamed.factorize("dense", 10, 10, 1, 1)
     with pytest.raises(ValueError, match="1 <= b <= min"):
         streamed.factorize("band", 200, 10, 4, 16)
