@@ -175,7 +175,7 @@ def errors_job(args) -> list[dict]:
     import torch
 
     torch.set_num_threads(threads)
-    from dpbench.mechanisms.base import PlanRequest
+    from dpbench.mechanisms.base import PlanRequest, Target
     from dpbench.optimizers import get_optimizer
     from dpbench.privacy import accounting
 
@@ -203,7 +203,7 @@ def errors_job(args) -> list[dict]:
             plan = mech.plan(PlanRequest(n_train, L, epochs, target_epsilon=eps, delta=1e-5, cache_dir=cache_dir))
             fact = plan.factorization
             row(f"`{optimizer}`", plan.steps, getattr(fact, "bands", None) or getattr(fact, "buffers", None),
-                mech.calibrate(plan, eps, 1e-5, "prv"), fact.error_mean())
+                mech.calibrate(plan, Target(eps, 1e-5)), fact.error_mean())
     return rows
 
 

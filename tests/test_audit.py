@@ -172,7 +172,7 @@ def test_false_alarm_rate_of_correct_mechanisms_is_at_most_beta(cache):
 
     spec = get_optimizer("dpsgd")
     tr = run_trials(spec, 2.0, 6000, seed=11, problem=SMALL, lanes=250, cache_dir=cache)
-    profile = spec.mechanism.privacy_profile(tr.claim.plan, tr.claim.noise_multiplier, 1e-5, "prv")
+    profile = tr.claim.privacy.profile()
     scored = run.scores(tr)
     flagged = 0
     for group in np.arange(6000).reshape(30, 200):

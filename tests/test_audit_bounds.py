@@ -476,11 +476,12 @@ def _mechanism(kind: str):
                                                      ("d2p2", "prv", 3.0), ("matrix", "prv", 2.0)])
 def test_mechanism_privacy_profile_matches_the_mechanisms_report(tmp_path, kind, accountant, sigma):
     # the profile at the epsilon the run records is the run's delta, for each accountant
-    from dpbench.mechanisms.base import PlanRequest
+    from dpbench.mechanisms.base import PlanRequest, PrivacyClaim
 
     mechanism = _mechanism(kind)
     hyper = {"projection": "gaussian"} if kind == "d2p2" else {}  # the projection whose bound has delta_fail
     plan = mechanism.plan(PlanRequest(200, 10, 1, hyperparameters=hyper, delta=DELTA, cache_dir=tmp_path))
-    recorded = mechanism.report(plan, sigma, plan.steps, DELTA, accountant)["epsilon"]
-    prof = mechanism.privacy_profile(plan, sigma, DELTA, accountant)
+    claim = PrivacyClaim(mechanism, plan, sigma, DELTA, accountant)
+    recorded = claim.epsilon(plan.steps)
+    prof = claim.profile()
     assert prof([recorded])[0] == pytest.approx(DELTA, rel=1e-6)

@@ -57,7 +57,7 @@ def test_mkdocs_build_strict(tmp_path):
     assert (site / "index.html").exists() and (site / "img" / "audit.png").stat().st_size > 10_000
     # config/README.md is part of the configuration page, and the API pages carry the docstrings
     assert "train.delta" in (site / "configuration" / "index.html").read_text()
-    assert "choose_noise_multiplier" in (site / "api" / "training" / "index.html").read_text()
+    assert "calibrate" in (site / "api" / "training" / "index.html").read_text()
 
 
 def test_bench_step_reports_every_ratio_as_a_median_of_per_repeat_ratios_with_its_range():

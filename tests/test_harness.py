@@ -8,7 +8,8 @@ import torch
 
 from conftest import run_cell
 from dpbench.privacy import accounting
-from dpbench.training.harness import assemble, build_model, choose_noise_multiplier
+from dpbench.training.calibration import calibrate
+from dpbench.training.harness import assemble, build_model
 from dpbench.mechanisms.base import PlanRequest
 from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
 from dpbench.optimizers import get_optimizer
@@ -19,8 +20,10 @@ from dpbench.training.splits import load_splits
 
 
 def _calibrate(name, plan, **kw):
-    return choose_noise_multiplier(get_optimizer(name), plan, **{"target_epsilon": 2.0, "noise_multiplier": None,
-                                                         "delta": 1e-5, "accountant": "rdp", **kw})
+    claim = calibrate(get_optimizer(name), plan, **{"target_epsilon": 2.0, "noise_multiplier": None, "delta": 1e-5,
+                                                    "accountant": "rdp", **kw})
+    assert claim.seconds >= 0 and claim.accountant is accounting.RDP and claim.delta == 1e-5
+    return claim.noise_multiplier, claim.source
 
 
 def test_calibrate_noise_names_where_sigma_came_from():
@@ -70,9 +73,10 @@ def test_harness_reproduces_a_training_cell_step_for_step(tiny_fmnist):
     spec, problem, seeds = get_optimizer("dpsgd"), get_problem("P2"), stream_seeds(cfg.seed)
     splits = load_splits(cfg, problem, seeds, torch.device("cpu"))
     plan = spec.mechanism.plan(PlanRequest(600, cfg.batch_size, cfg.epochs))
-    sigma, source = choose_noise_multiplier(spec, plan, target_epsilon=None, noise_multiplier=1.1, delta=cfg.delta,
-                                    accountant=cfg.accountant)
-    assert (sigma, source) == (res.meta["privacy"]["noise_multiplier"], res.meta["privacy"]["noise_multiplier_source"])
+    claim = calibrate(spec, plan, target_epsilon=None, noise_multiplier=1.1, delta=cfg.delta, accountant=cfg.accountant)
+    sigma = claim.noise_multiplier
+    privacy = res.meta["privacy"]
+    assert (sigma, claim.source) == (privacy["noise_multiplier"], privacy["noise_multiplier_source"])
     loss_gen = torch.Generator().manual_seed(seeds["loss"])
     parts = assemble(spec, plan, build_model(problem, seeds["init"], "cpu"),
                      lambda m, x, y: problem.per_sample_loss(m, x, y, loss_gen), lr=cfg.lr, noise_multiplier=sigma,

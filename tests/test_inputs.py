@@ -80,27 +80,41 @@ def test_run_config_refuses_non_finite_numbers(name, value):
         cfg.validate(OPTIMIZERS["dpsgd"])
 
 
-@pytest.mark.parametrize("name", sorted(n for n, s in OPTIMIZERS.items() if s.private))
-def test_every_mechanism_refuses_a_non_finite_target_or_a_delta_outside_0_1(name):
-    """Checked before the plan is looked at (None here): no search ever starts on them."""
-    mechanism = OPTIMIZERS[name].mechanism
+def test_a_target_refuses_a_non_finite_epsilon_a_delta_outside_0_1_or_an_unknown_accountant():
+    """Checked when the target is made, before any mechanism sees it: no search ever starts on them."""
+    from dpbench.mechanisms.base import Target
+
     for eps in (*NON_FINITE, 0.0, -1.0):
         with pytest.raises(ValueError, match="target epsilon must be a finite positive number"):
-            mechanism.calibrate(None, eps, 1e-5, "rdp")
+            Target(eps, 1e-5, "rdp")
     for delta in (*NON_FINITE, 0.0, 1.0, 2.0):
         with pytest.raises(ValueError, match="delta must be in"):
-            mechanism.calibrate(None, 1.0, delta, "rdp")
+            Target(1.0, delta, "rdp")
+    with pytest.raises(ValueError, match=r"^unknown accountant 'gdp'; choose one of prv, rdp$"):
+        Target(1.0, 1e-5, "gdp")
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in OPTIMIZERS.items() if s.private))
+def test_the_shared_calibration_refuses_a_bad_target_for_every_mechanism(name):
+    """calibration.calibrate makes the Target every mechanism's calibrate is given (the plan,
+    None here, is never looked at)."""
+    from dpbench.training.calibration import calibrate
+
+    with pytest.raises(ValueError, match="target epsilon must be a finite positive number"):
+        calibrate(OPTIMIZERS[name], None, target_epsilon=math.inf, noise_multiplier=None, delta=1e-5, accountant="rdp")
+    with pytest.raises(ValueError, match="delta must be in"):
+        calibrate(OPTIMIZERS[name], None, target_epsilon=1.0, noise_multiplier=None, delta=1.0, accountant="rdp")
 
 
 @pytest.mark.parametrize("sigma", [*NON_FINITE, -1.0])
 def test_the_shared_calibration_refuses_a_non_finite_noise_multiplier(sigma):
-    """harness.choose_noise_multiplier is what every caller (a grid cell, the audit) gets sigma from."""
-    from dpbench.training.harness import choose_noise_multiplier
+    """calibration.calibrate is what every caller (a grid cell, the audit) gets its claim from."""
+    from dpbench.training.calibration import calibrate
     from dpbench.mechanisms.base import Plan
 
     with pytest.raises(ValueError, match="noise multiplier must be finite and >= 0"):
-        choose_noise_multiplier(OPTIMIZERS["dpsgd"], Plan(10, 5, 0.1), target_epsilon=None, noise_multiplier=sigma,
-                        delta=1e-5, accountant="rdp")
+        calibrate(OPTIMIZERS["dpsgd"], Plan(10, 5, 0.1), target_epsilon=None, noise_multiplier=sigma, delta=1e-5,
+                  accountant="rdp")
 
 
 def test_sigma_searches_are_bounded():

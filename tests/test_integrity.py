@@ -326,19 +326,20 @@ def test_dpdice_release_moves_far_beyond_its_calibration_and_dpdice_strict_cover
 
 
 def test_dpdice_strict_accounts_t_gaussian_releases_without_amplification():
-    from dpbench.mechanisms.base import PlanRequest
+    from dpbench.mechanisms.base import PlanRequest, PrivacyClaim, Target
     from dpbench.optimizers import get_optimizer
     from dpbench.privacy import accounting
 
     mech = get_optimizer("dpdice-strict").mechanism
     plan = mech.plan(PlanRequest(60_000, 256, 1))  # P2, one epoch: T = 234 Poisson steps at q = 256 / 60000
     assert plan.steps == 234
-    sigma = mech.calibrate(plan, 10.0, 1e-5, "prv")
+    sigma = mech.calibrate(plan, Target(10.0, 1e-5))
     one = accounting.gaussian_noise_multiplier(10.0, 1e-5)  # 0.49989, one release of sensitivity 1
     assert sigma == pytest.approx(math.sqrt(234) * one, rel=1e-9) == pytest.approx(7.647, abs=1e-3)
-    rep = mech.report(plan, sigma, 234, 1e-5, "prv")
-    assert rep["epsilon"] == pytest.approx(10.0, rel=1e-6) and rep["epsilon_rdp"] > rep["epsilon"]
-    assert mech.report(plan, sigma, 100, 1e-5, "prv")["epsilon"] < 10.0  # stopped early: fewer releases
+    claim = PrivacyClaim(mech, plan, sigma, 1e-5)
+    rep = claim.spent(234)
+    assert rep.epsilon_spent == pytest.approx(10.0, rel=1e-6) and rep.epsilon_rdp > rep.epsilon_spent
+    assert claim.epsilon(100) < 10.0  # stopped early: fewer releases
     # what that costs: noise std on the mean gradient sigma (1 + 2 L C2 / C) / L at C2 = C = 1
     assert sigma * (1 + 2 * 256) / 256 == pytest.approx(15.32, abs=0.01)
 

@@ -321,6 +321,7 @@ def test_single_epoch_refuses_more_than_one_epoch(tmp_path):
 
 
 def test_sigma_is_the_exact_gaussian_calibration(tmp_path):
+    from dpbench.mechanisms.base import PrivacyClaim, Target
     from dpbench.mechanisms.dense_matrix import DenseMatrixPlan
     from dpbench.optimizers import get_optimizer
 
@@ -329,16 +330,16 @@ def test_sigma_is_the_exact_gaussian_calibration(tmp_path):
     plan = DenseMatrixPlan(batch_size=64, steps=12, sample_rate=None, factorization=fact, factorization_file=Path("f"),
                            key=fact.key, epochs=3, batches=4, unused_examples=0, noise_file=None, cache_dir=tmp_path)
     for eps in (1.0, 10.0):
-        sigma = mech.calibrate(plan, eps, 1e-5, "prv")
+        sigma = mech.calibrate(plan, Target(eps, 1e-5))
         assert accounting.gaussian_delta(eps, fact.sensitivity / sigma) == pytest.approx(1e-5, rel=1e-6)
         assert accounting.gaussian_delta(eps, fact.sensitivity / (sigma * 0.999)) > 1e-5
-        rep = mech.report(plan, sigma, 12, 1e-5, "prv")
-        assert rep["epsilon"] == pytest.approx(eps, rel=1e-6) and rep["epsilon_rdp"] >= rep["epsilon"]
-    assert mech.calibrate(plan, 10.0, 1e-5, "prv") == pytest.approx(0.500, abs=5e-4)  # not GDP's 0.788
-    early = mech.report(plan, 0.5, 5, 1e-5, "prv")  # stopped after 5 of 12 steps
-    assert early["strategy_sensitivity_steps_taken"] == pytest.approx(
+        rep = PrivacyClaim(mech, plan, sigma, 1e-5).spent(12)
+        assert rep.epsilon_spent == pytest.approx(eps, rel=1e-6) and rep.epsilon_rdp >= rep.epsilon_spent
+    assert mech.calibrate(plan, Target(10.0, 1e-5)) == pytest.approx(0.500, abs=5e-4)  # not GDP's 0.788
+    early = PrivacyClaim(mech, plan, 0.5, 1e-5).spent(5)  # stopped after 5 of 12 steps
+    assert early.facts["strategy_sensitivity_steps_taken"] == pytest.approx(
         sensitivity.prefix_sensitivity(fact.strategy, 3, 4, 5))
-    assert early["epsilon"] < early["epsilon_planned"]
+    assert early.epsilon_spent < early.epsilon_planned
 
 
 # -- the training loop -----------------------------------------------------------------------

@@ -36,7 +36,7 @@ from conftest import run_cell
 from dpbench.privacy import accounting
 from dpbench.privacy.clipping import Clipping
 from dpbench.mechanisms import projection as proj
-from dpbench.mechanisms.base import Plan, PlanRequest
+from dpbench.mechanisms.base import Plan, PlanRequest, PrivacyClaim, Target
 from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian, inverse_sqrt_schedule
 from dpbench.optimizers import OPTIMIZERS, get_optimizer
 from dpbench.optimizers.base import Context
@@ -569,28 +569,28 @@ def test_projection_accounts_at_delta_minus_the_bound_failure():
         mech = get_optimizer(name).mechanism
         plan = mech.plan(PlanRequest(10_000, 100, 3))  # srht
         assert mech.delta_fail(plan) == 0.0 and plan.tail_t is None
-        r = mech.report(plan, 1.0, T, DELTA, "rdp")
-        assert "delta_fail" not in r and r["projection"] == "srht"
-        assert eps_of(1.0, DELTA) * (1 - 1e-12) <= r["epsilon"] <= eps_of(1.0, DELTA) * 1.01
+        r = PrivacyClaim(mech, plan, 1.0, DELTA, "rdp").spent(T)
+        assert "delta_fail" not in r.facts and r.facts["projection"] == "srht"
+        assert eps_of(1.0, DELTA) * (1 - 1e-12) <= r.epsilon_spent <= eps_of(1.0, DELTA) * 1.01
         plan = mech.plan(PlanRequest(10_000, 100, 3, hyperparameters={"projection": "gaussian"}, delta=DELTA))
         t = plan.tail_t
         assert T * 2 * math.exp(-t * t / 2) == pytest.approx(DELTA / 10, rel=1e-9)
         assert mech.delta_fail(plan) == pytest.approx(DELTA / 10, rel=1e-9)
-        sigma = mech.calibrate(plan, 3.0, DELTA, "rdp")
-        r = mech.report(plan, sigma, T, DELTA, "rdp")
-        assert r["delta_accounted"] == pytest.approx(0.9 * DELTA)
-        assert r["epsilon"] <= 3.0
+        sigma = mech.calibrate(plan, Target(3.0, DELTA, "rdp"))
+        r = PrivacyClaim(mech, plan, sigma, DELTA, "rdp").spent(T)
+        assert r.facts["delta_accounted"] == pytest.approx(0.9 * DELTA)
+        assert r.epsilon_spent <= 3.0
         # accounted at 0.9 delta: more than at delta; buckets are an upper bound of the per-step sum
         exact = eps_of(sigma, 0.9 * DELTA)
         assert exact > eps_of(sigma, DELTA)
-        assert exact * (1 - 1e-12) <= r["epsilon"] <= exact * 1.01
-        assert mech.report(plan, sigma * (1 - 3e-3), T, DELTA, "rdp")["epsilon"] > 3.0  # the smallest sigma
+        assert exact * (1 - 1e-12) <= r.epsilon_spent <= exact * 1.01
+        assert PrivacyClaim(mech, plan, sigma * (1 - 3e-3), DELTA, "rdp").epsilon(T) > 3.0  # the smallest sigma
 
 
 def test_decaying_schedule_costs_more_than_static_noise():
     mech = get_optimizer("d2psgd").mechanism
     plan = mech.plan(PlanRequest(60_000, 256, 5))
-    sigma = mech.calibrate(plan, 10.0, DELTA, "prv")
+    sigma = mech.calibrate(plan, Target(10.0, DELTA))
     static = accounting.noise_multiplier_for(10.0, plan.sample_rate, plan.steps, accountant="rdp")
     # sigma_k = sigma / sqrt(k) must compose to the target: its first-step sigma is far larger
     assert sigma > 5 * static

@@ -16,7 +16,8 @@ from conftest import REPO
 EXPORTS = [
     "OptimizerSpec", "Context", "DPStep", "NonPrivateStep", "SGD", "StepOutput", "UpdateRule",
     "PerSampleGradients", "LayerGrads", "register_per_sample", "UnsupportedLayerError", "Clipping",
-    "Mechanism", "Plan", "PlanRequest", "Sampler", "NoiseSource", "AuditSpec", "PoissonSubsampledGaussian",
+    "Mechanism", "Target", "PrivacyClaim", "Spent", "get_accountant",
+    "Plan", "PlanRequest", "Sampler", "NoiseSource", "AuditSpec", "PoissonSubsampledGaussian",
     "GaussianNoise", "Problem", "ProblemFacts", "Classification", "TabularClassification", "VAE", "Dataset", "DataError", "check_problem",
     "FigureSpec", "check_figure", "select_runs", "ordered", "assemble", "get_optimizer", "get_problem",
 ]

@@ -25,7 +25,9 @@ from dpbench.optimizers import OPTIMIZERS, get_optimizer
 from dpbench.pipeline import cluster, fingerprint
 from dpbench.pipeline.grid import ConfigError, expand, load_config
 from dpbench.cli import listing
+from dpbench.mechanisms.base import PlanRequest, Target
 from dpbench.plugins import PluginError
+from dpbench.privacy import accounting
 from dpbench.problems import PROBLEMS, get_problem
 from dpbench.reporting.figures import FIGURES
 
@@ -36,15 +38,27 @@ from dpbench.optimizers.spec import OptimizerSpec
 SPEC = OptimizerSpec(name={name!r}, build=lambda ctx: DPStep(ctx, SGD(ctx.lr)), private=True,
                      description="a test plugin", reference="none")
 """
-# a mechanism of its own class: sigma and epsilon come from the plugin (here a copy of DP-SGD's)
+# a mechanism of its own class: sigma and epsilon come from the plugin (here DP-SGD's, by the
+# protocol: calibrate(plan, target) -> sigma, report(claim, steps) -> Spent)
 OWN_MECHANISM = """
-from dpbench.optimizers.base import SGD, DPStep
-from dpbench.optimizers.spec import OptimizerSpec
-from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
+from dpbench.plugin import (SGD, DPStep, OptimizerSpec, PoissonSubsampledGaussian, PrivacyClaim, Spent, Target,
+                            get_accountant)
 
 
 class OwnAccounting(PoissonSubsampledGaussian):
     name = "own-accounting"
+
+    def calibrate(self, plan, target: Target) -> float:
+        return target.accountant.noise_multiplier(lambda s: self.history(plan, s, plan.steps), target.epsilon,
+                                                  target.delta)
+
+    def report(self, claim: PrivacyClaim, steps: int) -> Spent:
+        plan, sigma, accountant = claim.plan, claim.noise_multiplier, claim.accountant
+        history = self.history(plan, sigma, steps)
+        done = accountant.epsilon(history, claim.delta)
+        planned = accountant.epsilon(self.history(plan, sigma, plan.steps), claim.delta)
+        rdp = get_accountant("rdp").epsilon(history, claim.delta)  # the cross-check
+        return Spent(done, planned, rdp, {"accounted_by": accountant.name})
 
 
 SPEC = OptimizerSpec(name="dpsgd-own", build=lambda ctx: DPStep(ctx, SGD(ctx.lr)), private=True,
@@ -179,6 +193,14 @@ def test_a_run_and_its_tables_record_the_plugin_and_whose_mechanism(site, tiny_f
         b"ownmech.py\0" + (site / "ownmech.py").read_bytes() + b"\0").hexdigest()
     assert meta["privacy"]["mechanism_origin"] == "plugin" and meta["problem"]["plugin"] is None
     assert meta["privacy"]["stages"] == {} and meta["privacy"]["step_class"] == "dpbench.optimizers.base.DPStep"
+    # its report's numbers and facts are what the run file records: DP-SGD's RDP epsilon, q = 0.1, 2 steps
+    assert meta["privacy"]["accounted_by"] == meta["privacy"]["accountant"] == "rdp"
+    assert meta["privacy"]["epsilon"] == meta["privacy"]["epsilon_rdp"] == res.meta["privacy"]["epsilon_rdp"]
+    assert meta["privacy"]["epsilon"] == pytest.approx(accounting.epsilon([(1.0, 0.1, 2)], 1e-5, "rdp"), rel=1e-12)
+    own = get_optimizer("dpsgd-own").mechanism  # its calibration through the protocol, by the target's accountant
+    plan = own.plan(PlanRequest(600, 60, 1))
+    assert own.calibrate(plan, Target(2.0, 1e-5, "rdp")) == get_optimizer("dpsgd").mechanism.calibrate(
+        plan, Target(2.0, 1e-5, "rdp"))
     runs, epochs = aggregate_runs(paths, tmp_path / "runs.parquet", tmp_path / "epochs.parquet")
     by = runs.set_index("optimizer")
     assert by.loc["dpsgd-own", "mechanism_origin"] == "plugin" and by.loc["dpsgd", "mechanism_origin"] == "built-in"

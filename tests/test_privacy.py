@@ -2,6 +2,7 @@
 
 import copy
 import math
+import re
 import warnings
 
 import numpy as np
@@ -14,7 +15,7 @@ from torch.func import functional_call
 from dpbench.privacy import accounting
 from dpbench.training import cuda
 from dpbench.privacy.clipping import Clipping
-from dpbench.mechanisms.base import PlanRequest
+from dpbench.mechanisms.base import PlanRequest, PrivacyClaim
 from dpbench.mechanisms.noise import GaussianNoise
 from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian, geometric_buckets, inverse_sqrt_schedule
 from dpbench.optimizers import get_optimizer
@@ -238,12 +239,52 @@ def test_report_records_planned_and_achieved_epsilon():
     mech = PoissonSubsampledGaussian()
     plan = mech.plan(PlanRequest(n_train=10_000, batch_size=100, epochs=10))
     assert (plan.steps, plan.sample_rate) == (1000, 0.01)
-    r = mech.report(plan, 1.0, steps=400, delta=1e-5, accountant="prv")
-    assert r["epsilon"] < r["epsilon_planned"]
-    assert r["epsilon"] == pytest.approx(accounting.epsilon([(1.0, 0.01, 400)]))
-    assert r["epsilon_planned"] == pytest.approx(accounting.epsilon([(1.0, 0.01, 1000)]))
-    assert r["epsilon_rdp"] >= r["epsilon"]  # RDP is the looser bound
+    r = PrivacyClaim(mech, plan, 1.0, 1e-5, accounting.DEFAULT_ACCOUNTANT).spent(400)
+    assert r.epsilon_spent < r.epsilon_planned
+    assert r.epsilon_spent == pytest.approx(accounting.epsilon([(1.0, 0.01, 400)]))
+    assert r.epsilon_planned == pytest.approx(accounting.epsilon([(1.0, 0.01, 1000)]))
+    assert r.epsilon_rdp >= r.epsilon_spent  # RDP is the looser bound
     assert accounting.epsilon([(0.0, 0.01, 10)]) == math.inf
+
+
+def test_the_claims_record_names_the_run_files_keys_and_spent_epsilon_is_epsilon():
+    """A DP-SGD claim after 400 of its 1000 steps, as the run file writes it (its keys, in order;
+    target_epsilon the one asked for, epsilon the one the steps taken spent), the numbers the
+    accountants give for the history; a non-private run's claim names no mechanism or accountant."""
+    mech = PoissonSubsampledGaussian()
+    plan = mech.plan(PlanRequest(n_train=10_000, batch_size=100, epochs=10))
+    claim = PrivacyClaim(mech, plan, 1.0, 1e-5, "prv", target_epsilon=2.0, source="calibrated", seconds=0.5)
+    record = claim.record(400)
+    assert record.run_file() == {
+        "mechanism": "poisson-subsampled-gaussian", "noise_multiplier": 1.0, "noise_multiplier_source": "calibrated",
+        "sample_rate": 0.01, "planned_steps": 1000, "steps": 400, "delta": 1e-5, "target_epsilon": 2.0,
+        "epsilon": accounting.PRV.epsilon([(1.0, 0.01, 400)], 1e-5),
+        "epsilon_planned": pytest.approx(KNOWN_EPSILONS[0][2]["prv"], rel=1e-12, abs=0), "epsilon_rdp": accounting.RDP.epsilon([(1.0, 0.01, 400)], 1e-5),
+        "accountant": "prv", "accounted_history": [[1.0, 0.01, 400]], "calibration_time_s": 0.5}
+    assert list(record.run_file()) == ["mechanism", "noise_multiplier", "noise_multiplier_source", "sample_rate",
+                                       "planned_steps", "steps", "delta", "target_epsilon", "epsilon",
+                                       "epsilon_planned", "epsilon_rdp", "accountant", "accounted_history",
+                                       "calibration_time_s"]
+    assert record.facts == {"noise_schedule": "constant"} and record.epsilon_spent == claim.epsilon(400)
+    assert claim.epsilon() == record.epsilon_planned  # None: the planned T
+    off = PrivacyClaim(mech, plan, 0.0, 1e-5, source="none (non-private)", private=False).record(7).run_file()
+    assert off["epsilon"] == off["epsilon_planned"] == off["epsilon_rdp"] == math.inf
+    assert [off[k] for k in ("mechanism", "sample_rate", "delta", "target_epsilon", "accountant",
+                             "accounted_history")] == [None] * 6
+    with pytest.raises(ValueError, match="noise multiplier must be finite and >= 0, got nan"):
+        PrivacyClaim(mech, plan, math.nan)
+
+
+def test_a_report_that_is_not_spent_is_refused_naming_the_mechanism():
+    class OldStyle(PoissonSubsampledGaussian):
+        name = "old-style"
+
+        def report(self, claim, steps):
+            return {"epsilon": 1.0}
+
+    mech = OldStyle()
+    with pytest.raises(TypeError, match="mechanism 'old-style': report must return a Spent, got dict"):
+        PrivacyClaim(mech, mech.plan(PlanRequest(100, 10, 1)), 1.0).epsilon()
 
 
 def test_decaying_schedule_is_accounted_step_by_step_from_above():
@@ -268,6 +309,44 @@ def test_decaying_schedule_is_accounted_step_by_step_from_above():
     assert exact <= bucketed <= exact * 1.1
     # the decay costs privacy: more than constant noise at the same base sigma
     assert bucketed > accounting.epsilon([(sigma, plan.sample_rate, 60)], accountant="rdp")
+
+
+# (sigma, q, T) segments, delta -> epsilon by Opacus's PRV (upper bound) and RDP (at RDP_ORDERS)
+# accountants, recorded before the accountants became objects (commit 3813c6d): the registry's
+# accountants must give them back (PRV's FFT moves its last bit with the thread count: 1e-12).
+KNOWN_EPSILONS = [
+    ([(1.0, 0.01, 1000)], 1e-5, {"prv": 1.8383716370172951, "rdp": 2.1013652716430564}),
+    ([(0.8, 256 / 60000, 469), (1.2, 0.01, 100)], 1e-6, {"prv": 1.5139756070196866, "rdp": 2.220269684548776}),
+]
+
+
+@pytest.mark.parametrize("history, delta, known", KNOWN_EPSILONS)
+def test_the_registered_accountants_give_known_epsilons(history, delta, known):
+    assert accounting.ACCOUNTANTS == tuple(known) == tuple(accounting.REGISTRY)
+    for name, eps in known.items():
+        accountant = accounting.get_accountant(name)
+        assert accountant is accounting.REGISTRY[name] and accountant.name == name
+        assert accountant.epsilon(history, delta) == pytest.approx(eps, rel=1e-12, abs=0)
+        assert accounting.epsilon(history, delta, name) == accounting.epsilon(history, delta, accountant) == \
+            accountant.epsilon(history, delta)
+        assert accountant.epsilon([], delta) == 0.0 and accountant.epsilon([(0.0, 0.01, 3)], delta) == math.inf
+
+
+def test_an_accountants_noise_multiplier_is_the_smallest_meeting_the_target():
+    # recorded as KNOWN_EPSILONS: epsilon 2 at delta 1e-5 for 1000 steps at q = 0.01
+    for accountant, sigma in ((accounting.PRV, 0.96142578125), (accounting.RDP, 1.0224609375)):
+        assert accountant.noise_multiplier(lambda s: [(s, 0.01, 1000)], 2.0, 1e-5) == sigma
+        assert accounting.noise_multiplier_for(2.0, 0.01, 1000, accountant=accountant.name) == sigma
+        assert accountant.epsilon([(sigma, 0.01, 1000)], 1e-5) <= 2.0
+        assert accountant.epsilon([(sigma * (1 - 2e-3), 0.01, 1000)], 1e-5) > 2.0
+
+
+def test_an_unknown_accountant_is_refused_in_one_line_naming_the_known_ones():
+    for bad in ("gdp", "PRV", None):
+        with pytest.raises(ValueError, match=rf"^unknown accountant {re.escape(repr(bad))}; choose one of prv, rdp$"):
+            accounting.get_accountant(bad)
+    with pytest.raises(ValueError, match="^unknown accountant 'gdp'"):
+        accounting.epsilon([(1.0, 0.01, 10)], 1e-5, "gdp")
 
 
 def test_delta_and_the_default_accountant_have_one_home():

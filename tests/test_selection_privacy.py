@@ -107,7 +107,7 @@ def test_the_recorded_event_is_the_mechanisms_own_and_gives_its_epsilon_back(tmp
     the epsilon the mechanism reports for the steps taken. dpdice-strict's is T Gaussian steps
     without amplification (q = 1), not DP-SGD's amplified one; the matrix mechanisms (one
     Gaussian release) and the Gaussian projection (a bound that may fail) record none."""
-    from dpbench.mechanisms.base import PlanRequest, recorded_history
+    from dpbench.mechanisms.base import PlanRequest, PrivacyClaim, recorded_history
     from dpbench.optimizers import OPTIMIZERS
 
     seen = {}
@@ -122,12 +122,12 @@ def test_the_recorded_event_is_the_mechanisms_own_and_gives_its_epsilon_back(tmp
         seen[name] = recorded
         if recorded is None:
             continue
-        report = mech.report(plan, 1.3, plan.steps - 3, DELTA, "prv")
-        accountant = "rdp" if report.get("accountant") == "rdp" else "prv"
+        report = PrivacyClaim(mech, plan, 1.3, DELTA, accounting.PRV).spent(plan.steps - 3)
+        accountant = "rdp" if report.facts.get("accountant") == "rdp" else "prv"
         history = [tuple(h) for h in recorded]
         eps = (accounting.fast_rdp_epsilon(history, DELTA) if accountant == "rdp"
                else accounting.epsilon(history, DELTA, "prv"))
-        assert eps == pytest.approx(report["epsilon"], rel=1e-3), name
+        assert eps == pytest.approx(report.epsilon_spent, rel=1e-3), name
     assert seen["dpsgd"] == [[1.3, 5 / 40, 13]] and seen["dpdice-strict"] == [[1.3, 1.0, 13]]
     assert seen["dpmatrix-me"] is None and seen["dpmatrix-band"] is None and seen["d2p2sgd"] is not None
     assert len(seen["d2psgd"]) > 1  # a decaying schedule: segments of sigma_k

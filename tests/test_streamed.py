@@ -17,7 +17,7 @@ from dpbench.privacy import accounting, pld
 from dpbench.matrix import banded, blt
 from dpbench.matrix import sensitivity as dense_sensitivity
 from dpbench.mechanisms import cyclic_poisson, streamed
-from dpbench.mechanisms.base import PlanRequest
+from dpbench.mechanisms.base import PlanRequest, PrivacyClaim, Target
 from dpbench.mechanisms.noise import BandedNoise, BLTNoise, GaussianNoise
 from dpbench.mechanisms.sampling import CyclicPoissonSampler, PoissonSampler
 from dpbench.optimizers import get_optimizer
@@ -219,16 +219,18 @@ def test_amplified_calibration_uses_rounds_and_rate_b_times_L_over_N(monkeypatch
     assert mech.history(plan, 1.3, 37) == [(1.3, 0.04, 10)]  # stopped early: ceil(37 / 4) rounds
     calls = []
     monkeypatch.setattr(accounting, "noise_multiplier_for", lambda *a: calls.append(a) or 1.25)
-    assert mech.calibrate(plan, 2.0, 1e-5, "prv") == 1.25
-    assert calls == [(2.0, 0.04, 25, 1e-5, "prv")]
+    assert mech.calibrate(plan, Target(2.0, 1e-5, "prv")) == 1.25
+    assert calls == [(2.0, 0.04, 25, 1e-5, accounting.PRV)]
     monkeypatch.undo()
     sigma = 1.0
-    rep = mech.report(plan, sigma, 100, 1e-5, "prv")
-    assert rep["epsilon"] == accounting.epsilon([(sigma, 0.04, 25)], 1e-5, "prv")
-    assert (rep["noise_multiplier"], rep["sample_rate"], rep["planned_steps"], rep["bands"], rep["rounds"]) == (
-        sigma, 0.04, 100, 4, 25)
-    assert rep["epsilon_rdp"] >= rep["epsilon"]
-    profile = mech.privacy_profile(plan, sigma, 1e-5, "prv")([rep["epsilon"]])
+    claim = PrivacyClaim(mech, plan, sigma, 1e-5, "prv")
+    rep = claim.spent(100)
+    assert rep.epsilon_spent == accounting.epsilon([(sigma, 0.04, 25)], 1e-5, "prv")
+    facts = rep.facts
+    assert (facts["noise_multiplier"], facts["sample_rate"], facts["planned_steps"], facts["bands"],
+            facts["rounds"]) == (sigma, 0.04, 100, 4, 25)
+    assert rep.epsilon_rdp >= rep.epsilon_spent
+    profile = claim.profile()([rep.epsilon_spent])
     assert profile[0] == pytest.approx(1e-5, rel=1e-6)  # the claim at the recorded epsilon is delta
 
 
@@ -275,17 +277,20 @@ def test_band_mechanism_plan_calibration_and_report():
     assert plan.sensitivity == pytest.approx(math.sqrt(3))  # column-normalised: sqrt(k)
     assert plan.sensitivity == pytest.approx(
         dense_sensitivity.sensitivity(fact.matrix(), 3, 10))
-    sigma = mech.calibrate(plan, 1.0, 1e-5, "prv")
+    sigma = mech.calibrate(plan, Target(1.0, 1e-5))
     assert sigma == accounting.gaussian_noise_multiplier(1.0, 1e-5, sensitivity=math.sqrt(3))
-    rep = mech.report(plan, sigma, 30, 1e-5, "prv")
-    assert rep["epsilon"] == pytest.approx(1.0, rel=1e-6) and rep["epsilon_rdp"] >= rep["epsilon"]
-    assert rep["matrix"]["bands"] == 10 and len(rep["matrix"]["coefficients"]) == 10
-    assert rep["matrix"]["key"] == "band-n30-b10" and rep["matrix"]["factorization_file"].endswith("band-n30-b10.json")
-    early = mech.report(plan, sigma, 12, 1e-5, "prv")  # stopped after 12 steps: C_used[:12, :12]
-    assert early["strategy_sensitivity_steps_taken"] == pytest.approx(
+    claim = PrivacyClaim(mech, plan, sigma, 1e-5)
+    rep = claim.spent(30)
+    assert rep.epsilon_spent == pytest.approx(1.0, rel=1e-6) and rep.epsilon_rdp >= rep.epsilon_spent
+    matrix = rep.facts["matrix"]
+    assert matrix["bands"] == 10 and len(matrix["coefficients"]) == 10
+    assert matrix["key"] == "band-n30-b10" and matrix["factorization_file"].endswith("band-n30-b10.json")
+    early = claim.spent(12)  # stopped after 12 steps: C_used[:12, :12]
+    assert early.facts["strategy_sensitivity_steps_taken"] == pytest.approx(
         dense_sensitivity.prefix_sensitivity(fact.matrix(), 3, 10, 12))
-    assert 1 < early["strategy_sensitivity_steps_taken"] < math.sqrt(2) and early["epsilon"] < rep["epsilon"]
-    assert mech.privacy_profile(plan, sigma, 1e-5, "prv")([1.0])[0] == pytest.approx(1e-5, rel=1e-6)
+    assert 1 < early.facts["strategy_sensitivity_steps_taken"] < math.sqrt(2)
+    assert early.epsilon_spent < rep.epsilon_spent
+    assert claim.profile()([1.0])[0] == pytest.approx(1e-5, rel=1e-6)
     with pytest.raises(ValueError, match="bands = 11 exceeds the steps per epoch b' = N // L = 10"):
         mech.plan(request(bands=11))
     assert mech.plan(request(bands=3)).factorization.bands == 3
@@ -299,10 +304,10 @@ def test_blt_mechanism_plan_calibration_and_report():
     fact = plan.factorization
     assert plan.steps == 20 and fact.buffers == 2 and fact.in_class()
     assert plan.sensitivity == pytest.approx(dense_sensitivity.sensitivity(fact.matrix(), 2, 10), rel=1e-12)
-    sigma = mech.calibrate(plan, 2.0, 1e-5, "prv")
-    rep = mech.report(plan, sigma, 20, 1e-5, "prv")
-    assert rep["epsilon"] == pytest.approx(2.0, rel=1e-6) and rep["matrix"]["buffers"] == 2
-    assert rep["strategy_sensitivity"] == plan.sensitivity
+    sigma = mech.calibrate(plan, Target(2.0, 1e-5))
+    rep = PrivacyClaim(mech, plan, sigma, 1e-5).spent(20)
+    assert rep.epsilon_spent == pytest.approx(2.0, rel=1e-6) and rep.facts["matrix"]["buffers"] == 2
+    assert rep.facts["strategy_sensitivity"] == plan.sensitivity
     noise = mech.noise(plan, 3, "cpu")
     got = stream(noise, 20)
     np.testing.assert_allclose(got, np.linalg.solve(fact.matrix(), gaussian_rows(3, 20)), atol=1e-10)

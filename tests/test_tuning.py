@@ -378,7 +378,7 @@ def test_a_search_never_costs_less_than_its_candidate():
     history (T Gaussian releases, q = 1), so the search composes that event and costs at least
     its candidate; the check catches the old undercount itself, numbers given; a DP-SGD search of
     one candidate composed costs exactly its candidate."""
-    from dpbench.mechanisms.base import PlanRequest
+    from dpbench.mechanisms.base import PlanRequest, PrivacyClaim
     from dpbench.optimizers import get_optimizer
     from dpbench.training import tuning as tt
 
@@ -386,20 +386,22 @@ def test_a_search_never_costs_less_than_its_candidate():
     plan = strict.mechanism.plan(PlanRequest(5000, 250, 2, hyperparameters={}, target_epsilon=1.0, delta=1e-5))
     amplified = [(2.0, plan.sample_rate, plan.steps)]  # what the search accounted: DP-SGD's history at sigma 2
     search_eps = t.procedure_epsilon(amplified, t.Tuning("composition", 1))
-    own = strict.mechanism.report(plan, 2.0, plan.steps, 1e-5, "prv")["epsilon_planned"]
+    claim = PrivacyClaim(strict.mechanism, plan, 2.0, 1e-5, "prv")
+    own = claim.spent().epsilon_planned
     assert own > 2 * search_eps  # 40 unamplified releases at sigma 2 cost far more than subsampled ones
     with pytest.raises(ValueError, match=r"the search's epsilon .* is below its candidate's own"):
-        tt.check_not_below_candidate(strict, plan, 2.0, search_eps, 1e-5, "prv")
+        tt.check_not_below_candidate(strict, claim, search_eps)
     assert tt.search_refusal(strict) is None and tt.search_refusal(dpsgd) is None
     history_of, _ = tt.candidate_history(strict, plan)
     assert history_of(2.0) == [(2.0, 1.0, plan.steps)]  # its own event: no amplification
     own_search = t.procedure_epsilon(history_of(2.0), t.Tuning("composition", 1))
     assert own_search >= own * (1 - 1e-6)  # RDP's bound: never below the candidate's own (PRV) epsilon
-    tt.check_not_below_candidate(strict, plan, 2.0, own_search, 1e-5, "prv")
-    record = tt.record(dpsgd, plan, {"distribution": "composition", "mean": 1, "repetitions": 1, "candidate": 0},
-                       2.0, 1e-5, "prv")
-    assert record["epsilon"] == pytest.approx(dpsgd.mechanism.report(plan, 2.0, plan.steps, 1e-5, "prv")["epsilon"],
-                                              rel=1e-12)
+    tt.check_not_below_candidate(strict, claim, own_search)
+    dpsgd_claim = PrivacyClaim(dpsgd.mechanism, plan, 2.0, 1e-5, "prv")
+    record = tt.record(dpsgd, dpsgd_claim, {"distribution": "composition", "mean": 1, "repetitions": 1,
+                                            "candidate": 0})
+    assert record["epsilon"] == pytest.approx(dpsgd_claim.epsilon(), rel=1e-12)
+    assert record["accountant"] == "prv (k runs composed)" and record["delta"] == 1e-5
 
 
 def test_the_table_of_runs_named_without_a_seed_index():

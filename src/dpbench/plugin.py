@@ -14,9 +14,11 @@ An optimizer:
   ``StepOutput``; for a stage of its own, ``PerSampleGradients``, ``LayerGrads``,
   ``register_per_sample`` and ``UnsupportedLayerError`` (per-sample gradients), ``Clipping``.
 Its mechanism:
-  ``Mechanism`` (the protocol a mechanism of its own implements), ``Plan``, ``PlanRequest``,
-  ``Sampler``, ``NoiseSource``, ``AuditSpec``; the default, ``PoissonSubsampledGaussian``, and
-  its noise, ``GaussianNoise``.
+  ``Mechanism`` (the protocol a mechanism of its own implements), ``Target`` (what its
+  ``calibrate`` is given), ``PrivacyClaim`` (what its ``report`` and ``privacy_profile`` are
+  given), ``Spent`` (what its ``report`` returns), ``get_accountant`` (dpbench's accountant of a
+  name), ``Plan``, ``PlanRequest``, ``Sampler``, ``NoiseSource``, ``AuditSpec``; the default,
+  ``PoissonSubsampledGaussian``, and its noise, ``GaussianNoise``.
 A problem:
   ``Problem`` (what an entry point of ``dpbench.problems`` names), ``ProblemFacts``, the tasks
   ``Classification`` (images), ``TabularClassification`` (feature vectors) and ``VAE``, ``Dataset`` and ``DataError`` (its loader's result and
@@ -49,6 +51,10 @@ _SOURCES: dict[str, tuple[str, str]] = {
     "UnsupportedLayerError": ("dpbench.privacy.per_sample_layers", "UnsupportedLayerError"),
     "Clipping": ("dpbench.privacy.clipping", "Clipping"),
     "Mechanism": ("dpbench.mechanisms.base", "Mechanism"),
+    "Target": ("dpbench.mechanisms.base", "Target"),
+    "PrivacyClaim": ("dpbench.mechanisms.base", "PrivacyClaim"),
+    "Spent": ("dpbench.mechanisms.base", "Spent"),
+    "get_accountant": ("dpbench.privacy.accounting", "get_accountant"),
     "Plan": ("dpbench.mechanisms.base", "Plan"),
     "PlanRequest": ("dpbench.mechanisms.base", "PlanRequest"),
     "Sampler": ("dpbench.mechanisms.base", "Sampler"),
@@ -78,11 +84,13 @@ __all__ = list(_SOURCES)
 if TYPE_CHECKING:  # for type checkers, and for dpbench.pipeline.fingerprint, which reads imports statically
     from dpbench.data.image_datasets import DataError, Dataset  # noqa: F401
     from dpbench.mechanisms.base import AuditSpec, Mechanism, NoiseSource, Plan, PlanRequest, Sampler  # noqa: F401
+    from dpbench.mechanisms.base import PrivacyClaim, Spent, Target  # noqa: F401
     from dpbench.mechanisms.noise import GaussianNoise  # noqa: F401
     from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian  # noqa: F401
     from dpbench.optimizers import get_optimizer  # noqa: F401
     from dpbench.optimizers.base import SGD, Context, DPStep, NonPrivateStep, StepOutput, UpdateRule  # noqa: F401
     from dpbench.optimizers.spec import OptimizerSpec  # noqa: F401
+    from dpbench.privacy.accounting import get_accountant  # noqa: F401
     from dpbench.privacy.clipping import Clipping  # noqa: F401
     from dpbench.privacy.per_sample import PerSampleGradients  # noqa: F401
     from dpbench.privacy.per_sample_layers import LayerGrads, UnsupportedLayerError, register_per_sample  # noqa: F401

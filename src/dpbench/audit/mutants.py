@@ -170,9 +170,9 @@ def half_sample_rate(name: str = "dpsgd", factor: float = 2.0, label: str = "hal
 
     mech = _Override(
         base,
-        calibrate=lambda plan, eps, delta, acc: base.calibrate(believed(plan), eps, delta, acc),
-        report=lambda plan, sigma, steps, delta, acc: base.report(believed(plan), sigma, steps, delta, acc),
-        privacy_profile=lambda plan, sigma, delta, acc: base.privacy_profile(believed(plan), sigma, delta, acc),
+        calibrate=lambda plan, target: base.calibrate(believed(plan), target),
+        report=lambda claim, steps: base.report(dataclasses.replace(claim, plan=believed(claim.plan)), steps),
+        privacy_profile=lambda claim: base.privacy_profile(dataclasses.replace(claim, plan=believed(claim.plan))),
     )
     return dataclasses.replace(spec, name=f"{name}~{label}", mechanism=mech)
 

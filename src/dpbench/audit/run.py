@@ -94,7 +94,7 @@ def audit(spec: OptimizerSpec, epsilon: float, trials: int = 2000, mode: str = "
                     cache_dir=cache_dir, log=log)
     t0 = time.perf_counter()
     scored = scores(tr)
-    profile = spec.mechanism.privacy_profile(tr.claim.plan, tr.claim.noise_multiplier, delta, accountant)
+    profile = tr.claim.privacy.profile()
     result = bounds.analyse({k: (v[tr.canary_in], v[~tr.canary_in]) for k, v in scored.items()}, profile,
                             beta=beta, delta=delta, rng=np.random.default_rng([seed, 1]))
     checks = {"postprocessing": postprocessing_check(spec, tr.claim, hyper, problem, seed),

@@ -5,7 +5,7 @@ problem, half with a canary example ("in") and half without ("out"), and records
 white-box adversary sees: the releases r_t, i.e. the privatised mean gradients that the
 harness hands to the optimizer's update rule (Nasr et al. 2023, arXiv 2302.07956).
 
-Nothing of the mechanism is re-implemented here: ``dpbench.training.harness`` (choose_noise_multiplier, assemble)
+Nothing of the mechanism is re-implemented here: ``dpbench.training`` (calibration.calibrate, harness.assemble)
 builds it exactly as for a training cell, from the optimizer's own ``OptimizerSpec``, which builds
 its step from a ``Context`` exactly as a training cell does: its mechanism plans the run,
 calibrates sigma, draws the batches and the noise; its step forms per-sample gradients with
@@ -48,8 +48,9 @@ from dpbench.audit.statistics import get_statistic
 from dpbench.privacy import accounting
 from dpbench.privacy.clipping import Clipping
 from dpbench.matrix.store.cache import default_cache_dir
-from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest
-from dpbench.training.harness import assemble, choose_noise_multiplier
+from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest, PrivacyClaim
+from dpbench.training.calibration import calibrate
+from dpbench.training.harness import assemble
 from dpbench.optimizers.spec import OptimizerSpec
 
 
@@ -89,6 +90,7 @@ class Claim:
     strategy: np.ndarray | None = None  # C (T x T) of correlated-noise mechanisms: the release is C G + sigma s Z
     strategy_sensitivity: float | None = None  # sens(C) the noise is calibrated for
     clip_norm: float = 1.0  # C (normalised clipping: every clipped gradient has norm <= 1)
+    privacy: PrivacyClaim | None = None  # the harness's own claim (its profile is what the audit tests)
 
 
 @dataclass
@@ -190,15 +192,17 @@ def make_claim(spec: OptimizerSpec, epsilon: float | None, hyper: dict, problem:
                                            target_epsilon=epsilon, delta=delta, cache_dir=cache_dir))
     if plan.steps != problem.steps:
         raise ValueError(f"{spec.name}: the mechanism plans {plan.steps} steps, the audit problem {problem.steps}")
-    sigma, _ = choose_noise_multiplier(spec, plan, target_epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta,
-                               accountant=accountant)
+    privacy = calibrate(spec, plan, target_epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta,
+                        accountant=accountant)
+    sigma = privacy.noise_multiplier
     if noise_multiplier is not None:  # the claim is what the accountant reports for the given sigma
-        epsilon = spec.mechanism.report(plan, sigma, plan.steps, delta, accountant)["epsilon"]
+        epsilon = privacy.epsilon()
     strategy = sens = None
     if hasattr(spec.mechanism, "strategy_matrix"):
         strategy = np.asarray(spec.mechanism.strategy_matrix(plan), dtype=np.float64)
         sens = spec.mechanism.strategy_sensitivity(plan) if hasattr(spec.mechanism, "strategy_sensitivity") else None
-    return Claim(epsilon, delta, sigma, plan, Clipping(clip_norm).sensitivity, accountant, strategy, sens, clip_norm)
+    return Claim(epsilon, delta, sigma, plan, Clipping(clip_norm).sensitivity, accountant, strategy, sens, clip_norm,
+                 privacy)
 
 
 def _worst_batch(strategy: np.ndarray, batches: int) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpbench.mechanisms import cyclic_poisson
-from dpbench.mechanisms.base import AuditSpec, PlanRequest
+from dpbench.mechanisms.base import AuditSpec, PlanRequest, PrivacyClaim, Spent, Target
 from dpbench.mechanisms.noise import BandedNoise
 from dpbench.mechanisms.sampling import CyclicPoissonSampler
 from dpbench.mechanisms.files import StreamedFiles
@@ -68,34 +68,30 @@ class AmplifiedBandedMechanism(StreamedMechanism):
         return cyclic_poisson.history(self.accounted_sigma(plan, noise_multiplier), plan.sample_rate, steps,
                                       plan.bands)
 
-    def calibrate(self, plan: AmplifiedBandedPlan, target_epsilon: float, delta: float, accountant: str) -> float:
-        accounting.check_target(target_epsilon, delta)
-        sigma = accounting.noise_multiplier_for(target_epsilon, plan.sample_rate, plan.rounds, delta,
-                                                      accountant)
+    def calibrate(self, plan: AmplifiedBandedPlan, target: Target) -> float:
+        sigma = accounting.noise_multiplier_for(target.epsilon, plan.sample_rate, plan.rounds, target.delta,
+                                                target.accountant)
         return sigma * plan.max_column_norm
 
-    def privacy_profile(self, plan: AmplifiedBandedPlan, noise_multiplier: float, delta: float, accountant: str):
+    def privacy_profile(self, claim: PrivacyClaim):
         """delta(eps) of the accounted event (DP-SGD with ceil(T / b) steps at rate p), from the
         accountant the run is calibrated with (PRV, both directions; or RDP): the claim the
         audit tests."""
-        history = self.history(plan, noise_multiplier, plan.steps)
-        if accountant == "rdp":
-            return profiles.rdp_profile(history, orders=accounting.RDP_ORDERS)
-        return profiles.prv_profile(history, accountant_delta=delta)
+        history = self.history(claim.plan, claim.noise_multiplier, claim.plan.steps)
+        return profiles.accounted_profile(claim.accountant, history, delta=claim.delta)
 
     def strategy_matrix(self, plan: AmplifiedBandedPlan) -> np.ndarray:
         """The dense T x T (column-normalised, banded) strategy the release whitens by."""
         return plan.factorization.matrix()
 
-    def report(self, plan: AmplifiedBandedPlan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
+    def report(self, claim: PrivacyClaim, steps: int) -> Spent:
+        plan, noise_multiplier, delta, accountant = claim.plan, claim.noise_multiplier, claim.delta, claim.accountant
         fact, bands = plan.factorization, plan.bands
-        planned = accounting.epsilon(self.history(plan, noise_multiplier, plan.steps), delta, accountant)
+        planned = accountant.epsilon(self.history(plan, noise_multiplier, plan.steps), delta)
         done_history = self.history(plan, noise_multiplier, steps)
-        done = planned if steps == plan.steps else accounting.epsilon(done_history, delta, accountant)
+        done = planned if steps == plan.steps else accountant.epsilon(done_history, delta)
         (sigma_acc, rate, rounds_done), = done_history or [(0.0, plan.sample_rate, 0)]
-        return {
-            "epsilon": done, "epsilon_planned": planned,
-            "epsilon_rdp": accounting.epsilon(done_history, delta, "rdp"),
+        return Spent(done, planned, accounting.RDP.epsilon(done_history, delta), {
             # an independent cross-check: our own pessimistic PLD of the same event (dpbench.privacy.pld)
             "epsilon_pld": pld.epsilon(delta, rate, sigma_acc, rounds_done) if rounds_done else 0.0,
             "noise_multiplier": self.accounted_sigma(plan, noise_multiplier),
@@ -114,7 +110,7 @@ class AmplifiedBandedMechanism(StreamedMechanism):
                        "key": plan.factorization_key, "factorization_file": str(plan.factorization_file),
                        "noise": "streamed (no noise file); its state is in checkpoints, which are private files",
                        **fact.report},
-        }
+        })
 
     def sampler(self, plan: AmplifiedBandedPlan, n_train: int, seed: int, device, lanes: int = 1):
         """Cyclic Poisson over lanes n_train examples: with independent groups and inclusions,

@@ -1,5 +1,5 @@
-"""What every privacy mechanism is: the interface the training loop and the audit call, and
-the plan a mechanism fixes for a run.
+"""What every privacy mechanism is: the interface the training loop and the audit call, the
+plan a mechanism fixes for a run, and the privacy claim a calibrated run makes.
 
 A mechanism ties together how a run's batches are drawn (a ``Sampler``), where its noise
 comes from (a ``NoiseSource``) and how its sigma and epsilon are computed (an accountant of
@@ -10,15 +10,22 @@ hyperparameters, the target, every file path resolved by the caller) and gets a 
 (``DenseMatrixPlan``, ``ProjectionPlan``, ...). The mechanisms, one module per idea:
 poisson_gaussian (DP-SGD's), unamplified, projection, dense_matrix, streamed and
 amplified_banded; their samplers are in sampling, their noise sources in noise.
+
+A run's claim is one frozen ``PrivacyClaim`` (plan, sigma, delta, accountant, target epsilon),
+made by ``dpbench.training.calibration.calibrate``: the mechanism calibrates sigma for a
+``Target`` (epsilon, delta, accountant), reports what the claim has ``Spent`` after some steps,
+and gives its privacy profile; the claim's ``record`` is the typed ``ClaimRecord`` the run file
+writes. Named apart in code: ``target_epsilon`` (asked for) and ``epsilon_spent`` (the run
+file's ``epsilon``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from dpbench.matrix.store.cache import default_cache_dir
 from dpbench.privacy import accounting
@@ -115,30 +122,68 @@ class NoiseSource(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
+@dataclass(frozen=True)
+class Target:
+    """What a run asks its mechanism's calibration for: a target epsilon at delta, by the named
+    accountant of dpbench.privacy.accounting (``Mechanism.calibrate``). Refused at once unless
+    0 < epsilon < inf and 0 < delta < 1, or the accountant is unknown."""
+
+    epsilon: float  # the target epsilon
+    delta: float = accounting.DELTA
+    accountant: accounting.Accountant = accounting.PRV  # a registered name is taken too
+
+    def __post_init__(self):
+        accounting.check_target(self.epsilon, self.delta)
+        object.__setattr__(self, "accountant", accounting.get_accountant(self.accountant))
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What a mechanism reports of its claim after some steps (``Mechanism.report``): the epsilon
+    spent by the steps taken (the run file's ``privacy.epsilon``), by the planned T
+    (``epsilon_planned``), the RDP epsilon of the steps taken as a cross-check (``epsilon_rdp``),
+    and the mechanism's own public facts, recorded as they are in the run file's ``privacy``
+    section (a fact named like one of its keys replaces it: amplified BandMF records its
+    accounted noise multiplier)."""
+
+    epsilon_spent: float
+    epsilon_planned: float
+    epsilon_rdp: float
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
 class Mechanism(Protocol):
     """How a run's batches are drawn, where its noise comes from and how its sigma and epsilon
     are computed, as one object an ``OptimizerSpec`` names. The harness calls ``plan`` once
-    (a frozen ``Plan`` from the run's ``PlanRequest``), then ``calibrate`` (sigma for a target
-    epsilon) or ``report`` (the epsilons for a sigma and the steps taken: a dict with
-    ``epsilon``, ``epsilon_planned``, ``epsilon_rdp`` and any facts of its own), ``sampler``
-    and ``noise``; the audit also calls ``privacy_profile`` and reads ``audit``. All of these
-    members are required of a plugin's mechanism (``dpbench.optimizers.MECHANISM_METHODS``);
-    a mechanism of a plugin's own class makes the privacy claim the plugin's. Optional:
-    ``event_hyperparameters``, the names of the optimizer's hyperparameters its ``plan`` reads
-    that change the accounted event (``bands``, ``tau``, ...; () for none): a private search
-    over settings that differ in one is refused (dpbench.training.tuning.shared_event_refusal),
-    and a mechanism whose class does not declare them is taken to read every one; ``files``
-    (absent or None: none) declares the cached files its runs read, which the workflow makes
-    before them (``dpbench.mechanisms.files``: ``DenseFiles``, ``StreamedFiles``)."""
+    (a frozen ``Plan`` from the run's ``PlanRequest``), then ``calibrate`` (the smallest sigma
+    meeting a ``Target``: epsilon, delta, accountant), ``sampler`` and ``noise``; the run's
+    ``PrivacyClaim`` (plan, sigma, delta, accountant, target) asks ``report`` for what the claim
+    has spent after some steps (a ``Spent``) and the audit asks ``privacy_profile`` for the
+    claim at every epsilon, and reads ``audit``. All of these members are required of a
+    plugin's mechanism (``dpbench.optimizers.MECHANISM_METHODS``); a mechanism of a plugin's
+    own class makes the privacy claim the plugin's. Optional: ``event_hyperparameters``, the
+    names of the optimizer's hyperparameters its ``plan`` reads that change the accounted event
+    (``bands``, ``tau``, ...; () for none): a private search over settings that differ in one
+    is refused (dpbench.training.tuning.shared_event_refusal), and a mechanism whose class does
+    not declare them is taken to read every one; ``history(plan, sigma, steps)``, the event it
+    accounts as Poisson-subsampled Gaussian segments [(sigma, q, n)] (recorded, and composed
+    across runs); ``files`` (absent or None: none) declares the cached files its runs read,
+    which the workflow makes before them (``dpbench.mechanisms.files``: ``DenseFiles``,
+    ``StreamedFiles``)."""
 
     name: str
     audit: AuditSpec  # how the empirical audit (dpbench.audit) attacks the mechanism
 
     def plan(self, request: PlanRequest) -> Plan: ...
 
-    def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float: ...
+    def calibrate(self, plan: Plan, target: Target) -> float:
+        """The smallest sigma with which ``plan`` meets ``target`` (by ``target.accountant``
+        where the mechanism accounts with the run's accountant)."""
+        ...
 
-    def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict: ...
+    def report(self, claim: PrivacyClaim, steps: int) -> Spent:
+        """What ``claim`` has spent after ``steps`` steps (and after its planned T)."""
+        ...
 
     def sampler(self, plan: Plan, n_train: int, seed: int, device, lanes: int = 1) -> Sampler:
         """Batches as indices into ``lanes`` blocks of ``n_train`` examples (lane-major), each
@@ -147,9 +192,104 @@ class Mechanism(Protocol):
 
     def noise(self, plan: Plan, seed: int, device) -> NoiseSource: ...
 
-    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+    def privacy_profile(self, claim: PrivacyClaim):
         """delta*(eps) for an array of eps: the claim the empirical audit tests (dpbench.audit)."""
         ...
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    """What a run file says of its privacy claim (``PrivacyClaim.record``): each field is the
+    ``privacy`` key of the same name, except ``epsilon_spent``, written as ``epsilon`` (the
+    epsilon the steps taken spent; ``target_epsilon`` is the one asked for), and ``facts``, the
+    mechanism's own keys (``Spent.facts``), written after the others (``run_file``)."""
+
+    mechanism: str | None
+    noise_multiplier: float
+    noise_multiplier_source: str
+    sample_rate: float | None
+    planned_steps: int
+    steps: int
+    delta: float | None
+    target_epsilon: float | None
+    epsilon_spent: float
+    epsilon_planned: float
+    epsilon_rdp: float
+    accountant: str | None
+    accounted_history: list[list[float]] | None
+    calibration_time_s: float
+    facts: dict[str, Any]
+
+    def run_file(self) -> dict[str, Any]:
+        """The run file's keys of the claim, in its order; ``facts`` stay apart (the caller
+        writes them last, so that a fact named like a key replaces it)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "facts"}
+        return {("epsilon" if k == "epsilon_spent" else k): v for k, v in out.items()}
+
+
+# where a run's sigma came from (recorded as privacy.noise_multiplier_source)
+SOURCE_NON_PRIVATE, SOURCE_GIVEN, SOURCE_CALIBRATED = "none (non-private)", "given", "calibrated"
+
+
+@dataclass(frozen=True)
+class PrivacyClaim:
+    """A run's privacy claim, fixed before its first step and never changed after: its
+    mechanism's ``plan``, the noise multiplier sigma, delta, the accountant, the target epsilon
+    asked for (None: none; a run may give sigma and a target, and is then held to it), where
+    sigma came from (``source``) and the seconds its calibration took.
+    ``dpbench.training.calibration.calibrate`` makes it. It answers what was spent
+    (``spent(steps)``, ``epsilon(steps)``: the mechanism's ``report``), the claim at every
+    epsilon (``profile()``: its ``privacy_profile``) and what the run file records (``record``).
+    A non-private run's claim (``private`` False, sigma 0) spends nothing it can account:
+    epsilon infinite, and its record names no mechanism, delta or accountant."""
+
+    mechanism: Mechanism
+    plan: Plan
+    noise_multiplier: float
+    delta: float = accounting.DELTA
+    accountant: accounting.Accountant = accounting.PRV  # a registered name is taken too
+    target_epsilon: float | None = None
+    source: str = SOURCE_GIVEN
+    seconds: float = 0.0
+    private: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "accountant", accounting.get_accountant(self.accountant))
+        if not 0 <= self.noise_multiplier < math.inf:
+            raise ValueError(f"noise multiplier must be finite and >= 0, got {self.noise_multiplier}")
+
+    def spent(self, steps: int | None = None) -> Spent:
+        """What the claim has spent after ``steps`` steps (None: the planned T), by its mechanism."""
+        spent = self.mechanism.report(self, self.plan.steps if steps is None else steps)
+        if not isinstance(spent, Spent):
+            raise TypeError(f"mechanism {self.mechanism.name!r}: report must return a Spent, "
+                            f"got {type(spent).__name__}")
+        return spent
+
+    def epsilon(self, steps: int | None = None) -> float:
+        """The epsilon spent after ``steps`` steps (None: the planned T)."""
+        return self.spent(steps).epsilon_spent
+
+    def profile(self):
+        """delta*(eps) of the claim for an array of eps (the mechanism's ``privacy_profile``)."""
+        return self.mechanism.privacy_profile(self)
+
+    def record(self, steps: int) -> ClaimRecord:
+        """The claim as the run file records it after ``steps`` steps."""
+        private = self.private
+        spent = self.spent(steps) if private else Spent(math.inf, math.inf, math.inf)
+        return ClaimRecord(
+            mechanism=self.mechanism.name if private else None, noise_multiplier=self.noise_multiplier,
+            noise_multiplier_source=self.source, sample_rate=self.plan.sample_rate if private else None,
+            planned_steps=self.plan.steps, steps=steps, delta=self.delta if private else None,
+            target_epsilon=self.target_epsilon if private else None, epsilon_spent=spent.epsilon_spent,
+            epsilon_planned=spent.epsilon_planned, epsilon_rdp=spent.epsilon_rdp,
+            accountant=self.accountant.name if private else None,
+            # the event the steps taken are accounted as ([[sigma, q, n], ...]; None: one Gaussian
+            # release, or a bound that may fail): what composes runs (epsilon_sel)
+            accounted_history=(recorded_history(self.mechanism, self.plan, self.noise_multiplier, steps)
+                               if private else None),
+            calibration_time_s=self.seconds, facts=dict(spent.facts))
 
 
 def recorded_history(mechanism: Any, plan: Plan, noise_multiplier: float, steps: int) -> list[list[float]] | None:
@@ -165,18 +305,29 @@ def recorded_history(mechanism: Any, plan: Plan, noise_multiplier: float, steps:
     return [[float(s), float(q), int(n)] for s, q, n in history(plan, noise_multiplier, steps)]
 
 
-def one_release_epsilons(noise_multiplier: float, planned_sensitivity: float, done_sensitivity: float,
-                         delta: float) -> dict:
-    """The epsilons of a matrix mechanism, one Gaussian release C G + sigma s Z of sensitivity
-    s = sens(C) (zero-out neighbours): exactly (Balle & Wang 2018) for the steps taken and the
-    planned ones, and the RDP bound for the steps taken. No sensitivity (no step taken) is
-    epsilon 0; no noise with a sensitivity is epsilon infinite."""
+def one_release_spent(claim: PrivacyClaim, steps: int, planned_sensitivity: float,
+                      sensitivity_at: Callable[[int], float], batches: str, matrix: dict[str, Any]) -> Spent:
+    """What a matrix mechanism on fixed batches has spent (the dense and the streamed ones alike):
+    one Gaussian release C G + sigma s Z of sensitivity s = sens(C) (zero-out neighbours), its
+    epsilon exact (Balle & Wang 2018) for the steps taken, whose sensitivity is
+    ``sensitivity_at(steps)`` (``planned_sensitivity`` at T or after), and for the planned
+    ones, and the RDP bound for the steps taken. No sensitivity (no step taken) is epsilon 0; no
+    noise with a sensitivity is epsilon infinite. ``batches`` names the batches per epoch in
+    the paper's symbol ("b = 9"); ``matrix``: the strategy's facts."""
+    plan, sigma, delta = claim.plan, claim.noise_multiplier, claim.delta
+    done = planned_sensitivity if steps >= plan.steps else (sensitivity_at(steps) if steps > 0 else 0.0)
+
     def eps(s: float) -> float:
         if s == 0:
             return 0.0
-        return math.inf if noise_multiplier <= 0 else accounting.gaussian_epsilon(s / noise_multiplier, delta)
+        return math.inf if sigma <= 0 else accounting.gaussian_epsilon(s / sigma, delta)
 
-    rdp = (0.0 if done_sensitivity == 0 else math.inf if noise_multiplier <= 0 else
-           accounting.epsilon([(noise_multiplier / done_sensitivity, 1.0, 1)], delta, "rdp"))
-    return {"epsilon": eps(done_sensitivity), "epsilon_planned": eps(planned_sensitivity), "epsilon_rdp": rdp,
-            "accountant": "analytic-gaussian (one release, Balle & Wang 2018)"}
+    rdp = 0.0 if done == 0 else math.inf if sigma <= 0 else accounting.RDP.epsilon([(sigma / done, 1.0, 1)], delta)
+    return Spent(eps(done), eps(planned_sensitivity), rdp, {
+        "accountant": "analytic-gaussian (one release, Balle & Wang 2018)",
+        "strategy_sensitivity": planned_sensitivity, "strategy_sensitivity_steps_taken": done,
+        "sampling": (f"fixed batches: one shuffle per run, {batches} batches of exactly L = {plan.batch_size} "
+                     f"({plan.unused_examples} examples unused), same order every epoch; no amplification"),
+        "adjacency": "zero-out (one example's gradients replaced by 0 in its batch slot)",
+        "matrix": matrix,
+    })

@@ -28,7 +28,7 @@ from dpbench.matrix.store import cache, dense_files, noise_files
 from dpbench.matrix.store.noise_files import NoiseFile
 from dpbench.matrix.sensitivity import prefix_sensitivity
 from dpbench.mechanisms.files import DenseFiles
-from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest, one_release_epsilons
+from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest, PrivacyClaim, Spent, Target, one_release_spent
 from dpbench.mechanisms.noise import CorrelatedNoise
 from dpbench.mechanisms.sampling import FixedBatchSampler
 from dpbench.privacy import accounting, profiles
@@ -93,16 +93,15 @@ class MatrixMechanism:
                                unused_examples=n_train - batches * batch_size, noise_file=request.noise_file,
                                cache_dir=request.cache_dir)
 
-    def calibrate(self, plan: DenseMatrixPlan, target_epsilon: float, delta: float, accountant: str) -> float:
+    def calibrate(self, plan: DenseMatrixPlan, target: Target) -> float:
         """Exact: the smallest sigma making one Gaussian release of sensitivity sens(C)
-        (epsilon, delta)-DP (Balle & Wang; the accountant argument does not apply)."""
-        accounting.check_target(target_epsilon, delta)
-        return accounting.gaussian_noise_multiplier(target_epsilon, delta,
+        (epsilon, delta)-DP (Balle & Wang; the target's accountant does not apply)."""
+        return accounting.gaussian_noise_multiplier(target.epsilon, target.delta,
                                                     sensitivity=plan.factorization.sensitivity)
 
-    def privacy_profile(self, plan: DenseMatrixPlan, noise_multiplier: float, delta: float, accountant: str):
+    def privacy_profile(self, claim: PrivacyClaim):
         """The claim at every epsilon: one Gaussian release with mu = sens(C) / sigma (exact)."""
-        return profiles.gaussian_profile(plan.factorization.sensitivity / noise_multiplier)
+        return profiles.gaussian_profile(claim.plan.factorization.sensitivity / claim.noise_multiplier)
 
     def strategy_matrix(self, plan: DenseMatrixPlan):
         """C, the dense T x T strategy the release C G + sigma s Z uses."""
@@ -111,30 +110,19 @@ class MatrixMechanism:
     def strategy_sensitivity(self, plan: DenseMatrixPlan) -> float:
         return plan.factorization.sensitivity
 
-    def report(self, plan: DenseMatrixPlan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
+    def report(self, claim: PrivacyClaim, steps: int) -> Spent:
+        plan = claim.plan
         fact = plan.factorization
-        k, b = fact.epochs, fact.batches
-        planned_sens = fact.sensitivity
-        done_sens = planned_sens if steps >= plan.steps else (
-            prefix_sensitivity(fact.strategy, k, b, steps) if steps > 0 else 0.0)
-
-        r = fact.report
-        return {
-            **one_release_epsilons(noise_multiplier, planned_sens, done_sens, delta),
-            "strategy_sensitivity": planned_sens, "strategy_sensitivity_steps_taken": done_sens,
-            "sampling": (f"fixed batches: one shuffle per run, b = {b} batches of exactly L = {plan.batch_size} "
-                         f"({plan.unused_examples} examples unused), same order every epoch; "
-                         "no amplification"),
-            "adjacency": "zero-out (one example's gradients replaced by 0 in its batch slot)",
-            "matrix": {
-                "key": fact.key, "kind": fact.kind, "epochs": k, "batches": b, "steps": fact.steps,
-                "tau": r.get("tau"), "objective": r.get("objective"), "prefix_sum_error": r.get("prefix_sum_error"),
-                "relative_duality_gap": r.get("relative_duality_gap"), "method": r.get("method"),
-                "digest": fact.digest, "factorization_file": str(plan.factorization_file),
-                "common_random_numbers": "noise depends only on (factorization, d, run seed): runs that differ "
-                                         "only in learning rate or epsilon share it",
-            },
-        }
+        k, b, r = fact.epochs, fact.batches, fact.report
+        return one_release_spent(claim, steps, fact.sensitivity, lambda t: prefix_sensitivity(fact.strategy, k, b, t),
+                                 f"b = {b}", {
+            "key": fact.key, "kind": fact.kind, "epochs": k, "batches": b, "steps": fact.steps,
+            "tau": r.get("tau"), "objective": r.get("objective"), "prefix_sum_error": r.get("prefix_sum_error"),
+            "relative_duality_gap": r.get("relative_duality_gap"), "method": r.get("method"),
+            "digest": fact.digest, "factorization_file": str(plan.factorization_file),
+            "common_random_numbers": "noise depends only on (factorization, d, run seed): runs that differ "
+                                     "only in learning rate or epsilon share it",
+        })
 
     def sampler(self, plan: DenseMatrixPlan, n_train: int, seed: int, device, lanes: int = 1) -> FixedBatchSampler:
         return FixedBatchSampler(n_train, plan.batch_size, seed, device, lanes)

@@ -11,7 +11,7 @@ import functools
 import math
 from typing import Callable
 
-from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest
+from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest, PrivacyClaim, Spent, Target
 from dpbench.mechanisms.noise import GaussianNoise
 from dpbench.mechanisms.sampling import PoissonSampler
 from dpbench.privacy import accounting, profiles
@@ -33,6 +33,21 @@ def geometric_buckets(steps: int, factor: Callable[[int], float], rel: float = 0
         buckets.append((lo, end - k + 1))
         k = end + 1
     return buckets
+
+
+class IntegerOrderRDP(accounting.Accountant):
+    """RDP at integer orders, vectorised over a history's segments (``accounting.fast_rdp_epsilon``):
+    the accountant of a mechanism built with ``accountant="rdp"`` (long decaying schedules,
+    hundreds of segments), whatever the run names. Not a name a run may give."""
+
+    name = "rdp-integer-orders"
+    description = "RDP at integer orders (accounting.fast_rdp_epsilon)"
+
+    def _epsilon(self, history: accounting.History, delta: float) -> float:
+        return accounting.fast_rdp_epsilon(history, delta)
+
+
+FAST_RDP = IntegerOrderRDP()
 
 
 @functools.lru_cache(maxsize=32)
@@ -88,51 +103,46 @@ class PoissonSubsampledGaussian:
             raise ValueError(f"the sensitivity bound's failure probability {fail:g} is not below delta {delta:g}")
         return delta - fail
 
-    def _epsilon(self, history: accounting.History, delta: float, accountant: str) -> float:
-        if self.accountant == "rdp":
-            return accounting.fast_rdp_epsilon(history, delta)
-        return accounting.epsilon(history, delta, accountant)
+    def _accountant(self, claimed: accounting.Accountant) -> accounting.Accountant:
+        """The accountant this mechanism accounts with: its own integer-order RDP where it was
+        built with ``accountant="rdp"``, else the one the run names."""
+        return FAST_RDP if self.accountant == "rdp" else claimed
 
-    def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float:
-        accounting.check_target(target_epsilon, delta)
-        delta = self._delta(plan, delta)
-        return accounting.smallest_sigma(
-            lambda s: self._epsilon(self.history(plan, s, plan.steps), delta, accountant), target_epsilon)
+    def calibrate(self, plan: Plan, target: Target) -> float:
+        delta = self._delta(plan, target.delta)
+        return self._accountant(target.accountant).noise_multiplier(
+            lambda s: self.history(plan, s, plan.steps), target.epsilon, delta)
 
-    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+    def privacy_profile(self, claim: PrivacyClaim):
         """The claim at every epsilon at once, delta*(eps) (an upper bound, from the accountant
         the run uses), which the empirical audit tests: the PRV profile of the history, or
         the RDP one where this mechanism or the run accounts with RDP; plus delta_fail."""
-        history = self.history(plan, noise_multiplier, plan.steps)
+        plan = claim.plan
+        history = self.history(plan, claim.noise_multiplier, plan.steps)
         fail = self.delta_fail(plan)
         if self.accountant == "rdp":
             return profiles.rdp_profile(history, delta_fail=fail)
-        if accountant == "rdp":
-            return profiles.rdp_profile(history, orders=accounting.RDP_ORDERS, delta_fail=fail)
-        if accountant != "prv":
-            raise ValueError(f"unknown accountant {accountant!r}; choose one of {accounting.ACCOUNTANTS}")
-        return profiles.prv_profile(history, delta_fail=fail, accountant_delta=delta - fail)
+        return profiles.accounted_profile(claim.accountant, history, delta=claim.delta, delta_fail=fail)
 
-    def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
-        acc_delta = self._delta(plan, delta)
-        planned = self._epsilon(self.history(plan, noise_multiplier, plan.steps), acc_delta, accountant)
-        done = planned if steps == plan.steps else self._epsilon(
-            self.history(plan, noise_multiplier, steps), acc_delta, accountant)
-        history = self.history(plan, noise_multiplier, steps)
-        rdp = (accounting.fast_rdp_epsilon(history, acc_delta) if self.accountant == "rdp"
-               else accounting.epsilon(history, acc_delta, "rdp"))
-        out = {"epsilon": done, "epsilon_planned": planned, "epsilon_rdp": rdp,
-               "noise_schedule": self.schedule_name}
+    def report(self, claim: PrivacyClaim, steps: int) -> Spent:
+        plan, sigma = claim.plan, claim.noise_multiplier
+        acc_delta = self._delta(plan, claim.delta)
+        accountant = self._accountant(claim.accountant)
+        planned = accountant.epsilon(self.history(plan, sigma, plan.steps), acc_delta)
+        history = self.history(plan, sigma, steps)
+        done = planned if steps == plan.steps else accountant.epsilon(history, acc_delta)
+        rdp = (FAST_RDP if self.accountant == "rdp" else accounting.RDP).epsilon(history, acc_delta)
+        facts = {"noise_schedule": self.schedule_name}
         if self.accountant == "rdp":
-            out["accountant"] = "rdp"
-            out["rdp_orders"] = ("integer orders 2-63, 80, 100, 128, 160, 200, 256, 512, 1024 "
-                                 "(accounting.fast_rdp_epsilon)")
+            facts["accountant"] = "rdp"
+            facts["rdp_orders"] = ("integer orders 2-63, 80, 100, 128, 160, 200, 256, 512, 1024 "
+                                   "(accounting.fast_rdp_epsilon)")
         if self.schedule is not None:
-            out["noise_schedule_segments"] = len(self.history(plan, noise_multiplier, plan.steps))
+            facts["noise_schedule_segments"] = len(self.history(plan, sigma, plan.steps))
         if self.delta_fail(plan) > 0:
-            out["delta_fail"] = self.delta_fail(plan)
-            out["delta_accounted"] = acc_delta
-        return out
+            facts["delta_fail"] = self.delta_fail(plan)
+            facts["delta_accounted"] = acc_delta
+        return Spent(done, planned, rdp, facts)
 
     def sampler(self, plan: Plan, n_train: int, seed: int, device, lanes: int = 1) -> PoissonSampler:
         # each example is drawn independently: one sampler over all lanes' examples is already

@@ -61,12 +61,12 @@ import contextlib
 import math
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import torch
 
-from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest
+from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest, PrivacyClaim, Spent
 from dpbench.mechanisms.noise import ProjectionNoise
 from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
 
@@ -390,14 +390,15 @@ class RandomProjectionGaussian(PoissonSubsampledGaussian):
     def delta_fail(self, plan: ProjectionPlan) -> float:
         return plan.delta_fail
 
-    def report(self, plan: ProjectionPlan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
-        out = super().report(plan, noise_multiplier, steps, delta, accountant)
-        out["projection"] = plan.projection
+    def report(self, claim: PrivacyClaim, steps: int) -> Spent:
+        spent = super().report(claim, steps)
+        plan = claim.plan
+        facts = {**spent.facts, "projection": plan.projection}
         if plan.tail_t is not None:
-            out["projection_tail_t"] = plan.tail_t
+            facts["projection_tail_t"] = plan.tail_t
         if plan.paper_sensitivity:
-            out["caveat"] = PAPER_SENSITIVITY_CAVEAT
-        return out
+            facts["caveat"] = PAPER_SENSITIVITY_CAVEAT
+        return replace(spent, facts=facts)
 
     def noise(self, plan: ProjectionPlan, seed: int, device) -> ProjectionNoise:
         return ProjectionNoise(seed, device, plan.projection, plan.tail_t, plan.paper_sensitivity)

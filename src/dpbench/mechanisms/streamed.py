@@ -47,7 +47,7 @@ from dpbench.matrix import banded, blt
 from dpbench.matrix.store import cache, keys, streamed_files
 from dpbench.matrix.store.streamed_files import StreamedFactorization
 from dpbench.mechanisms import cyclic_poisson
-from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest, one_release_epsilons
+from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest, PrivacyClaim, Spent, Target, one_release_spent
 from dpbench.mechanisms.files import StreamedFiles
 from dpbench.mechanisms.noise import BandedNoise, BLTNoise
 from dpbench.mechanisms.sampling import FixedBatchSampler
@@ -153,15 +153,14 @@ class _FixedOrderMechanism(StreamedMechanism):
                               unused_examples=n_train - batches * batch_size,
                               sensitivity=self.sensitivity(fact, batches, epochs))
 
-    def calibrate(self, plan: FixedOrderPlan, target_epsilon: float, delta: float, accountant: str) -> float:
+    def calibrate(self, plan: FixedOrderPlan, target: Target) -> float:
         """Exact: the smallest sigma making one Gaussian release of sensitivity sens(C)
-        (epsilon, delta)-DP (Balle & Wang; the accountant argument does not apply)."""
-        accounting.check_target(target_epsilon, delta)
-        return accounting.gaussian_noise_multiplier(target_epsilon, delta, sensitivity=plan.sensitivity)
+        (epsilon, delta)-DP (Balle & Wang; the target's accountant does not apply)."""
+        return accounting.gaussian_noise_multiplier(target.epsilon, target.delta, sensitivity=plan.sensitivity)
 
-    def privacy_profile(self, plan: FixedOrderPlan, noise_multiplier: float, delta: float, accountant: str):
+    def privacy_profile(self, claim: PrivacyClaim):
         """delta(eps) of the one Gaussian release (the claim the audit tests), mu = sens / sigma."""
-        return profiles.gaussian_profile(plan.sensitivity / noise_multiplier)
+        return profiles.gaussian_profile(claim.plan.sensitivity / claim.noise_multiplier)
 
     def strategy_matrix(self, plan: FixedOrderPlan) -> np.ndarray:
         """The dense T x T strategy C the release C G + sigma s Z uses (small T: the audit)."""
@@ -170,23 +169,15 @@ class _FixedOrderMechanism(StreamedMechanism):
     def strategy_sensitivity(self, plan: FixedOrderPlan) -> float:
         return plan.sensitivity
 
-    def report(self, plan: FixedOrderPlan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
+    def report(self, claim: PrivacyClaim, steps: int) -> Spent:
+        plan = claim.plan
         fact, k, b = plan.factorization, plan.epochs, plan.batches
-        planned = plan.sensitivity
-        done = planned if steps >= plan.steps else (self.sensitivity(fact, b, k, steps) if steps > 0 else 0.0)
-
-        return {
-            **one_release_epsilons(noise_multiplier, planned, done, delta),
-            "strategy_sensitivity": planned, "strategy_sensitivity_steps_taken": done,
-            "sampling": (f"fixed batches: one shuffle per run, b' = {b} batches of exactly L = {plan.batch_size} "
-                         f"({plan.unused_examples} examples unused), same order every epoch; "
-                         "no amplification"),
-            "adjacency": "zero-out (one example's gradients replaced by 0 in its batch slot)",
-            "matrix": {"kind": self.kind, "steps": plan.steps, "min_separation": b, "participations": k,
-                       "key": plan.factorization_key, "factorization_file": str(plan.factorization_file),
-                       "noise": "streamed (no noise file); its state is in checkpoints, which are private files",
-                       **self._describe(fact)},
-        }
+        return one_release_spent(claim, steps, plan.sensitivity, lambda t: self.sensitivity(fact, b, k, t),
+                                 f"b' = {b}", {
+            "kind": self.kind, "steps": plan.steps, "min_separation": b, "participations": k,
+            "key": plan.factorization_key, "factorization_file": str(plan.factorization_file),
+            "noise": "streamed (no noise file); its state is in checkpoints, which are private files",
+            **self._describe(fact)})
 
     def sampler(self, plan: FixedOrderPlan, n_train: int, seed: int, device, lanes: int = 1):
         """Fixed epoch order; with ``lanes`` > 1, one independent schedule per lane of n_train

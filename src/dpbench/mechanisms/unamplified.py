@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from dpbench.mechanisms.base import Plan
+from dpbench.mechanisms.base import Plan, PrivacyClaim, Spent, Target
 from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
 from dpbench.privacy import accounting, profiles
 
@@ -34,25 +34,23 @@ class UnamplifiedGaussian(PoissonSubsampledGaussian):
         and ``report`` use (the inherited, amplified history would not be this mechanism's claim)."""
         return [(noise_multiplier, 1.0, steps)]
 
-    def calibrate(self, plan: Plan, target_epsilon: float, delta: float, accountant: str) -> float:
-        accounting.check_target(target_epsilon, delta)
-        return accounting.gaussian_noise_multiplier(target_epsilon, delta, sensitivity=math.sqrt(plan.steps))
+    def calibrate(self, plan: Plan, target: Target) -> float:
+        return accounting.gaussian_noise_multiplier(target.epsilon, target.delta, sensitivity=math.sqrt(plan.steps))
 
-    def privacy_profile(self, plan: Plan, noise_multiplier: float, delta: float, accountant: str):
+    def privacy_profile(self, claim: PrivacyClaim):
         """The claim at every epsilon: one Gaussian release with mu = sqrt(T) / sigma."""
-        return profiles.gaussian_profile(math.sqrt(plan.steps) / noise_multiplier)
+        return profiles.gaussian_profile(math.sqrt(claim.plan.steps) / claim.noise_multiplier)
 
-    def report(self, plan: Plan, noise_multiplier: float, steps: int, delta: float, accountant: str) -> dict:
+    def report(self, claim: PrivacyClaim, steps: int) -> Spent:
+        plan, sigma, delta = claim.plan, claim.noise_multiplier, claim.delta
+
         def eps(t: int) -> float:
             if t == 0:
                 return 0.0
-            return math.inf if noise_multiplier <= 0 else accounting.gaussian_epsilon(
-                math.sqrt(t) / noise_multiplier, delta)
+            return math.inf if sigma <= 0 else accounting.gaussian_epsilon(math.sqrt(t) / sigma, delta)
 
-        return {
-            "epsilon": eps(steps), "epsilon_planned": eps(plan.steps),
-            "epsilon_rdp": accounting.epsilon([(noise_multiplier, 1.0, steps)], delta, "rdp"),
+        return Spent(eps(steps), eps(plan.steps), accounting.RDP.epsilon([(sigma, 1.0, steps)], delta), {
             "accountant": "analytic-gaussian composition of T steps, no amplification (Balle & Wang 2018)",
             "sampling": (f"Poisson at q = {plan.sample_rate:.6g}, not used for amplification: every step "
                          "after an example's first participation depends on it"),
-        }
+        })

@@ -1,11 +1,13 @@
-"""Privacy accounting: one entry point to calibrate sigma and to report epsilon.
+"""Privacy accounting: the accountants, and the smallest sigma meeting a target.
 
 Non-matrix optimizers compose T Poisson-subsampled Gaussian mechanisms with sample rate q
 and noise multiplier sigma. We calibrate sigma as the smallest value whose PRV epsilon
 (Gopi et al. 2021, Opacus's implementation, reported as its upper bound) is at most the
-target, and report the RDP epsilon as a cross-check. The exact Gaussian-mechanism curve
-(Balle & Wang 2018, thesis eq. 2.4) is here too: it is the ground truth for q = 1, where
-T compositions are one Gaussian mechanism with sensitivity sqrt(T).
+target, and report the RDP epsilon as a cross-check. Each accountant is an object of
+``REGISTRY`` (``Accountant``: ``name``, ``epsilon(history, delta)``, ``noise_multiplier``);
+a run names one (``get_accountant``), ``DEFAULT_ACCOUNTANT`` unless it says otherwise. The
+exact Gaussian-mechanism curve (Balle & Wang 2018, thesis eq. 2.4) is here too: it is the
+ground truth for q = 1, where T compositions are one Gaussian mechanism with sensitivity sqrt(T).
 """
 
 from __future__ import annotations
@@ -15,11 +17,10 @@ import warnings
 from typing import Callable
 
 # The defaults of every run, audit and command (a config's train.delta and train.accountant,
-# whose schema defaults a test holds equal to these). Standard library only at import: the
-# command line reads them in environments without scipy (envs/data.yaml).
+# whose schema defaults a test holds equal to these: DELTA here, DEFAULT_ACCOUNTANT with the
+# registry below). Standard library only at import: the command line reads them in
+# environments without scipy (envs/data.yaml).
 DELTA = 1e-5
-ACCOUNTANTS = ("prv", "rdp")
-DEFAULT_ACCOUNTANT = "prv"
 # Opacus's default orders stop at 63; large sigma needs larger orders for a tight bound.
 RDP_ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [80, 100, 128, 160, 200, 256, 512, 1024]
 MAX_NOISE_MULTIPLIER = 1e4
@@ -41,21 +42,59 @@ def check_target(target_epsilon: float, delta: float | None = None) -> None:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
 
 
-def epsilon(history: History, delta: float = DELTA, accountant: str = DEFAULT_ACCOUNTANT) -> float:
-    """The epsilon spent by a composition of Poisson-subsampled Gaussian mechanisms."""
-    history = [(float(s), float(q), int(n)) for s, q, n in history if n > 0]
-    if not history:
-        return 0.0
-    if any(s <= 0 for s, _, _ in history):
-        return math.inf
-    if accountant == "prv":
+# -- the accountants: objects in one registry, a run names one (train.accountant, --accountant) --
+
+
+def _segments(history: History) -> History:
+    """A history as plain numbers, its empty segments dropped."""
+    return [(float(s), float(q), int(n)) for s, q, n in history if n > 0]
+
+
+class Accountant:
+    """An accountant of Poisson-subsampled Gaussian compositions (a history of segments): its
+    ``name`` (what a run names), ``epsilon(history, delta)`` and ``noise_multiplier``, the
+    smallest sigma meeting a target. One object per name in ``REGISTRY``; a subclass gives
+    ``_epsilon`` for a non-empty history of positive sigmas (empty: epsilon 0; sigma 0: inf)."""
+
+    name: str
+    description: str
+
+    def epsilon(self, history: History, delta: float = DELTA) -> float:
+        """The epsilon spent at ``delta`` by the composition of the history's segments."""
+        history = _segments(history)
+        if not history:
+            return 0.0
+        if any(s <= 0 for s, _, _ in history):
+            return math.inf
+        return self._epsilon(history, delta)
+
+    def _epsilon(self, history: History, delta: float) -> float:
+        raise NotImplementedError
+
+    def noise_multiplier(self, history_of: Callable[[float], History], target_epsilon: float,
+                         delta: float = DELTA, rel_tol: float = 1e-3) -> float:
+        """The smallest sigma (to relative precision rel_tol, from above) whose history
+        ``history_of(sigma)`` spends at most ``target_epsilon`` at ``delta`` (``smallest_sigma``)."""
+        return smallest_sigma(lambda s: self.epsilon(history_of(s), delta), target_epsilon, rel_tol)
+
+    def __repr__(self) -> str:
+        return f"<accountant {self.name}>"
+
+
+class PRVAccountant(Accountant):
+    """Opacus's PRV accountant (Gopi et al. 2021), its upper bound: the runs' default."""
+
+    name = "prv"
+    description = "PRV (Gopi, Lee & Wutschitz 2021; Opacus's PRVAccountant, upper bound)"
+
+    def _epsilon(self, history: History, delta: float) -> float:
         steps = sum(n for _, _, n in history)
         if steps > PRV_MAX_STEPS:  # its domain would need terabytes (a MemoryError, or thrashing first)
             raise ValueError(f"the PRV accountant cannot account {steps} steps (at most {PRV_MAX_STEPS:.0e}); "
                              "use fewer epochs or --accountant rdp (config: train.accountant: rdp)")
-        from opacus.accountants import PRVAccountant
+        from opacus.accountants import PRVAccountant as OpacusPRV
 
-        acc = PRVAccountant()
+        acc = OpacusPRV()
         acc.history = history
         with warnings.catch_warnings():
             # log(0) at q = 1 is handled inside; the RDP bound used to size the PRV domain
@@ -69,15 +108,45 @@ def epsilon(history: History, delta: float = DELTA, accountant: str = DEFAULT_AC
                 raise ValueError(f"the PRV accountant cannot account {steps} steps "
                                  f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
                                  "use fewer epochs or --accountant rdp (config: train.accountant: rdp)") from None
-    if accountant == "rdp":
-        from opacus.accountants import RDPAccountant
 
-        acc = RDPAccountant()
+
+class RDPAccountant(Accountant):
+    """Opacus's RDP accountant at ``RDP_ORDERS`` (Mironov 2017; Balle et al. 2020's conversion)."""
+
+    name = "rdp"
+    description = "RDP (Mironov 2017; Opacus's RDPAccountant at RDP_ORDERS)"
+
+    def _epsilon(self, history: History, delta: float) -> float:
+        from opacus.accountants import RDPAccountant as OpacusRDP
+
+        acc = OpacusRDP()
         acc.history = history
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             return float(acc.get_epsilon(delta, alphas=RDP_ORDERS))
-    raise ValueError(f"unknown accountant {accountant!r}; choose one of {ACCOUNTANTS}")
+
+
+PRV, RDP = PRVAccountant(), RDPAccountant()
+REGISTRY: dict[str, Accountant] = {a.name: a for a in (PRV, RDP)}
+ACCOUNTANTS = tuple(REGISTRY)  # the names a run may give (the config schema's enum, a test holds it)
+DEFAULT_ACCOUNTANT = PRV.name
+
+
+def get_accountant(name: str | Accountant) -> Accountant:
+    """The registry's accountant of this name (an ``Accountant`` is returned as it is); an
+    unknown name is refused in one line naming it and the known ones."""
+    if isinstance(name, Accountant):
+        return name
+    try:
+        return REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown accountant {name!r}; choose one of {', '.join(ACCOUNTANTS)}") from None
+
+
+def epsilon(history: History, delta: float = DELTA, accountant: str | Accountant = DEFAULT_ACCOUNTANT) -> float:
+    """The epsilon spent by a composition of Poisson-subsampled Gaussian mechanisms, by the
+    named accountant (``get_accountant``)."""
+    return get_accountant(accountant).epsilon(history, delta)
 
 
 def smallest_sigma(epsilon_of: Callable[[float], float], target_epsilon: float, rel_tol: float = 1e-3) -> float:
@@ -113,11 +182,12 @@ def meets_target(epsilon: float, target_epsilon: float) -> bool:
 
 
 def noise_multiplier_for(target_epsilon: float, sample_rate: float, steps: int, delta: float = DELTA,
-                         accountant: str = DEFAULT_ACCOUNTANT, rel_tol: float = 1e-3) -> float:
+                         accountant: str | Accountant = DEFAULT_ACCOUNTANT, rel_tol: float = 1e-3) -> float:
     """The smallest sigma meeting the target for T steps of the Poisson-subsampled Gaussian."""
     if not 0 < sample_rate <= 1:
         raise ValueError(f"sample rate must be in (0, 1], got {sample_rate}")
-    return smallest_sigma(lambda s: epsilon([(s, sample_rate, steps)], delta, accountant), target_epsilon, rel_tol)
+    return get_accountant(accountant).noise_multiplier(lambda s: [(s, sample_rate, steps)], target_epsilon, delta,
+                                                       rel_tol)
 
 
 # -- the Gaussian mechanism, exactly (Balle & Wang 2018) -----------------------------------

@@ -22,7 +22,7 @@ UPPER bound of the claim, built from the accountant the runs use (``dpbench.priv
   discretised composition Ytilde of the loss Y,
       delta_Ytilde(eps + eps_error) - delta_error <= delta_Y(eps) <= delta_Ytilde(eps - eps_error) + delta_error,
   whose right side is the bound Opacus's ``eps_upper`` inverts, so this profile evaluated at the epsilon that
-  ``accounting.epsilon(history, delta, "prv")`` reports gives delta back (the tests check it).
+  ``accounting.PRV.epsilon(history, delta)`` reports gives delta back (the tests check it).
   The domain (Opacus's ``compute_safe_domain_size``) is sized from the RDP of the remove
   direction, which bounds the add direction's (Mironov, Talwar & Zhang 2019, arXiv 1908.10530), and the
   add direction's left tail is lighter than the remove direction's right tail
@@ -243,3 +243,17 @@ def rdp_profile(history: accounting.History, *, orders=accounting.RDP_INTEGER_OR
 
 
 # -- the claim of a run ----------------------------------------------------------------------
+
+
+def accounted_profile(accountant: accounting.Accountant | str, history: accounting.History, *, delta: float,
+                      delta_fail: float = 0.0) -> Profile:
+    """The claim of a run whose history the registry's ``accountant`` accounted at delta -
+    delta_fail, at every epsilon: ``prv_profile`` for the PRV accountant, ``rdp_profile`` at
+    Opacus's orders (``accounting.RDP_ORDERS``) for the RDP one; plus delta_fail."""
+    name = accounting.get_accountant(accountant).name
+    if name == accounting.PRV.name:
+        return prv_profile(history, delta_fail=delta_fail, accountant_delta=delta - delta_fail)
+    if name == accounting.RDP.name:
+        return rdp_profile(history, orders=accounting.RDP_ORDERS, delta_fail=delta_fail)
+    raise ValueError(f"accountant {name!r} has no privacy profile here (profiles: "
+                     f"{accounting.PRV.name}, {accounting.RDP.name})")

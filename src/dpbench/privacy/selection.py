@@ -31,7 +31,7 @@ import numpy as np
 
 from dpbench.privacy import accounting, pld
 
-SELECTION_ACCOUNTANTS = ("prv", "pld", "rdp")
+SELECTION_ACCOUNTANTS = (accounting.PRV.name, "pld", "rdp")  # "rdp": integer orders (fast_rdp_epsilon)
 
 
 def gaussian_history(mu: float) -> accounting.History:
@@ -94,7 +94,7 @@ def _pld_epsilon(history: accounting.History, delta: float, eps_error: float) ->
 
 
 def composed_epsilon_of(histories: Sequence[accounting.History], delta: float = accounting.DELTA,
-                        accountant: str = "prv", eps_error: float = 0.01) -> float:
+                        accountant: str = accounting.DEFAULT_ACCOUNTANT, eps_error: float = 0.01) -> float:
     """epsilon at ``delta`` of the runs with these histories, composed (any mix of runs)."""
     if accountant not in SELECTION_ACCOUNTANTS:
         raise ValueError(f"unknown accountant {accountant!r}; choose one of {SELECTION_ACCOUNTANTS}")
@@ -107,15 +107,15 @@ def composed_epsilon_of(histories: Sequence[accounting.History], delta: float = 
         return math.inf
     if all(q == 1.0 for _, q, _ in history):
         return accounting.gaussian_epsilon(math.sqrt(sum(n / s ** 2 for s, _, n in history)), delta)
-    if accountant == "prv":
-        return accounting.epsilon(history, delta, "prv")
+    if accountant == accounting.PRV.name:
+        return accounting.PRV.epsilon(history, delta)
     if accountant == "rdp":
         return accounting.fast_rdp_epsilon(history, delta)
     return _pld_epsilon(history, delta, eps_error)
 
 
 def composed_epsilon(history: accounting.History, k: int, delta: float = accounting.DELTA,
-                     accountant: str = "prv", eps_error: float = 0.01) -> float:
+                     accountant: str = accounting.DEFAULT_ACCOUNTANT, eps_error: float = 0.01) -> float:
     """epsilon at ``delta`` of k runs with the same history (k candidates of one setting, each
     (epsilon, delta)-DP on the same data), composed: the privacy of publishing the best of them."""
     if not (isinstance(k, (int, np.integer)) and k >= 1):

@@ -16,7 +16,7 @@ import torch
 
 from dpbench import log
 from dpbench.files import atomic_write, is_no_space, no_space, remove_stale_partials
-from dpbench.training.calibration import Calibration
+from dpbench.mechanisms.base import PrivacyClaim
 from dpbench.training.config import RunConfig
 from dpbench.training.harness import Assembly
 
@@ -154,8 +154,8 @@ class Checkpoint:
             raise
 
 
-def checkpoint_state(calibration: Calibration, parts: Assembly, loss_gen: torch.Generator, trace: Trace) -> dict:
-    return {"sigma": calibration.sigma, "sigma_source": calibration.source, "calibration_s": calibration.seconds,
+def checkpoint_state(claim: PrivacyClaim, parts: Assembly, loss_gen: torch.Generator, trace: Trace) -> dict:
+    return {"sigma": claim.noise_multiplier, "sigma_source": claim.source, "calibration_s": claim.seconds,
             "model": parts.context.model.state_dict(), "step_fn": parts.step.state_dict(),
             "sampler": parts.sampler.state_dict(), "loss_gen": loss_gen.get_state(), **trace.state_dict()}
 

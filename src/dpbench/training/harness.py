@@ -1,14 +1,10 @@
 """What a private training step is built from, built one way for every caller.
 
 A grid cell (``dpbench.training.train.run``) and the empirical privacy audit must run exactly the same
-mechanism: the same noise multiplier for the same plan, the same clipping, the same noise
-source and sampler seeded from the same streams. Both build them here:
+mechanism: the same noise multiplier for the same plan (both calibrate their claim with
+``dpbench.training.calibration.calibrate``), the same clipping, the same noise source and
+sampler seeded from the same streams. Both build them here:
 
-* ``choose_noise_multiplier``: sigma for an optimizer's privacy plan, and where it came from. A
-  non-private optimizer has sigma = 0; a given noise multiplier is used as is; otherwise the
-  optimizer's mechanism finds the smallest sigma meeting (target epsilon, delta) under the
-  accountant (``Mechanism.calibrate``: PRV or RDP composition of the subsampled Gaussian,
-  or one exact Gaussian release for the matrix mechanisms).
 * ``assemble``: the optimizer's ``Context`` (model, per-sample loss, lr, L, sigma, clipping,
   noise source, T, hyperparameters), the DP step ``spec.build(context)`` and the sampler that
   draws its batches, in this order (the order fixes which random numbers each piece sees).
@@ -22,7 +18,6 @@ source and sampler seeded from the same streams. Both build them here:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -35,24 +30,6 @@ from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.problems import Problem
 from dpbench.problems import finetune as finetuning
 from dpbench.problems.modes import Finetune, check
-
-# where a run's sigma came from (recorded as privacy.noise_multiplier_source)
-SOURCE_NON_PRIVATE, SOURCE_GIVEN, SOURCE_CALIBRATED = "none (non-private)", "given", "calibrated"
-
-
-def choose_noise_multiplier(spec: OptimizerSpec, plan: Plan, *, target_epsilon: float | None,
-                    noise_multiplier: float | None, delta: float, accountant: str) -> tuple[float, str]:
-    """(sigma, source): 0 for a non-private optimizer, ``noise_multiplier`` when given, else the
-    smallest sigma whose accounted epsilon for ``plan`` is at most ``target_epsilon``."""
-    if not spec.private:
-        return 0.0, SOURCE_NON_PRIVATE
-    if noise_multiplier is not None:
-        if not 0 <= noise_multiplier < math.inf:
-            raise ValueError(f"noise multiplier must be finite and >= 0, got {noise_multiplier}")
-        return float(noise_multiplier), SOURCE_GIVEN
-    if target_epsilon is None:
-        raise ValueError(f"optimizer {spec.name!r} is private: give a target epsilon or a noise multiplier")
-    return spec.mechanism.calibrate(plan, target_epsilon, delta, accountant), SOURCE_CALIBRATED
 
 
 def build_model(problem: Problem, init_seed: int, device: torch.device | str, checkpoint=None,

@@ -1,8 +1,8 @@
 """One grid cell = one run: data -> model -> privacy calibration -> steps -> metrics.
 
 ``run`` reads as those stages, each a function of its own: ``RunConfig`` (the settings,
-``config``), ``load_splits`` (the data, ``splits``), ``timed_noise_multiplier`` (sigma, via
-``harness.choose_noise_multiplier``: ``calibration``), ``harness.assemble`` (the DP step and its
+``config``), ``load_splits`` (the data, ``splits``), ``calibrate`` (the privacy claim: sigma,
+timed, ``calibration``), ``harness.assemble`` (the DP step and its
 sampler, built exactly as the empirical audit builds them), ``Checkpoint``/``restore`` (resuming
 a killed run: ``checkpoint``), ``train_loop`` (steps, evaluation at epoch ends, divergence) and
 ``run_record`` (the metadata every run file carries). The optimizer comes in as its
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from dpbench import log
-from dpbench.mechanisms.base import Plan, recorded_history
+from dpbench.mechanisms.base import Plan, PrivacyClaim
 from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.plugins import mechanism_origin, record_of
 from dpbench.optimizers.stages import own_stages
@@ -34,7 +34,7 @@ from dpbench.problems.catalog import TaskFacts
 from dpbench.reporting.results import provenance
 from dpbench.seeds import stream_seeds
 from dpbench.training import capture, cuda
-from dpbench.training.calibration import Calibration, plan_request, timed_noise_multiplier
+from dpbench.training.calibration import calibrate, plan_request
 from dpbench.training.checkpoint import Checkpoint, Trace, checkpoint_state, restore
 from dpbench.training.config import RunConfig
 from dpbench.training.cuda import resolve_device
@@ -178,7 +178,7 @@ class Setup:
     seeds: dict[str, int]
     splits: Splits
     plan: Plan
-    calibration: Calibration
+    claim: PrivacyClaim  # sigma calibrated (or given), and how long calibrating took
     checkpoint: Any = None  # a loaded public checkpoint the model starts from (None: from scratch)
     finetune: Finetune | None = None  # its fine-tuning mode
 
@@ -191,9 +191,8 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
     sigma, q, T, delta) and delivered (epsilon for the steps taken), the result, the timing and
     the environment."""
     cfg, spec, problem, plan, splits = setup.cfg, setup.spec, setup.problem, setup.plan, setup.splits
-    ctx, sigma, private = parts.context, setup.calibration.sigma, spec.private
-    privacy = ({**spec.mechanism.report(plan, sigma, trace.step, cfg.delta, cfg.accountant),
-                **parts.step.privacy_record()} if private else {})
+    ctx, private = parts.context, spec.private
+    claim = setup.claim.record(trace.step)  # the mechanism's claim; the rest is the private step's
     return {
         "config": asdict(cfg),
         "problem": {"id": problem.id, "dataset": problem.dataset, "task": problem.task.name, "metric": problem.metric,
@@ -206,20 +205,9 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
         "data": {"source": splits.source, "n_train": splits.x_train.shape[0], "n_test": int(splits.x_test.shape[0]),
                  "n_val": int(splits.x_val.shape[0]) if splits.x_val is not None else 0},
         "privacy": {
-            "mechanism": spec.mechanism.name if private else None,
+            **claim.run_file(),  # target_epsilon: asked for; epsilon: spent by the steps taken
             # "plugin": sigma and epsilon come from a plugin's own mechanism class, not dpbench's
             "mechanism_origin": mechanism_origin(spec.mechanism),
-            "noise_multiplier": sigma,
-            "noise_multiplier_source": setup.calibration.source,
-            "sample_rate": plan.sample_rate if private else None,
-            "planned_steps": plan.steps,
-            "steps": trace.step,
-            "delta": cfg.delta if private else None,
-            "target_epsilon": cfg.epsilon if private else None,
-            "epsilon": privacy.pop("epsilon", math.inf),
-            "epsilon_planned": privacy.pop("epsilon_planned", math.inf),
-            "epsilon_rdp": privacy.pop("epsilon_rdp", math.inf),
-            "accountant": cfg.accountant if private else None,
             "clip_norm": cfg.clip_norm if private else None,
             "normalize_clipping": cfg.normalize_clipping if private else None,
             "sensitivity": ctx.clipping.sensitivity if private else None,
@@ -228,12 +216,9 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
             # the stages of the private step its class defines itself ({stage: "built-in" or
             # "plugin"}; {}: all DPStep's), compared, not declared (dpbench.optimizers.stages)
             "stages": own_stages(type(parts.step)) if private else None,
-            # the event the steps taken are accounted as, from the mechanism ([[sigma, q, n], ...];
-            # None: one Gaussian release, or a bound that may fail): what composes runs (epsilon_sel)
-            "accounted_history": recorded_history(spec.mechanism, plan, sigma, trace.step) if private else None,
             "step_class": f"{type(parts.step).__module__}.{type(parts.step).__qualname__}" if private else None,
-            "calibration_time_s": setup.calibration.seconds,
-            **privacy,
+            **claim.facts,
+            **(parts.step.privacy_record() if private else {}),
         },
         "result": {"status": status, **summarize(metrics, problem.task.facts)},
         "timing": timing,
@@ -273,15 +258,17 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
 
     # The privacy setting (batches, steps, sample rate) comes from the optimizer's mechanism.
     plan = spec.mechanism.plan(plan_request(cfg, n_train))
-    calibration = (Calibration(saved["sigma"], saved["sigma_source"], saved["calibration_s"]) if saved
-                   else timed_noise_multiplier(cfg, spec, plan))
-    setup = Setup(cfg, spec, problem, device, seeds, splits, plan, calibration, pretrained, finetune)
+    claim = (PrivacyClaim(spec.mechanism, plan, saved["sigma"], cfg.delta, cfg.accountant, cfg.epsilon,
+                          saved["sigma_source"], saved["calibration_s"], spec.private) if saved
+             else calibrate(spec, plan, target_epsilon=cfg.epsilon, noise_multiplier=cfg.noise_multiplier,
+                            delta=cfg.delta, accountant=cfg.accountant, tuning=cfg.tuning))
+    setup = Setup(cfg, spec, problem, device, seeds, splits, plan, claim, pretrained, finetune)
 
     model = build_model(problem, seeds["init"], device, pretrained, finetune)
     loss_gen = torch.Generator(device=device)
     loss_gen.manual_seed(seeds["loss"])
     parts = assemble(spec, plan, model, lambda m, x, y: problem.per_sample_loss(m, x, y, loss_gen), lr=cfg.lr,
-                     noise_multiplier=calibration.sigma, clip_norm=cfg.clip_norm,
+                     noise_multiplier=claim.noise_multiplier, clip_norm=cfg.clip_norm,
                      normalize_clipping=cfg.normalize_clipping, hyperparameters=cfg.hyperparameters,
                      noise_seed=seeds["noise"], sampler_seed=seeds["sampler"], n_train=n_train, device=device)
     # a noise source whose state is secret (streamed correlated noise) makes checkpoints private files
@@ -296,13 +283,13 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
         loss_fn=lambda m, x, y: problem.task.fixed_shape_loss(m, x, y, loss_gen))
     ends = epoch_ends(plan.steps, cfg.epochs, steps)
     label = f"{cfg.problem} {cfg.optimizer} lr={cfg.lr:g} L={plan.batch_size} eps={cfg.epsilon} seed={cfg.seed}"
-    _LOG.info(f"[{label}] N={n_train} q={plan.sample_rate} T={plan.steps} steps={steps} sigma={calibration.sigma:.6g} "
-              f"({calibration.source}) device={device}" + (f", resumed at step {trace.step}" if saved else ""))
+    _LOG.info(f"[{label}] N={n_train} q={plan.sample_rate} T={plan.steps} steps={steps} sigma={claim.noise_multiplier:.6g} "
+              f"({claim.source}) device={device}" + (f", resumed at step {trace.step}" if saved else ""))
     status = train_loop(
         parts, splits, trace, ends,
         evaluate_epoch=lambda epoch, is_diverged: evaluate_splits(problem, model, splits, trace, epoch, is_diverged,
                                                                   cfg.eval_batch_size, seeds["eval"]),
-        save=lambda: ckpt.save(checkpoint_state(calibration, parts, loss_gen, trace)),
+        save=lambda: ckpt.save(checkpoint_state(claim, parts, loss_gen, trace)),
         checkpoint_every_s=checkpoint_every_s, progress=Progress(label, steps, cfg.progress_every_s), step=stepper)
     train_s = trace.train_time()
 
@@ -329,8 +316,7 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     if cfg.tuning and spec.private:  # the search this candidate belongs to, and what it spends in all
         from dpbench.training.tuning import record as search_record
 
-        record["privacy"]["tuning"] = search_record(spec, plan, cfg.tuning, calibration.sigma, cfg.delta,
-                                                    cfg.accountant)
+        record["privacy"]["tuning"] = search_record(spec, claim, cfg.tuning)
     if memorisation is not None:
         record["memorisation"] = memorisation
     return RunResult(metrics, record)

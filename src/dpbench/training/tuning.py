@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from dpbench.mechanisms.base import Plan
+from dpbench.mechanisms.base import Plan, PrivacyClaim, Target
 from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.privacy import accounting
 from dpbench.privacy.tuning import Tuning, candidate_noise_multiplier, procedure_epsilon
@@ -151,38 +151,47 @@ def candidate_history(spec: OptimizerSpec, plan: Plan) -> tuple[Callable[[float]
                      f"Gaussian release, and mechanism {mechanism.name!r} is neither")
 
 
-def noise_multiplier(spec: OptimizerSpec, plan: Plan, tuning: dict[str, Any], target_epsilon: float,
-                     delta: float, accountant: str) -> float:
-    """The smallest candidate sigma with which the search is (target_epsilon, delta)-DP."""
-    history_of, fail = candidate_history(spec, plan)
+def _accounted_delta(fail: float, delta: float) -> float:
     if not fail < delta:
         raise ValueError(f"the sensitivity bound's failure probability {fail:g} is not below delta {delta:g}")
-    sigma = candidate_noise_multiplier(history_of, search(tuning), target_epsilon, delta - fail, accountant)
-    check_not_below_candidate(spec, plan, sigma, procedure_epsilon(history_of(sigma), search(tuning), delta - fail,
-                                                                   accountant), delta, accountant)
+    return delta - fail
+
+
+def calibrate_search(spec: OptimizerSpec, plan: Plan, tuning: dict[str, Any], target: Target) -> float:
+    """The smallest candidate sigma with which the search is (target epsilon, delta)-DP, by the
+    target's accountant (``dpbench.training.calibration.calibrate`` asks it for a candidate)."""
+    history_of, fail = candidate_history(spec, plan)
+    sigma = candidate_noise_multiplier(history_of, search(tuning), target.epsilon, _accounted_delta(fail, target.delta),
+                                       target.accountant.name)
+    search_epsilon(spec, PrivacyClaim(spec.mechanism, plan, sigma, target.delta, target.accountant), tuning)
     return sigma
 
 
-def check_not_below_candidate(spec: OptimizerSpec, plan: Plan, sigma: float, total: float, delta: float,
-                              accountant: str) -> None:
+def search_epsilon(spec: OptimizerSpec, claim: PrivacyClaim, tuning: dict[str, Any]) -> float:
+    """The epsilon of the whole search at the candidate's claim (its sigma, delta, accountant),
+    never below the candidate's own (``check_not_below_candidate``)."""
+    history_of, fail = candidate_history(spec, claim.plan)
+    total = procedure_epsilon(history_of(claim.noise_multiplier), search(tuning), _accounted_delta(fail, claim.delta),
+                              claim.accountant.name)
+    check_not_below_candidate(spec, claim, total)
+    return total
+
+
+def check_not_below_candidate(spec: OptimizerSpec, claim: PrivacyClaim, total: float) -> None:
     """A search can never cost less than one of its runs: its epsilon ``total`` is refused where
-    it is below the candidate's own planned epsilon by its mechanism's report (the two are one
-    accountant's numbers for k = 1, equal up to rounding; above for any search)."""
-    own = float(spec.mechanism.report(plan, sigma, plan.steps, delta, accountant)["epsilon_planned"])
+    it is below the candidate's own planned epsilon by its claim (the two are one accountant's
+    numbers for k = 1, equal up to rounding; above for any search)."""
+    own = float(claim.spent().epsilon_planned)
     if total < own * (1 - 1e-9):
         raise ValueError(f"optimizer {spec.name!r}: the search's epsilon {total:.6g} is below its candidate's own "
                          f"{own:.6g}: the search accounting does not describe mechanism {spec.mechanism.name!r}")
 
 
-def record(spec: OptimizerSpec, plan: Plan, tuning: dict[str, Any], sigma: float, delta: float,
-           accountant: str) -> dict[str, Any]:
+def record(spec: OptimizerSpec, claim: PrivacyClaim, tuning: dict[str, Any]) -> dict[str, Any]:
     """What a candidate's run file says of its search: the distribution, mean and shape, K and
     this candidate's index, and the (epsilon, delta) of the whole search at this sigma."""
-    history_of, fail = candidate_history(spec, plan)
     how = search(tuning)
-    total = procedure_epsilon(history_of(sigma), how, delta - fail, accountant)
-    check_not_below_candidate(spec, plan, sigma, total, delta, accountant)
     return {**how.record(), "repetitions": int(tuning["repetitions"]), "candidate": int(tuning["candidate"]),
-            "epsilon": total, "delta": delta,
-            "accountant": (f"{accountant} (k runs composed)" if how.distribution == "composition"
+            "epsilon": search_epsilon(spec, claim, tuning), "delta": claim.delta,
+            "accountant": (f"{claim.accountant.name} (k runs composed)" if how.distribution == "composition"
                            else "rdp (dp_accounting RepeatAndSelectDpEvent, Papernot & Steinke 2022)")}
