@@ -187,4 +187,4 @@ def test_the_builtin_specs_pass_the_plugin_check():
         assert spec.id == figure_id
     assert sorted(FIGURES.builtins) == sorted([*figures.THESIS_FIGURES, *figures.LM_FIGURES, "audit", "tuning",
                                                "tuning_table", *figures.FINETUNE_FIGURES])
-    assert figures.FINETUNE_FIGURES == ["finetune", "finetune_table", "finetune_exposure"]
+    assert figures.FINETUNE_FIGURES == ["finetune", "finetune_table", "finetune_exposure", "finetune_claims"]

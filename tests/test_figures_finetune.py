@@ -278,3 +278,169 @@ def test_figures_of_runs_trained_from_scratch_are_unchanged_by_the_start_columns
         assert len(before) > 0
         pd.testing.assert_frame_equal(before.reset_index(drop=True), after[before.columns].reset_index(drop=True),
                                       check_dtype=False)
+
+
+# -- the papers' claims tested (finetune_claims) ---------------------------------------------------
+
+def test_the_difference_interval_is_paired_by_seed_else_welch():
+    from scipy import stats
+
+    from dpbench.reporting.figures.intervals import contrast_interval, difference_interval
+
+    # paired: the per-seed differences [1, 2, 3]: mean 2, half-width t_{0.975, 2} * 1 / sqrt(3)
+    mean, low, high, n, how = difference_interval(pd.Series([2.0, 4.0, 6.0]), pd.Series([1.0, 2.0, 3.0]))
+    assert (mean, n, how) == (2.0, 3, "paired")
+    assert high - mean == pytest.approx(2.4841377118, abs=1e-9) and mean - low == pytest.approx(2.4841377118, abs=1e-9)
+    # other seeds: Welch. a = [1, 2, 3] (s^2 = 1), b = [2, 4, 6, 8] (s^2 = 20/3): mean -3, SE^2 = 1/3 + 5/3 = 2,
+    # df = 4 / ((1/3)^2 / 2 + (5/3)^2 / 3) = 4.0755
+    a, b = pd.Series([1.0, 2.0, 3.0], index=[0, 1, 2]), pd.Series([2.0, 4.0, 6.0, 8.0], index=[0, 1, 2, 3])
+    mean, low, high, n, how = difference_interval(a, b)
+    half = stats.t.ppf(0.975, 4 / ((1 / 3) ** 2 / 2 + (5 / 3) ** 2 / 3)) * math.sqrt(2.0)
+    assert (mean, n, how) == (-3.0, 3, "Welch") and (low, high) == pytest.approx((-3 - half, -3 + half))
+    assert (low, high) == pytest.approx(tuple(stats.ttest_ind(a, b, equal_var=False).confidence_interval()))
+    # a contrast of four (a difference of gaps), paired: per seed (a - b) - (c - d)
+    s = [pd.Series(v) for v in ([5.0, 6.0, 7.0], [1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [0.0, 0.0, 1.0])]
+    mean, low, high, n, how = contrast_interval([(1, s[0]), (-1, s[1]), (-1, s[2]), (1, s[3])])
+    per_seed = [2.0, 3.0, 5.0]
+    half = stats.t.ppf(0.975, 2) * statistics.stdev(per_seed) / math.sqrt(3)
+    assert (mean, how) == (pytest.approx(10 / 3), "paired")
+    assert (low, high) == pytest.approx((10 / 3 - half, 10 / 3 + half))
+    # one seed of a term: the mean alone
+    mean, low, high, n, how = difference_interval(pd.Series([0.5], index=[0]), a)
+    assert mean == pytest.approx(-1.5) and n == 1 and math.isnan(low) and math.isnan(high)
+
+
+def test_the_verdicts():
+    from dpbench.reporting.figures.finetune_claims import verdict
+
+    assert verdict(0.17, 0.23, 3, 1, 0.15) == "holds"
+    assert verdict(0.01, 0.10, 3, 1, 0.15) == "direction only"
+    assert verdict(-0.03, -0.01, 3, -1, 0.02) == "holds" and verdict(-0.015, -0.01, 3, -1, 0.02) == "direction only"
+    assert verdict(-0.01, 0.02, 3, 1) == "not supported" and verdict(-0.05, -0.01, 3, 1) == "reversed"
+    assert verdict(0.01, 0.02, 1, 1) == "–" and verdict(math.nan, math.nan, 3, 1) == "–"
+    assert verdict(-1.0, 2.0, 3, 0) == "no difference found" and verdict(1.0, 2.0, 3, 0) == "differs"
+    assert verdict(-1e-17, 1e-17, 3, 1) == "not supported"  # rounding of a zero-width interval at 0
+
+
+def _claim_runs(values: dict, problem="P6", task="classification") -> pd.DataFrame:
+    """Runs of ``values`` {(optimizer, ε or None, mode): [test value per seed]}: each at lr 0.01,
+    beside a rate 0.1 that looks worse on validation and would show 0.99 (P6) if it were chosen."""
+    rows = []
+    for (opt, eps, mode), per_seed in values.items():
+        for seed, v in enumerate(per_seed):
+            rank = 16 if mode == "lora" else None
+            if task == "classification":
+                rows.append(_row(problem, task, opt, eps, mode, 0.01, seed, v, 0.5, rank))
+                rows.append(_row(problem, task, opt, eps, mode, 0.1, seed, 0.99, 0.2, rank))
+            else:
+                rows.append(_row(problem, task, opt, eps, mode, 0.01, seed, v, 3.0, rank))
+                rows.append(_row(problem, task, opt, eps, mode, 0.1, seed, 0.1, 4.0, rank))
+    runs = pd.DataFrame(rows)
+    runs["lora_rank"] = pd.array(runs["lora_rank"].astype(float), dtype="Int64")
+    return runs
+
+
+def _rows(md: str, number: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in md.splitlines()
+            if line.startswith(f"| {number} (")]
+
+
+def test_each_verdict_from_a_runs_table_whose_answers_are_known():
+    from dpbench.reporting.figures.finetune_claims import claims_data
+
+    adamw = [0.40, 0.41, 0.42]
+    runs = _claim_runs({
+        ("dpadamw", 1.0, "full"): [0.30, 0.31, 0.32],
+        ("dpadam", 1.0, "full"): [0.10, 0.12, 0.11],          # 1: +0.20 [0.175, 0.225], claimed 0.15: holds
+        ("dpadamw-bc", 1.0, "full"): [0.290, 0.299, 0.311],   # 2a: -0.010 [-0.0125, -0.0075]: direction only
+        ("dpadambc", 1.0, "full"): [0.12, 0.10, 0.11],        # 2b: differences [+0.02, -0.02, 0]: not supported
+        ("dpdisk", 1.0, "full"): [0.25, 0.25, 0.28],          # 3: [-0.05, -0.06, -0.04]: reversed
+        ("dpadamw", 1.0, "lora"): [0.20, 0.21, 0.22],
+        ("dpdisk", 1.0, "lora"): [0.30],                      # 4a: one seed: –
+        ("adamw", None, "full"): adamw})
+    data = claims_data(runs)
+    verdicts = {n: [r["verdict"] for r in rows] for n, rows in data.items()}
+    assert verdicts == {"1": ["holds"], "2a": ["direction only"], "2b": ["not supported"], "3": ["reversed"],
+                        "4a": ["–"], "4b": [], "5": [], "6a": [], "6b": [], "6c": []}
+    one = data["1"][0]
+    half = stats_t2() * 0.01 / math.sqrt(3)
+    assert (one["diff"], one["low"], one["high"]) == pytest.approx((0.20, 0.20 - half, 0.20 + half))
+    assert one["n"] == 3 and one["seeds"] == "3, paired" and one["claimed"] == "+0.150"
+    assert data["2a"][0]["claimed"] == "−0.020" and data["2a"][0]["high"] < 0 < data["2a"][0]["low"] + 0.02
+    assert data["3"][0]["claimed"] == "+0.038" and data["3"][0]["diff"] == pytest.approx(-0.05)
+    # the values are finetune_data's chosen configurations (lr 0.01, not the 0.99 of lr 0.1)
+    fd = figures.finetune_data(runs, "P6")
+    r = row(fd, "dpadamw", 1.0, "full")
+    assert r["lr"] == 0.01 and one["A value"] == f"{r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+    md = figures.build("finetune_claims", runs)
+    assert md.startswith("# The papers' claims on private fine-tuning, tested")
+    assert "1M-parameter" in md and "QNLI" in md and "ε_sel" in md and "paired by seed" in md
+    assert _rows(md, "1") == [["1 (Chooi et al. 2025): DP-AdamW beats DP-Adam by more than 15 points at every ε",
+                               "P6", "1", "full", "DP-AdamW", "DP-Adam", "0.310 [0.285, 0.335]", "0.110 [0.085, 0.135]",
+                               f"+0.200 [+{0.2 - half:.3f}, +{0.2 + half:.3f}]", "+0.150", "3, paired", "holds"]]
+    assert _rows(md, "4a")[0][6:8] == ["0.300", "0.210 [0.185, 0.235]"]  # one seed: no interval
+    assert _rows(md, "4a")[0][-2:] == ["1, Welch", "–"]
+    for number in ("4b", "5", "6a", "6b", "6c"):
+        (only,) = _rows(md, number)
+        assert only[-1] == "not run" and set(only[1:-1]) == {"–"}
+
+
+def stats_t2() -> float:
+    return 4.302652729749464  # t_{0.975, 2}
+
+
+def _p5_exposure_runs() -> pd.DataFrame:
+    """P5 with the exposure of the k = 25 canaries set per run (three canaries each)."""
+    exposure = {("adamw", None, "full"): [10.0, 11.0, 12.0], ("adamw", None, "lora"): [4.0, 6.0, 5.0],
+                ("dpsgd", 1.0, "full"): [5.0, 4.0, 6.0]}
+    runs = _claim_runs({key: [3.5, 3.6, 3.7] for key in exposure}, "P5", "language-model")
+    for (opt, eps, mode), per_seed in exposure.items():
+        for seed, e in enumerate(per_seed):
+            at = (runs.optimizer == opt) & (runs["finetune"] == mode) & (runs.seed == seed)
+            runs.loc[at, ["exposure_k25", "exposure_std_k25", "canaries_k25", "extracted_k25"]] = [e, 0.0, 3, 0.0]
+    return runs
+
+
+def test_pretraining_shrinks_the_gap_and_lora_against_dp_sgd_exposure():
+    from dpbench.reporting.figures.finetune_claims import claims_data
+
+    p6 = _claim_runs({("adamw", None, "full"): [0.60, 0.62, 0.61], ("dpsgd", 1.0, "full"): [0.50, 0.51, 0.52],
+                      ("adamw", None, "scratch"): [0.40, 0.41, 0.42], ("dpsgd", 1.0, "scratch"): [0.10, 0.12, 0.11]})
+    runs = pd.concat([p6, _p5_exposure_runs()], ignore_index=True)
+    data = claims_data(runs)
+    # 5: gap full [-0.10, -0.11, -0.09], gap scratch [-0.30, -0.29, -0.31]: (full) - (scratch) [0.20, 0.18, 0.22]
+    (five,) = data["5"]  # P5 has no scratch runs: no P5 row
+    per_seed = [0.20, 0.18, 0.22]
+    half = stats_t2() * statistics.stdev(per_seed) / math.sqrt(3)
+    assert (five["diff"], five["low"], five["high"]) == pytest.approx((statistics.mean(per_seed),
+                                                                        statistics.mean(per_seed) - half,
+                                                                        statistics.mean(per_seed) + half))
+    assert five["verdict"] == "holds" and five["problem"] == "P6" and five["mode"] == "full vs from scratch"
+    gap = row(figures.finetune_data(runs, "P6"), "dpsgd", 1.0, "full")["gap_non_private"]
+    assert five["A value"].startswith(f"−{abs(gap):.3f} [")  # finetune_data's gap to the non-private reference
+    # 6: exposure at k = 25, AdamW LoRA [4, 6, 5], AdamW full [10, 11, 12], DP-SGD full at ε = 1 [5, 4, 6]
+    assert [(r["ε"], r["diff"], r["verdict"]) for r in data["6a"]] == [("∞", pytest.approx(-6.0), "holds")]
+    assert [(r["ε"], r["diff"], r["verdict"]) for r in data["6b"]] == [("1", pytest.approx(-6.0), "holds")]
+    (six,) = data["6c"]  # LoRA - DP-SGD per seed [-1, 2, -1]: mean 0
+    half = stats_t2() * statistics.stdev([-1, 2, -1]) / math.sqrt(3)
+    assert (six["low"], six["high"]) == pytest.approx((-half, half)) and six["verdict"] == "no difference found"
+    assert six["A"] == "AdamW (non-private), LoRA (r = 16)" and six["B"] == "DP-SGD, full"
+
+
+def test_dpbench_plot_finetune_claims_writes_the_table(tmp_path):
+    from dpbench import cli
+
+    runs = pd.concat([_claim_runs({("dpadamw", 1.0, "full"): [0.30, 0.31, 0.32],
+                                   ("dpadam", 1.0, "full"): [0.10, 0.12, 0.11]}), _p5_exposure_runs()],
+                     ignore_index=True)
+    runs.to_parquet(tmp_path / "runs.parquet")
+    assert cli.main(["plot", "finetune_claims", "--runs", str(tmp_path / "runs.parquet"),
+                     "--out", str(tmp_path / "claims")]) == 0
+    md = (tmp_path / "claims.md").read_text()
+    assert _rows(md, "1")[0][-1] == "holds" and _rows(md, "6c")[0][-1] == "no difference found"
+    assert _rows(md, "2a")[0][-1] == "not run"
+    assert figures.extensions("finetune_claims") == ("md",)
+    # a table without the start columns: every claim not run
+    old = runs.drop(columns=["start", "finetune", "lora_rank", "trainable_parameters", "checkpoint_sha256"])
+    md = figures.build("finetune_claims", old)
+    assert all(r[-1] == "not run" for n in ("1", "2a", "5", "6c") for r in _rows(md, n))

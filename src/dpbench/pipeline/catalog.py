@@ -145,6 +145,7 @@ FIGURES: dict[str, FigureFacts] = {f.id: f for f in (
     FigureFacts("finetune", (*_FINETUNE, "filters"), {"problem": "P6", **_VAL}),
     FigureFacts("finetune_table", (*_FINETUNE, "k", "filters"), {"problem": "P6", **_VAL}, "table"),
     FigureFacts("finetune_exposure", ("problem", "k", *_FINETUNE[1:], "filters"), {"problem": "P5", **_VAL}),
+    FigureFacts("finetune_claims", ("select_by", "k", "filters"), dict(_VAL), "table"),
 )}
 
 

@@ -15,6 +15,8 @@ One module per idea:
 * ``tuning``: results at the privacy the whole hyperparameter search spent;
 * ``finetune``: fine-tuning from a public checkpoint (P5, P6): per optimizer and ε one bar per
   fine-tuning mode, from scratch beside; the numbers as a table; P5's canary exposure per mode;
+* ``finetune_claims``: the papers' headline claims on private fine-tuning tested one by one
+  (differences with paired or Welch intervals, a verdict each);
 * ``spec``: ``FigureSpec``, what the registry holds of a figure.
 
 ``FIGURES`` is a ``dpbench.plugins.Registry``: the built-ins below and, from its first read on,
@@ -53,6 +55,7 @@ from dpbench.reporting.figures.style import (  # noqa: E402
 from dpbench.reporting.figures.tuning import tuning_data, tuning_figure, tuning_table  # noqa: E402
 from dpbench.reporting.figures.finetune import (  # noqa: E402
     draw_finetune, draw_finetune_table, finetune_data, finetune_exposure_figure, finetune_figure, finetune_table)
+from dpbench.reporting.figures.finetune_claims import claims_data, draw_claims_table, finetune_claims  # noqa: E402
 from dpbench.reporting.figures.thesis import (  # noqa: E402
     THESIS_FILTERS, best_per_setting, best_settings_data, best_settings_figure, comparison_figure,
     draw_best_settings, draw_comparison, draw_heatmaps, draw_seed_sensitivity, heatmap_data, heatmap_figure,
@@ -96,6 +99,9 @@ BUILT_IN = (
                "intervals, gaps", {"problem": "P6", "select_by": "val"}, kind="table"),
     FigureSpec("finetune_exposure", finetune_exposure_figure, "P5: exposure of the k = 25 canaries per optimizer, ε "
                "and fine-tuning mode", {"problem": "P5", "select_by": "val"}),
+    # the papers' claims (DP-AdamW, DiSK, Li et al. 2022, Yu et al. 2022, arXiv 2502.13313) tested on P6 and P5
+    FigureSpec("finetune_claims", finetune_claims, "The papers' fine-tuning claims tested: differences, intervals, "
+               "verdicts", {"select_by": "val"}, kind="table"),
 )
 FIGURES: Registry = Registry(GROUP, {spec.id: spec for spec in BUILT_IN})
 THESIS_FIGURES = [f for f in FIGURES.builtins if f.startswith("fig")]

@@ -18,6 +18,8 @@ epoch the split ``select_by`` chose (default the validation split). ε_sel is wh
   the optimizer's modes at that ε (ties: overlapping intervals), the gap to the non-private
   reference of the same mode and to the same optimizer from scratch, and for a language model the
   exposure of the canaries inserted k times (pooled over seeds and canaries as ``lm_exposure``).
+* ``chosen_runs``: the runs behind those rows, one per seed of each chosen configuration
+  (``finetune_claims`` pairs them by seed).
 * ``finetune_figure``: panels per ε (non-private last), groups per optimizer, one bar per mode,
   the scratch bar hatched; ``finetune_exposure_figure``: the same bars of the exposure at k;
   ``finetune_table``: the numbers as Markdown.
@@ -107,7 +109,7 @@ def _shown(runs: pd.DataFrame, problem: str, modes, epsilons, non_private: bool)
     r = runs[runs["problem"] == problem]
     r = r.assign(mode=mode_of(r))
     r = r[r["mode"].notna()]
-    r = r[[_wanted(m, modes) for m in r["mode"]]]
+    r = r[np.array([_wanted(m, modes) for m in r["mode"]], dtype=bool)]  # (an empty list would select columns)
     r = by_privacy(r)
     private = r["private"].astype(bool)
     keep = (~private & non_private) | (private & (r["epsilon"].isin([float(e) for e in epsilons])
@@ -131,19 +133,10 @@ def finetune_data(runs: pd.DataFrame, problem: str = "P6", modes: Iterable[str] 
     r = _shown(runs, problem, modes, epsilons, non_private)
     if r.empty:
         return pd.DataFrame(columns=COLUMNS)
-    task = r["task"].iloc[0]
-    facts = task_facts(task)
-    reported = selection_columns(task, select_by)[1]
+    facts = task_facts(r["task"].iloc[0])
     language = facts.plants_canaries
-    best = select_best_config(r, ["optimizer", "epsilon", "mode"], select_by)
-    keys = [c for c in (*CONFIG_KEYS, "mode") if c in r.columns]
     rows = []
-    for _, b in best.iterrows():
-        chosen = r[np.logical_and.reduce([_same(r[c], b[c]).to_numpy() for c in keys])]
-        values = chosen[reported].astype(float)
-        if not facts.measures_accuracy:
-            with np.errstate(over="ignore"):
-                values = np.exp(values)  # perplexity
+    for b, chosen, values in _choices(r, select_by):
         mean, low, high, n = t_interval(values.to_numpy())
         if b["diverged"] or not np.isfinite(b["score"]):
             mean = low = high = (math.inf if b["diverged"] and not facts.select_higher else math.nan)
@@ -168,6 +161,38 @@ def finetune_data(runs: pd.DataFrame, problem: str = "P6", modes: Iterable[str] 
     out = pd.DataFrame(rows)
     _ranks_and_gaps(out)
     return out[COLUMNS + ["score"]]
+
+
+def _choices(r: pd.DataFrame, select_by: str):
+    """Per (optimizer, ε, mode) of the shown runs ``r`` (``_shown``, one problem): the chosen
+    configuration's row (``select_best_config``), its runs (every seed) and their test values
+    (P6 the accuracy, P5 the perplexity exp(test loss)), the numbers ``finetune_data`` shows."""
+    facts = task_facts(r["task"].iloc[0])
+    reported = selection_columns(r["task"].iloc[0], select_by)[1]
+    keys = [c for c in (*CONFIG_KEYS, "mode") if c in r.columns]
+    for _, b in select_best_config(r, ["optimizer", "epsilon", "mode"], select_by).iterrows():
+        chosen = r[np.logical_and.reduce([_same(r[c], b[c]).to_numpy() for c in keys])]
+        values = chosen[reported].astype(float)
+        if not facts.measures_accuracy:
+            with np.errstate(over="ignore"):
+                values = np.exp(values)  # perplexity
+        yield b, chosen, values
+
+
+def chosen_runs(runs: pd.DataFrame, problem: str = "P6", modes: Iterable[str] | None = None,
+                epsilons: Iterable[float] | None = None, select_by: str = "val",
+                non_private: bool = True) -> pd.DataFrame:
+    """The runs behind ``finetune_data``'s rows, one per seed of each (optimizer, ε, mode)'s
+    chosen configuration: the runs table's columns with ``mode``, ``epsilon`` (the ε shown),
+    ``test_value`` (the value finetune_data averages), ``chosen_score`` (the configuration's
+    mean selection score, -inf where a seed diverged) and ``chosen_diverged``."""
+    r = _shown(runs, problem, modes, epsilons, non_private)
+    if r.empty:
+        return r.assign(test_value=pd.Series(dtype=float), chosen_score=pd.Series(dtype=float),
+                        chosen_diverged=pd.Series(dtype=bool))
+    parts = [chosen.assign(test_value=values, chosen_score=float(b["score"]), chosen_diverged=bool(b["diverged"]))
+             for b, chosen, values in _choices(r, select_by)]
+    return pd.concat(parts, ignore_index=True)
 
 
 def _ranks_and_gaps(out: pd.DataFrame) -> None:

@@ -1,0 +1,289 @@
+"""The papers' headline claims about private fine-tuning, answered one by one from the fine-tuning
+study (P6, P5; docs/finetune.md) with numbers and intervals: ``finetune_claims``, a Markdown table.
+
+Every number is one of ``finetune_data``'s: per (optimizer, ε, mode) the configuration with the
+best mean validation score over its seeds, among that mode's runs alone, and its test value
+(``chosen_runs``: P6 the accuracy, P5 the perplexity, or the exposure of the canaries inserted k
+times). A claim compares two of them, A and B; the difference A − B gets a 95 % interval
+(``intervals.contrast_interval``): paired by seed where both have the same seeds (runs of one seed
+share their data order and noise draws across optimizers), else Welch's. A claim's verdict:
+
+* ``holds``: the interval excludes 0 on the claimed side and, for a claimed size, reaches it;
+* ``direction only``: excludes 0 on the claimed side, but lies short of the claimed size;
+* ``not supported``: the interval contains 0; ``reversed``: excludes 0 on the other side;
+* for a claim of no difference ("about as much"): ``no difference found`` (contains 0, which
+  is not a proof of equality: the interval's width is what it leaves open) or ``differs``;
+* ``–``: fewer than two seeds, or a configuration that diverged.
+
+An end of the interval within 1e-12 of 0 counts as 0 (``ZERO``: equal differences on every seed
+give an interval of width 0 whose ends are 0 up to rounding).
+
+A claim with no runs in the table says "not run".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from dpbench.reporting.figures.finetune import chosen_runs, mode_label, ordered_modes
+from dpbench.reporting.figures.intervals import contrast_interval
+from dpbench.reporting.figures.selection import select_runs
+from dpbench.reporting.figures.style import fmt_tick, label, legend_labels
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A paper's claim: ``direction`` the sign of A − B it asserts (0: no difference), ``size``
+    the magnitude it asserts per ε (absent: none)."""
+
+    number: str
+    paper: str
+    text: str
+    direction: int
+    size: dict | None = None
+
+
+CLAIMS = (
+    Claim("1", "Chooi et al. 2025", "DP-AdamW beats DP-Adam by more than 15 points at every ε", 1, {None: 0.15}),
+    Claim("2a", "Chooi et al. 2025", "DP-AdamW-BC trails DP-AdamW by 2–3 points", -1, {None: 0.02}),
+    Claim("2b", "Chooi et al. 2025", "DP-AdamBC beats DP-Adam (the bias correction's contrast)", 1),
+    Claim("3", "DiSK", "DiSK beats DP-AdamW by 3.8 points at ε = 1 (1.3 at ε = 6.7)", 1, {1.0: 0.038, 6.7: 0.013}),
+    Claim("4a", "DiSK", "DP-LoRA with DiSK beats plain DP-LoRA (DP-AdamW)", 1),
+    Claim("4b", "DiSK", "DP-LoRA with DiSK beats DP-LoRA with DP-SGD", 1),
+    Claim("5", "Li et al. 2022; Yu et al. 2022", "with public pretraining the cost of privacy nearly vanishes: "
+          "the gap to non-private AdamW shrinks", 1),
+    Claim("6a", "arXiv 2502.13313", "LoRA alone cuts memorisation (non-private)", -1),
+    Claim("6b", "arXiv 2502.13313", "DP-SGD cuts memorisation", -1),
+    Claim("6c", "arXiv 2502.13313", "LoRA alone cuts memorisation about as much as DP-SGD", 0),
+)
+
+
+def claimed_size(claim: Claim, eps: float) -> float | None:
+    """The size ``claim`` asserts at ``eps``: its ε-free size, or the one at the paper's ε within
+    10 % of ``eps`` (this study's ε = 7 answers DiSK's ε = 6.7), else None (the direction alone)."""
+    if not claim.size:
+        return None
+    if None in claim.size:
+        return claim.size[None]
+    near = [v for e, v in claim.size.items() if math.isfinite(eps) and abs(eps - e) <= 0.1 * e]
+    return near[0] if near else None
+
+
+ZERO = 1e-12  # an end of an interval nearer 0 than this is 0 (rounding of equal differences)
+
+
+def verdict(low: float, high: float, n: int, direction: int, size: float | None = None) -> str:
+    """A claim's verdict from the interval [low, high] of A − B over n seeds (module docstring)."""
+    if n < 2 or not (np.isfinite(low) and np.isfinite(high)):
+        return "–"
+    low, high = (0.0 if abs(v) < ZERO else v for v in (low, high))
+    contains = low <= 0.0 <= high
+    if direction == 0:
+        return "no difference found" if contains else "differs"
+    if contains:
+        return "not supported"
+    if (low > 0) != (direction > 0):
+        return "reversed"
+    if size is not None and not (high >= size if direction > 0 else low <= -size):
+        return "direction only"
+    return "holds"
+
+
+@dataclass
+class _Config:
+    """One chosen configuration's values by seed; ``diverged``: its choice was a diverged one."""
+
+    values: pd.Series
+    diverged: bool = False
+
+
+def _config(chosen: pd.DataFrame, optimizer, eps: float, mode: str, column: str = "test_value"):
+    c = chosen[(chosen["optimizer"] == optimizer) & (chosen["epsilon"] == eps) & (chosen["mode"] == mode)]
+    if c.empty:
+        return None
+    if not np.isfinite(c["chosen_score"].iloc[0]):
+        return _Config(pd.Series(dtype=float), bool(c["chosen_diverged"].iloc[0]))
+    if column not in c:
+        return None
+    values = c[column].astype(float)
+    if column.startswith("exposure_k"):
+        values = values.where(c[f"canaries_k{column[len('exposure_k'):]}"].astype(float).fillna(0) > 0)
+        if not values.notna().any():
+            return None
+    return _Config(pd.Series(values.to_numpy(), index=c["seed"].to_numpy()))
+
+
+def _reference(chosen: pd.DataFrame, mode: str) -> str | None:
+    """The non-private reference of ``mode``: its best non-private configuration by the selection
+    score (as ``finetune_data``'s gap_non_private)."""
+    np_ = chosen[~chosen["private"].astype(bool) & (chosen["mode"] == mode) & np.isfinite(chosen["chosen_score"])]
+    return None if np_.empty else np_.loc[np_["chosen_score"].idxmax(), "optimizer"]
+
+
+def _cell(mean: float, low: float, high: float, n: int, fmt: str, signed: bool = False) -> str:
+    if not np.isfinite(mean):
+        return "–"
+
+    def f(v):
+        text = format(abs(v), fmt)
+        if not signed:
+            return format(v, fmt).replace("-", "−")
+        return ("+" if v >= 0 or float(text) == 0 else "−") + text
+
+    return f(mean) + (f" [{f(low)}, {f(high)}]" if n >= 2 and np.isfinite(low) and np.isfinite(high) else "")
+
+
+def _row(claim: Claim, problem: str, eps: float, mode: str, a_name: str, b_name: str, a_terms, b_terms,
+         fmt: str) -> dict:
+    """A table row: A and B each a contrast of configurations [(w, _Config)], and A − B."""
+    cells = {"claim": f"{claim.number} ({claim.paper}): {claim.text}", "problem": problem,
+             "ε": fmt_tick(eps) if np.isfinite(eps) else "∞", "mode": mode, "A": a_name, "B": b_name}
+    diverged = any(c.diverged for _, c in (*a_terms, *b_terms))
+    shown = []
+    for terms in (a_terms, b_terms):
+        mean, low, high, n, _ = contrast_interval([(w, c.values) for w, c in terms])
+        shown.append("diverged" if any(c.diverged for _, c in terms)
+                     else _cell(mean, low, high, n, fmt, signed=len(terms) > 1))
+    mean, low, high, n, how = contrast_interval([(w, c.values) for w, c in a_terms]
+                                                + [(-w, c.values) for w, c in b_terms])
+    size = claimed_size(claim, eps)
+    return {**cells, "A value": shown[0], "B value": shown[1],
+            "A − B": _cell(mean, low, high, n, fmt, signed=True), "seeds": f"{n}, {how}" if n else "–",
+            "claimed": "–" if size is None else format(claim.direction * size, "+" + fmt).replace("-", "−"),
+            "verdict": "–" if diverged else verdict(low, high, n, claim.direction, size),
+            "diff": mean, "low": low, "high": high, "n": n}
+
+
+def _pairs(chosen, claim, pairs, bases, labels, fmt, problem="P6"):
+    """Rows of ``claim``: A − B for each (A, B) optimizer pair, each ε and each mode of ``bases``."""
+    rows = []
+    if chosen.empty:
+        return rows
+    modes = [m for m in ordered_modes(chosen["mode"]) if m.split("-r")[0] in bases]
+    for eps in sorted(chosen.loc[chosen["private"].astype(bool), "epsilon"].unique()):
+        for mode in modes:
+            for a, b in pairs:
+                ca, cb = _config(chosen, a, eps, mode), _config(chosen, b, eps, mode)
+                if ca and cb:
+                    rows.append(_row(claim, problem, eps, mode_label(mode), label(a, labels), label(b, labels),
+                                     [(1, ca)], [(1, cb)], fmt))
+    return rows
+
+
+def _pretraining(chosen, claim, problem, labels, fmt) -> list[dict]:
+    """Claim 5: per private optimizer and ε, (its gap to the non-private reference in full) minus
+    (the same gap from scratch); the claimed side is the better one of the problem's metric."""
+    rows = []
+    if chosen.empty:
+        return rows
+    ref_full, ref_scratch = _reference(chosen, "full"), _reference(chosen, "scratch")
+    if ref_full is None or ref_scratch is None:
+        return rows
+    better = 1 if problem == "P6" else -1  # accuracy higher, perplexity lower
+    c = Claim(claim.number, claim.paper, claim.text, better)
+    inf = math.inf
+    private = chosen[chosen["private"].astype(bool)]
+    for eps in sorted(private["epsilon"].unique()):
+        for opt in dict.fromkeys(private.loc[private["epsilon"] == eps, "optimizer"]):
+            full, scratch = _config(chosen, opt, eps, "full"), _config(chosen, opt, eps, "scratch")
+            np_full, np_scratch = _config(chosen, ref_full, inf, "full"), _config(chosen, ref_scratch, inf, "scratch")
+            if full and scratch and np_full and np_scratch:
+                rows.append(_row(c, problem, eps, "full vs from scratch",
+                                 f"{label(opt, labels)} − {label(ref_full, labels)} (full)",
+                                 f"{label(opt, labels)} − {label(ref_scratch, labels)} (from scratch)",
+                                 [(1, full), (-1, np_full)], [(1, scratch), (-1, np_scratch)], fmt))
+    return rows
+
+
+def _exposure(chosen, claims, k, labels) -> dict[str, list[dict]]:
+    """Claim 6 on P5: the exposure at k of non-private AdamW in LoRA and in full, and of DP-SGD
+    in full at each ε."""
+    out = {c.number: [] for c in claims}
+    if chosen.empty:
+        return out
+    col, inf, fmt = f"exposure_k{k}", math.inf, ".2f"
+    loras = [m for m in ordered_modes(chosen["mode"]) if m.startswith("lora")]
+    full = _config(chosen, "adamw", inf, "full", col)
+    adamw, dpsgd = label("adamw", labels), label("dpsgd", labels)
+    c6a, c6b, c6c = claims
+    for lora in loras:
+        lo = _config(chosen, "adamw", inf, lora, col)
+        if lo and full:
+            out["6a"].append(_row(c6a, "P5", inf, f"{mode_label(lora)} vs full", f"{adamw}, {mode_label(lora)}",
+                                  f"{adamw}, full", [(1, lo)], [(1, full)], fmt))
+    for eps in sorted(chosen.loc[chosen["private"].astype(bool), "epsilon"].unique()):
+        dp = _config(chosen, "dpsgd", eps, "full", col)
+        if dp and full:
+            out["6b"].append(_row(c6b, "P5", eps, "full", f"{dpsgd}, full", f"{adamw}, full", [(1, dp)],
+                                  [(1, full)], fmt))
+        for lora in loras:
+            lo = _config(chosen, "adamw", inf, lora, col)
+            if lo and dp:
+                out["6c"].append(_row(c6c, "P5", eps, f"{mode_label(lora)} vs full", f"{adamw}, {mode_label(lora)}",
+                                      f"{dpsgd}, full", [(1, lo)], [(1, dp)], fmt))
+    return out
+
+
+def claims_data(runs: pd.DataFrame, select_by: str = "val", k: int = 25) -> dict[str, list[dict]]:
+    """Claim number -> its rows (``_row``'s dicts: the table's cells and the difference's diff,
+    low, high, n); an empty list: not run."""
+    labels = legend_labels(runs)
+    p6 = chosen_runs(runs, "P6", select_by=select_by)
+    p5 = chosen_runs(runs, "P5", select_by=select_by)
+    by = {c.number: c for c in CLAIMS}
+    full_lora = ("full", "lora")
+    out = {
+        "1": _pairs(p6, by["1"], [("dpadamw", "dpadam")], full_lora, labels, ".3f"),
+        "2a": _pairs(p6, by["2a"], [("dpadamw-bc", "dpadamw")], full_lora, labels, ".3f"),
+        "2b": _pairs(p6, by["2b"], [("dpadambc", "dpadam")], full_lora, labels, ".3f"),
+        "3": _pairs(p6, by["3"], [("dpdisk", "dpadamw")], ("full",), labels, ".3f"),
+        "4a": _pairs(p6, by["4a"], [("dpdisk", "dpadamw")], ("lora",), labels, ".3f"),
+        "4b": _pairs(p6, by["4b"], [("dpdisk", "dpsgd")], ("lora",), labels, ".3f"),
+        "5": (_pretraining(p6, by["5"], "P6", labels, ".3f") + _pretraining(p5, by["5"], "P5", labels, ".2f")),
+    }
+    out.update(_exposure(p5, [by["6a"], by["6b"], by["6c"]], k, labels))
+    return out
+
+
+HEAD = ["claim", "problem", "ε", "mode", "A", "B", "A value", "B value", "A − B", "claimed", "seeds", "verdict"]
+
+
+def draw_claims_table(data: dict[str, list[dict]], k: int = 25, select_by: str = "val") -> str:
+    """``claims_data`` as Markdown: the reading paragraph, then one table, a row per claim tested
+    (problem, ε, mode), "not run" for a claim without runs."""
+    split = "the validation split" if select_by == "val" else "the TEST split (optimistic)"
+    lines = ["# The papers' claims on private fine-tuning, tested", "",
+             "Each row tests one paper's claim at one ε and fine-tuning mode by a difference A − B of two "
+             "configurations, each the one with the best mean score over its seeds on " + split + " among that "
+             "mode's runs alone (as in finetune_table): P6 the test accuracy (a fraction: 15 points is 0.150), P5 "
+             f"the test perplexity (lower is better) or the exposure (bits) of the canaries inserted k = {k} times "
+             "(claim 6; a measurement of memorisation, not a private release). A value: mean over seeds [95 % t "
+             "interval]; A − B: mean [95 % interval], paired by seed where A and B have the same seeds (runs of "
+             "one seed share their data order and noise draws across optimizers), else Welch's; claimed: the "
+             "difference the paper reports. Verdict: holds (the interval excludes 0 on the claimed side and "
+             "reaches the claimed size), direction only (excludes 0 on the claimed side, short of the size), not "
+             "supported (contains 0), reversed (excludes 0 on the other side); for claim 6c, of no difference, "
+             "no difference found (contains 0; not a proof of equality) or differs; – with fewer than two seeds "
+             "or a diverged configuration. The papers fine-tune BERT-, RoBERTa- or GPT-2-sized models for "
+             "epochs on QNLI and GLUE; this study fine-tunes a ~1M-parameter transformer for a few dozen steps "
+             "on ~1,400 records, so a verdict here is about this scale only. The choice of each configuration "
+             "spent privacy of its own (ε_sel in finetune_table), which the ε here does not include.", "",
+             "| " + " | ".join(HEAD) + " |",
+             "| " + " | ".join("---" if h in ("claim", "mode", "A", "B", "verdict") else "---:" for h in HEAD) + " |"]
+    for claim in CLAIMS:
+        rows = data.get(claim.number, [])
+        if not rows:
+            lines.append(f"| {claim.number} ({claim.paper}): {claim.text} | " + " | ".join(["–"] * 10)
+                         + " | not run |")
+        for r in rows:
+            lines.append("| " + " | ".join(str(r[h]) for h in HEAD) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def finetune_claims(runs: pd.DataFrame, select_by: str = "val", k: int = 25, filters: dict | None = None) -> str:
+    runs = select_runs(runs, filters)
+    return draw_claims_table(claims_data(runs, select_by, k), k, select_by)
