@@ -1,0 +1,88 @@
+"""Commit what finished of a long study: the comparisons whose every run is done, drawn.
+
+A study of several CPU-hours (config/finetune.yaml) runs across sittings; between them, its
+finished part is committed. A comparison is one (problem, optimizer, ε, mode, batch size,
+epochs) of the config: every learning rate and seed of it, the candidates among which its
+figures choose. Only complete comparisons go in: a choice among half of the candidates, or a
+mean over fewer seeds than the config asks for, would be another experiment. This script
+collects the run files of the complete ones, aggregates them as the workflow does
+(``dpbench aggregate``), draws every figure of the config with its options (``dpbench plot``),
+and writes a README saying how much of the study that is, when, where and on which CPU.
+
+    python benchmarks/snapshot_study.py config/finetune.yaml --out benchmarks/results/finetune/study
+
+The run files are read from the config's results directory (``--results`` to read another).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shlex
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from dpbench.machine import platform_record
+from dpbench.pipeline.jobs import figure_options, load_jobs
+
+
+def comparison(cell) -> tuple:
+    """What a cell is compared as: its cell less the candidates' axes (learning rate, seed)."""
+    return (cell.problem, cell.optimizer, cell.epsilon, cell.finetune, cell.lora_rank, cell.batch_size,
+            cell.epochs, cell.hyperparameters)
+
+
+def complete_runs(jobs, results: Path) -> tuple[list[Path], int, int]:
+    """The run files of the complete comparisons, and how many comparisons there are and are complete."""
+    groups: dict[tuple, list[Path]] = defaultdict(list)
+    for cell_id, cell in jobs.cells.items():
+        groups[comparison(cell)].append(results / Path(jobs.run_file(cell_id)).relative_to(jobs.results))
+    done = [paths for paths in groups.values() if all(p.exists() for p in paths)]
+    return sorted(p for paths in done for p in paths), len(groups), len(done)
+
+
+def dpbench(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "dpbench", *args], check=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("config")
+    parser.add_argument("--out", required=True, help="folder of the snapshot (written anew)")
+    parser.add_argument("--results", help="the study's results directory (default: the config's results_dir)")
+    args = parser.parse_args(argv)
+    jobs = load_jobs(args.config)
+    results = Path(args.results or jobs.results)
+    runs, n_groups, n_done = complete_runs(jobs, results)
+    if not runs:
+        print(f"no comparison of {args.config} is complete in {results}", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = out / "runs.parquet"
+    dpbench("aggregate", *map(str, runs), "--out-runs", str(table), "--out-epochs", str(out / "epochs.parquet"))
+    for name, options in jobs.figures.items():  # as rule plot_<name> draws it
+        dpbench("plot", jobs.figure_id(name), "--runs", str(table), "--out", str(out / name),
+                *shlex.split(figure_options(options)))
+    done_files = sum(1 for c in jobs.cells if (results / Path(jobs.run_file(c)).relative_to(jobs.results)).exists())
+    cpu = platform_record()["cpu"]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (out / "README.md").write_text(
+        f"# {args.config}: the complete comparisons so far\n\n"
+        f"Snapshot of {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, drawn by dpbench at {commit} "
+        f"with `python benchmarks/snapshot_study.py {args.config} --out {args.out}`.\n\n"
+        f"- complete comparisons (every learning rate and seed of one problem, optimizer, ε and mode): "
+        f"{n_done} of {n_groups}\n"
+        f"- runs in them: {len(runs)}; runs finished in all: {done_files} of {len(jobs.cells)}\n"
+        f"- CPU: {cpu.get('model_name')} (vendor {cpu.get('vendor')}, family {cpu.get('family')}, model "
+        f"{cpu.get('model')}), {os.cpu_count()} cores\n\n"
+        f"Files: runs.parquet and epochs.parquet (the aggregate of those runs), and each figure of the config: "
+        f"{', '.join(jobs.figures)}.\n")
+    print(f"{n_done} of {n_groups} comparisons complete ({len(runs)} runs) -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
