@@ -164,7 +164,7 @@ def repo_copy(tmp_path):
 def tiny_workflow(tmp_path_factory, fmnist_dir):
     """.test/config/config.yaml run to the end by Snakemake (profile default) in a copy of the
     repository, as run.yaml with the real Fashion-MNIST: the copy's directory. One run serves
-    tests/test_workflow.py (its outputs) and tests/test_reruns.py (dry runs after edits to the
+    tests/workflow/test_workflow.py (its outputs) and tests/workflow/test_reruns.py (dry runs after edits to the
     copy's sources or config, each undone)."""
     d = tmp_path_factory.mktemp("tiny-workflow")
     copy_repo(d)
