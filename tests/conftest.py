@@ -28,6 +28,30 @@ def pytest_configure(config):
         pytest.exit(f"the tests import dpbench from {Path(dpbench.__file__).parent}, not this checkout's "
                     f"{REPO / 'src'}: install it (scripts/setup.sh: pip install -e .), or set PYTHONPATH={REPO / 'src'}",
                     returncode=4)
+    # pytest-xdist (scripts/test.sh runs one worker per core): each worker's torch takes its
+    # share of the cores, not all of them (two workers of two threads each on two cores only
+    # add synchronisation)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
+# Fixtures that are expensive to make or that must exist once: with pytest-xdist each worker
+# makes its own session- or module-scoped fixtures, so scripts/test.sh's `--dist loadgroup` sends
+# every test that uses one of these to one worker (an ``xdist_group`` named after the fixture):
+# the tiny workflow's Snakemake run (tests/workflow/: test_workflow, test_reruns) and the local
+# SLURM cluster (tests/pipeline/test_slurm.py). Fixtures that only cache (a module's cache
+# folder of factorizations) are made per worker: the same values, computed again.
+SHARED_FIXTURES = ("tiny_workflow", "slurm_cluster")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its own collection hook)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = getattr(getattr(item, "_fixtureinfo", None), "names_closure", ())
+        shared = [name for name in SHARED_FIXTURES if name in names]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
 
 
 def tree_env(root: Path = REPO, **variables) -> dict[str, str]:
