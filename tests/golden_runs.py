@@ -39,7 +39,7 @@ AUDITED = ("dpsgd", "d2psgd", "dp2sgd", "dpmatrix-se", "dpmatrix-band", "dpmatri
 
 @contextlib.contextmanager
 def generated_corpus():
-    from test_fortunes import write_fortunes
+    from conftest import write_fortunes
     from dpbench.data import fortunes
     from dpbench.problems import language
 

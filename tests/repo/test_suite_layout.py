@@ -33,3 +33,17 @@ def test_the_layout_page_names_every_test_folder():
     page = (REPO / "docs" / "layout.md").read_text()
     folders = {p.parent.name for p in TESTS.rglob("test_*.py")}
     assert [f for f in sorted(folders) if f"{f}/" not in page.split("tests/", 1)[1]] == []
+
+
+def test_a_test_module_imports_test_modules_of_its_own_folder_only():
+    """A folder's tests run alone (`pytest tests/problems`): shared helpers and fixtures live in
+    tests/conftest.py, and a test module imports another only from its own folder (on the search
+    path as its own is)."""
+    import re
+
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for name in re.findall(r"^\s*(?:from|import) (test_\w+)", path.read_text(), re.M):
+            if not (path.parent / f"{name}.py").is_file():
+                found.append(f"{path.relative_to(REPO)}: {name}")
+    assert found == []
