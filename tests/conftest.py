@@ -31,11 +31,11 @@ def pytest_configure(config):
         pytest.exit(f"the tests import dpbench from {Path(dpbench.__file__).parent}, not this checkout's "
                     f"{REPO / 'src'}: install it (scripts/setup.sh: pip install -e .), or set PYTHONPATH={REPO / 'src'}",
                     returncode=4)
-    # pytest-xdist (scripts/test.sh runs one worker per core): each worker's torch takes its
-    # share of the cores, not all of them (two workers of two threads each on two cores only
-    # add synchronisation)
+    # pytest-xdist (scripts/test.sh runs one worker per core): the folder of the groups
+    # (GROUPS_FOLDER below), which the workers inherit; each worker's torch takes its share of
+    # the cores, not all of them (two workers of two threads each on two cores only synchronise)
     if config.getoption("dist", "no") == "loadgroup" and not os.environ.get("PYTEST_XDIST_WORKER"):
-        os.environ[GROUPS_FOLDER] = tempfile.mkdtemp(prefix="dpbench-xdist-groups-")  # the workers inherit it
+        os.environ[GROUPS_FOLDER] = tempfile.mkdtemp(prefix="dpbench-xdist-groups-")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
@@ -231,8 +231,8 @@ def repo_copy(tmp_path):
 def tiny_workflow(tmp_path_factory, fmnist_dir):
     """.test/config/config.yaml run to the end by Snakemake (profile default) in a copy of the
     repository, as run.yaml with the real Fashion-MNIST: the copy's directory. One run serves
-    tests/workflow/test_workflow.py (its outputs) and tests/workflow/test_reruns.py (dry runs after edits to the
-    copy's sources or config, each undone)."""
+    tests/workflow/test_workflow.py (its outputs) and tests/workflow/test_reruns.py (dry runs after
+    edits to the copy's sources or config, each undone)."""
     d = tmp_path_factory.mktemp("tiny-workflow")
     copy_repo(d)
     config = yaml.safe_load((REPO / ".test" / "config" / "config.yaml").read_text())
