@@ -1,9 +1,12 @@
 import functools
+import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +31,70 @@ def pytest_configure(config):
         pytest.exit(f"the tests import dpbench from {Path(dpbench.__file__).parent}, not this checkout's "
                     f"{REPO / 'src'}: install it (scripts/setup.sh: pip install -e .), or set PYTHONPATH={REPO / 'src'}",
                     returncode=4)
+    # pytest-xdist (scripts/test.sh runs one worker per core): the folder of the groups
+    # (GROUPS_FOLDER below), which the workers inherit; each worker's torch takes its share of
+    # the cores, not all of them (two workers of two threads each on two cores only synchronise)
+    if config.getoption("dist", "no") == "loadgroup" and not os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ[GROUPS_FOLDER] = tempfile.mkdtemp(prefix="dpbench-xdist-groups-")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
+# Fixtures that are expensive to make or that must exist once: with pytest-xdist each worker
+# makes its own session- or module-scoped fixtures, so every test that uses one of these gets an
+# ``xdist_group`` named after it, and scripts/test.sh's `--dist loadgroup` runs each group on one
+# worker: the tiny workflow's Snakemake run (tests/workflow/: test_workflow, test_reruns) and the
+# local SLURM cluster (tests/pipeline/test_slurm.py). Fixtures that only cache (a module's cache
+# folder of factorizations) are made per worker: the same values, computed again.
+SHARED_FIXTURES = ("tiny_workflow", "slurm_cluster")
+# pytest-xdist 3.8 marks a group by renaming the test's node id, which pytest 9 no longer lets it
+# do: the workers write each test's group into this folder (made by the controller) and the
+# controller's scheduler (pytest_xdist_make_scheduler below) reads them.
+GROUPS_FOLDER = "DPBENCH_XDIST_GROUPS"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = getattr(getattr(item, "_fixtureinfo", None), "names_closure", ())
+        shared = [name for name in SHARED_FIXTURES if name in names]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+    worker, folder = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get(GROUPS_FOLDER)
+    if worker and folder:
+        groups = {item.nodeid: "_".join(sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                                                for m in item.iter_markers("xdist_group")}))
+                  for item in items}
+        tmp = Path(folder) / f".{worker}.json"
+        tmp.write_text(json.dumps({nodeid: group for nodeid, group in groups.items() if group}))
+        tmp.replace(Path(folder) / f"{worker}.json")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: the tests of one ``xdist_group`` on one worker, every other test
+    wherever a worker is free (xdist's LoadScopeScheduling, a test's scope being its group)."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    folder = Path(os.environ[GROUPS_FOLDER])
+
+    class FixtureGroups(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid):  # called once every worker has collected
+            if self.groups is None:
+                self.groups = {k: v for f in sorted(folder.glob("gw*.json")) for k, v in json.loads(f.read_text()).items()}
+            return self.groups.get(nodeid, nodeid)
+
+    return FixtureGroups(config, log)
+
+
+def pytest_unconfigure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(GROUPS_FOLDER):
+        shutil.rmtree(os.environ.pop(GROUPS_FOLDER), ignore_errors=True)
 
 
 def tree_env(root: Path = REPO, **variables) -> dict[str, str]:
@@ -164,8 +231,8 @@ def repo_copy(tmp_path):
 def tiny_workflow(tmp_path_factory, fmnist_dir):
     """.test/config/config.yaml run to the end by Snakemake (profile default) in a copy of the
     repository, as run.yaml with the real Fashion-MNIST: the copy's directory. One run serves
-    tests/test_workflow.py (its outputs) and tests/test_reruns.py (dry runs after edits to the
-    copy's sources or config, each undone)."""
+    tests/workflow/test_workflow.py (its outputs) and tests/workflow/test_reruns.py (dry runs after
+    edits to the copy's sources or config, each undone)."""
     d = tmp_path_factory.mktemp("tiny-workflow")
     copy_repo(d)
     config = yaml.safe_load((REPO / ".test" / "config" / "config.yaml").read_text())
@@ -201,3 +268,36 @@ def stand_in_checkpoint(dims: dict, seed: int = 0, sha256: str = "ab" * 32):
         state = TransformerLM(**dims).state_dict()
     return types.SimpleNamespace(state_dict=state, model_dims=dict(dims), path="/public/wordnet-lm.pt",
                                  sha256=sha256, recipe="wordnet-lm")
+
+
+def write_fortunes(directory: Path, files: dict[str, list[str]]) -> dict[str, str]:
+    """Fortune files in the official format: each file's records joined by "%" lines (as the
+    package writes them, with a final "%"); returns the manifest {file: sha256}."""
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest = {}
+    for name, records in files.items():
+        data = "".join(f"{r}\n%\n" for r in records).encode("utf-8")
+        (directory / name).write_bytes(data)
+        manifest[name] = hashlib.sha256(data).hexdigest()
+    return manifest
+
+
+WORDS = "the of and a to in is you that it he was for on are as with his they at be this".split()
+
+
+@pytest.fixture
+def generated_corpus(monkeypatch, tmp_path):
+    """400 generated quotations in the official format, verified through a manifest of their own
+    (the loader's checksum table replaced), the system directory hidden."""
+    from dpbench.data import fortunes
+    from dpbench.problems import language
+
+    rng = np.random.default_rng(0)
+    records = [" ".join(rng.choice(WORDS, rng.integers(3, 30))) + f" ({i})" for i in range(400)]
+    manifest = write_fortunes(tmp_path / "fortunes", {"generated": records})
+    monkeypatch.setattr(fortunes, "SHA256", manifest)
+    empty = tmp_path / "system"
+    empty.mkdir()
+    monkeypatch.setattr(fortunes, "SYSTEM_DIRS", [empty])
+    monkeypatch.setattr(language, "DIGITS", 3)  # |R| = 1000: exact exposure in a blink
+    return tmp_path

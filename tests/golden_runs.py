@@ -1,7 +1,7 @@
 """The golden runs: every registered optimizer on P2 and P4, a few steps at a fixed seed, and
 one audit per mechanism family, reduced to what a run promises and delivers (metrics, sigma,
 target and achieved epsilon, canary exposures, audit bounds). Recorded once before the package
-was restructured (tests/golden/runs.json, at commit df9e1e6); tests/test_golden.py recomputes
+was restructured (tests/golden/runs.json, at commit df9e1e6); tests/repo/test_golden.py recomputes
 them and asserts they are bit-identical on the platform that recorded them, and equal within
 each field's tolerance elsewhere. The platform (``dpbench.machine``: CPU, instruction sets,
 kernels, library versions) is written beside them, tests/golden/platform.json; the recording of
@@ -32,14 +32,14 @@ PLATFORM = GOLDEN.with_name("platform.json")
 NUMERIC_PACKAGES = ("torch", "numpy", "scipy", "opacus", "dp-accounting")
 
 # P4 on generated quotations in the official format (the real corpus's canary space is too large
-# for exact exposure in a test): the same generator as tests/test_lm.py
+# for exact exposure in a test): the same generator as tests/problems/test_lm.py
 WORDS = "the of and a to in is you that it he was for on are as with his they at be this".split()
 AUDITED = ("dpsgd", "d2psgd", "dp2sgd", "dpmatrix-se", "dpmatrix-band", "dpmatrix-band-amp", "dpmatrix-blt", "dpdice-strict")
 
 
 @contextlib.contextmanager
 def generated_corpus():
-    from test_fortunes import write_fortunes
+    from conftest import write_fortunes
     from dpbench.data import fortunes
     from dpbench.problems import language
 

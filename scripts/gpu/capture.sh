@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of captured steps (docs/gpu.md, "Captured steps (CUDA graphs)") as one short
-# script for a GPU session (about 8 minutes): the cuda tests of tests/test_capture.py and
-# tests/test_capture_lm.py (graph replays against eager steps, P4's included, fresh noise per
+# script for a GPU session (about 8 minutes): the cuda tests of tests/training/test_capture.py and
+# tests/training/test_capture_lm.py (graph replays against eager steps, P4's included, fresh noise per
 # replay, whole runs with and without the option, a captured run killed and resumed), then ms per
 # step of sgd, dpsgd and dpmatrix-se, eager and captured, on P2 and P1 at L = 64, 256, 1024, and
 # of sgd and dpsgd, eager and captured, on P4 at L = 64, 256, 1024 (benchmarks/bench_gpu.py
@@ -29,8 +29,8 @@ else
 fi
 
 timeout -k 10 200 "$PY" -m pytest -m cuda -q -rfEs -p no:cacheprovider --junitxml="$OUT/pytest-cuda.xml" \
-    tests/test_capture.py tests/test_capture_lm.py
-echo "=== pytest -m cuda tests/test_capture.py tests/test_capture_lm.py: exit $?"
+    tests/training/test_capture.py tests/training/test_capture_lm.py
+echo "=== pytest -m cuda tests/training/test_capture.py tests/training/test_capture_lm.py: exit $?"
 
 timeout -k 10 300 "$PY" benchmarks/bench_gpu.py throughput --device "$DEVICE" --cuda-graphs --no-opacus \
     --problems P2,P1 --methods sgd,dpsgd,dpmatrix-se,sgd+graphs,dpsgd+graphs,dpmatrix-se+graphs \

@@ -1,5 +1,5 @@
 """Writes DIR/cifar10/cifar-10-python.tar.gz in the official format (the test suite's
-generator, tests/test_data.py) with random images and prints its MD5. Test data for
+generator, tests/data/test_data.py) with random images and prints its MD5. Test data for
 scripts/gpu/run.sh, where the real archive is unreachable.
 
 Usage: python scripts/gpu/make_cifar.py DIR [--per-batch 10000]
@@ -13,7 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # the test suite's generator, imported by its file (tests/ is not a package)
-_spec = importlib.util.spec_from_file_location("test_data", REPO / "tests" / "test_data.py")
+_spec = importlib.util.spec_from_file_location("test_data", REPO / "tests" / "data" / "test_data.py")
 test_data = sys.modules["test_data"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(test_data)
 cifar_batches, cifar_tar = test_data.cifar_batches, test_data.cifar_tar

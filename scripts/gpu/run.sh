@@ -122,10 +122,10 @@ EOF
 }
 
 if [ "$SMOKE" = 1 ]; then
-    Q=(--quick --target-s 0.1); BUDGET_TP=60; KS=1,2; WINDOW=1; CELLS=P2:64:dpsgd; PYTEST_FILES=(tests/test_per_sample.py tests/test_privacy.py)
+    Q=(--quick --target-s 0.1); BUDGET_TP=60; KS=1,2; WINDOW=1; CELLS=P2:64:dpsgd; PYTEST_FILES=(tests/privacy/test_per_sample.py tests/privacy/test_privacy.py)
 else
     Q=(--target-s 0.5); BUDGET_TP=160; KS=1,2,4,8,16; WINDOW=3; CELLS=P2:256:dpsgd,P1:256:dpsgd
-    PYTEST_FILES=(tests/test_per_sample.py tests/test_privacy.py tests/test_optimizers.py tests/test_matrix.py tests/test_train.py)
+    PYTEST_FILES=(tests/privacy/test_per_sample.py tests/privacy/test_privacy.py tests/optimizers/test_optimizers.py tests/matrix/test_matrix.py tests/training/test_train.py)
 fi
 
 if [ "$PART" = part1 ]; then

@@ -37,7 +37,7 @@ os.environ[watch.ENV] = watch.token()
 # What each job runs (jobs.dpbench_command: this workflow's src/ before the caller's PYTHONPATH,
 # the venv's interpreter or conda's) and where it finds the data: neither changes a result, so
 # neither is a rerun trigger: functions of `resources`, which Snakemake does not compare
-# (moving the data or the repository reruns nothing: tests/test_reruns.py).
+# (moving the data or the repository reruns nothing: tests/workflow/test_reruns.py).
 def DPBENCH(wildcards, resources):
     return jobs.dpbench_command(os.path.relpath(SRC), PYTHON)
 

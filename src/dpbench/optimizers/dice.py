@@ -18,7 +18,7 @@ every earlier *raw* gradient: one changed example with a large gradient moves e 
 so L clip(e, C2) can move by up to 2 L C2 / C (in units of s) at every later step, sampled or
 not. The release's sensitivity is s (1 + 2 L C2 / C), not s sqrt(1 + 2 C2 / C): with one
 example (taking part once) removed, the sum moved by 64 to 94 at each of the next 11 steps at
-L = 64, C2 = C = 1, where the noise is calibrated for 1.73 (tests/test_integrity.py), and since
+L = 64, C2 = C = 1, where the noise is calibrated for 1.73 (tests/privacy/test_integrity.py), and since
 every later step depends on the example, subsampling amplification does not apply to the
 residual term either. ``dpdice-strict`` (dice_strict.py) runs the same algorithm with noise
 calibrated to a bound that holds.

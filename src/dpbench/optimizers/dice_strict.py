@@ -39,7 +39,7 @@ it is sampled at step t, so the release at an unsampled step still depends on x 
 2 L c); the subsampled-Gaussian analysis of DP-SGD, where unsampled steps are independent of
 x, does not apply. The bound above is the worst case over when x is first sampled (step 1).
 The residual term is tight: an example with a huge gradient can swing clip(e, c) across the
-ball (tests/test_integrity.py measures the movement of the release against Delta). With
+ball (tests/privacy/test_integrity.py measures the movement of the release against Delta). With
 C2 = 0 this is DP-SGD accounted without amplification (valid, but looser than dpsgd's).
 
 References: Zhang, Bu, Wu & Hong 2024, "Differentially private SGD without clipping bias: an

@@ -13,7 +13,7 @@ the jobs, the config check, the cluster cost model, the fingerprints) imports ne
 
 Both are second lists beside the registries (``dpbench.optimizers.OPTIMIZERS``,
 ``dpbench.reporting.figures.FIGURES``), whose specs hold the step's builder and the drawing
-function: tests/test_catalog.py holds each entry equal to its spec. ``optimizer(id)`` and
+function: tests/pipeline/test_catalog.py holds each entry equal to its spec. ``optimizer(id)`` and
 ``figure(id)`` read a built-in here and a plugin's from its spec through the registry (which
 imports the plugin, and so may import torch: only where a config names a plugin).
 """

@@ -67,7 +67,7 @@ class SampleMixingError(UnsupportedLayerError):
 # with or without affine parameters or running statistics) lets one example move every other
 # example's gradient, so the clipped sum's sensitivity is no longer the clipping norm (with one
 # BatchNorm1d(affine=False) between two Linear layers, removing one example from a batch of 32
-# moved the normalised-clipped sum by 5.5 instead of at most 1; tests/test_integrity.py).
+# moved the normalised-clipped sum by 5.5 instead of at most 1; tests/privacy/test_integrity.py).
 PER_SAMPLE_LAYERS = (
     nn.Identity, nn.Flatten, nn.Unflatten,
     nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Sigmoid, nn.Tanh,

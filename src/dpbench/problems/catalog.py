@@ -46,7 +46,7 @@ PLANTED = CANARIES_PER_REPEAT * sum(CANARY_REPEATS)  # 93
 PRETRAINED = "wordnet-lm"
 
 # P6's classes: the plain-text files of Debian's fortunes package 1:1.99.1-7.3 (the keys of
-# dpbench.data.fortunes.SHA256 for that PACKAGE_VERSION; tests/test_problems_finetune.py checks
+# dpbench.data.fortunes.SHA256 for that PACKAGE_VERSION; tests/problems/test_problems_finetune.py checks
 # both), in sorted order: class c is the c-th name.
 FORTUNES_VERSION = "1:1.99.1-7.3"
 FORTUNE_FILES = (

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 MODES = ("full", "last-block", "lora", "bias")
 LORA_ALPHA = 16  # alpha of the scale alpha / r (module docstring)
 DEFAULT_LORA_RANK = 16
-# TransformerLM's defaults (P4's model; tests/test_finetune.py checks them against the class)
+# TransformerLM's defaults (P4's model; tests/problems/test_finetune.py checks them against the class)
 DEFAULT_DIMS = {"vocab_size": 258, "context": 128, "d_model": 128, "n_layers": 4, "n_heads": 4, "d_mlp": 512}
 
 
@@ -110,7 +110,7 @@ def _block(D: int, M: int) -> int:
 def trainable_parameters(model_dims: dict | None, head: int | None, finetune: Finetune | None) -> int:
     """d, the number of trained parameters: of TransformerLM(**model_dims) with its language-model
     head (``head`` None) or with a new head of ``head`` classes, under ``finetune`` (None: the
-    whole model, as from scratch). Equal to the built model's count (tests/test_finetune.py)."""
+    whole model, as from scratch). Equal to the built model's count (tests/problems/test_finetune.py)."""
     dims = dims_of(model_dims)
     V, T, D, n, M = dims["vocab_size"], dims["context"], dims["d_model"], dims["n_layers"], dims["d_mlp"]
     outputs = V if head is None else head

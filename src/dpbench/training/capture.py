@@ -19,7 +19,7 @@ host-side state that changes between steps. Three things make a DP step so:
   correctness) is cut to the first n rows. So σ, ε and the sensitivity (fixed by the plan before
   any batch) and every recorded metric are those of the unpadded step; the update differs from
   the eager step's only by the rounding of sums over a different shape (float64: < 1e-12,
-  tests/test_capture.py).
+  tests/training/test_capture.py).
 * **Noise outside the graph.** The step's noise source is swapped, while the step runs padded,
   for ``StaticNoise``: before each replay the real source draws (a seeded generator, a row of a
   memory-mapped noise file, a streamed recurrence) eagerly, as the eager step would, into

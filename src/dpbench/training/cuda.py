@@ -7,7 +7,7 @@ come out of those products, so under TF32 a clipped gradient's true norm can exc
 (normalised clipping) by about the rounding error, i.e. the L2 sensitivity the accountant
 assumes would be slightly violated. Privacy first: every run on a GPU computes in IEEE
 float32 (``torch.backends.cuda.matmul.allow_tf32 = False``, ``torch.backends.cudnn.allow_tf32
-= False``); tests/test_privacy.py measures the excess with TF32 on and off on the GPU.
+= False``); tests/privacy/test_privacy.py measures the excess with TF32 on and off on the GPU.
 
 Kernels are deterministic. Some CUDA kernels (cuDNN's weight-gradient algorithms, cuBLAS with
 its default workspace) may sum in an order that varies between calls, so two runs of one

@@ -505,7 +505,7 @@ def test_the_config_check_asks_the_jobs_interpreter_for_the_plugins_it_names(sit
     """A plugin this process sees but the jobs' interpreter does not (the rules replaced the
     caller's PYTHONPATH: the check passed, then the first job failed naming no plugin) is refused
     by the config check, naming it; seen by the jobs, it passes. The rules put src/ before the
-    caller's PYTHONPATH (tests/test_workflow.py runs a job that keeps it)."""
+    caller's PYTHONPATH (tests/workflow/test_workflow.py runs a job that keeps it)."""
     from dpbench.pipeline.jobs import check_plugins_visible, load_jobs
 
     fake_optimizer(site)

@@ -402,6 +402,6 @@ def test_columns_computed_from_private_data_without_noise_are_marked_private_fal
     assert set(not_private_columns(tmp_path / "epochs.parquet")) == {
         "train_loss", "train_accuracy", "val_loss", "val_accuracy"}
     assert "test_accuracy" not in not_private_columns(tmp_path / "epochs.parquet")  # the released model on test data
-    docs = Path(__file__).resolve().parents[1] / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     assert "**What is not private.**" in (docs / "privacy.md").read_text()
     assert "| **false** for `train` and `val` rows" in (docs / "results.md").read_text()

@@ -1,6 +1,6 @@
 """Layers point one way: the package's floors are the table in docs/layout.md ("Layers"); no
 module imports one on a higher floor, no import cycle, storage never imports the orchestrator.
-(That aggregation and figures need no torch: tests/test_envs.py.)"""
+(That aggregation and figures need no torch: tests/repo/test_envs.py.)"""
 
 import pkgutil
 import re

@@ -620,6 +620,7 @@ def test_fast_rdp_equals_opacus_at_integer_orders(q, sigma, T):
     assert accounting.fast_rdp_epsilon(history) >= accounting.epsilon(history, accountant="rdp") * (1 - 1e-12)
 
 
+@pytest.mark.xdist_group("timing")  # a measured time: not beside another timed test
 def test_fast_rdp_edge_cases_and_speed():
     assert accounting.fast_rdp_epsilon([]) == 0.0
     assert accounting.fast_rdp_epsilon([(0.0, 0.1, 3)]) == math.inf

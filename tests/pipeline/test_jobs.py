@@ -110,7 +110,7 @@ def test_the_workflow_gets_neither_the_default_configs_grid_nor_its_audits(tmp_p
 
 def test_every_job_and_the_file_it_writes():
     """The tiny config of CI: its 19 jobs (snakemake -n counts 20 with its target `all`:
-    tests/test_workflow.py compares them)."""
+    tests/workflow/test_workflow.py compares them)."""
     jobs = load_jobs(REPO / ".test" / "config" / "config.yaml")
     listing = jobs.listing()
     assert Counter(rule for rule, _ in listing) == {

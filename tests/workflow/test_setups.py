@@ -40,6 +40,7 @@ def test_thesis_is_the_union_of_the_three_setups():
     assert set(cells) == union and len(cells) == 2476
 
 
+@pytest.mark.xdist_group("timing")  # a measured time: not beside another timed test
 def test_thesis_dry_run_lists_2476_training_jobs_quickly(repo_copy):
     """The DAG of the whole thesis builds in under 60 s on 2 cores."""
     t = time.perf_counter()

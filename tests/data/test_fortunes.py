@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import write_fortunes
 from dpbench.data import fortunes
 from dpbench.data.image_datasets import DataError
 from dpbench.problems import tokenizer
@@ -19,18 +20,6 @@ SYSTEM_DIR = fortunes.SYSTEM_DIRS[0]
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def write_fortunes(directory: Path, files: dict[str, list[str]]) -> dict[str, str]:
-    """Write each file as its records joined by "%" lines (as the package does, with a final
-    "%"); return the manifest {file: sha256}."""
-    directory.mkdir(parents=True, exist_ok=True)
-    manifest = {}
-    for name, records in files.items():
-        data = "".join(f"{r}\n%\n" for r in records).encode("utf-8")
-        (directory / name).write_bytes(data)
-        manifest[name] = sha256(data)
-    return manifest
 
 
 @pytest.fixture

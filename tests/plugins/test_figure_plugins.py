@@ -1,7 +1,7 @@
 """Figures from plugins (entry-point group ``dpbench.figures``): registered beside the built-in
 figures, drawn, validated in configs, listed, fingerprinted with their source; a broken one is
 one line naming it, and the built-ins keep working. Fake distributions are a package and its
-dist-info in a temporary folder on sys.path, as in tests/test_plugins.py."""
+dist-info in a temporary folder on sys.path, as in tests/plugins/test_plugins.py."""
 
 import copy
 import sys

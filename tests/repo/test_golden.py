@@ -260,7 +260,7 @@ def test_the_tolerant_comparison_passes_on_other_kernels(fmnist_dir):
                    OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env["PYTHONPATH"]])
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                           f"{REPO / 'tests' / 'test_golden.py'}::test_the_golden_runs_reproduce"],
+                           f"{REPO / 'tests' / 'repo' / 'test_golden.py'}::test_the_golden_runs_reproduce"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     said = [line for line in done.stdout.splitlines() if line.startswith("golden runs compared")]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

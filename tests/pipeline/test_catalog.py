@@ -16,7 +16,7 @@ from dpbench.mechanisms.files import DenseFiles, StreamedFiles
 from dpbench.pipeline import catalog, jobs
 from dpbench.pipeline.grid import Cell, ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_optimizer_facts_equal_the_registry_specs():

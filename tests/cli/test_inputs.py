@@ -473,7 +473,7 @@ def _gone(pid: int) -> bool:
 def test_a_job_dies_with_the_workflow_process_that_started_it(tmp_path):
     """kill -9 of the parent (Snakemake): its job whose environment names it stops within
     seconds; a process not started by the workflow (no variable) is left alone."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     # SIGINT ignored, as in the background of a non-interactive shell (CI, nohup scripts): the
     # jobs inherit that, and the watch must stop them all the same
     parent = subprocess.Popen([sys.executable, "-c", PARENT], env=env, stdout=subprocess.PIPE, text=True,

@@ -433,7 +433,7 @@ def test_matrix_run_records_privacy_and_reuses_its_cache(tiny_fmnist, tmp_path):
 
 def test_cache_names_noise_files_by_the_problems_parameter_count():
     """A run's noise file is as wide as its model (the catalog's d, checked against the built
-    models in tests/test_problems.py) and named by its noise stream."""
+    models in tests/problems/test_problems.py) and named by its noise stream."""
     from dpbench.problems import catalog
     from dpbench.seeds import stream_seeds
 
@@ -485,4 +485,4 @@ def test_workflow_reuses_factorization_and_noise_for_a_second_cell(tmp_path):
 
 
 # The full factorize -> noise -> train -> aggregate -> figure path of a single-epoch (P2) and a
-# multi-epoch convergence-aware (P3) cell runs in the tiny grid of tests/test_workflow.py.
+# multi-epoch convergence-aware (P3) cell runs in the tiny grid of tests/workflow/test_workflow.py.

@@ -21,7 +21,6 @@ from dpbench.problems.transformer import TransformerLM
 from dpbench.training import capture, cuda
 from dpbench.training.config import RunConfig
 from test_capture import make_step
-from test_lm import generated_corpus  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

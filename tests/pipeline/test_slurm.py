@@ -96,7 +96,7 @@ def test_measured_gpu_costs(tmp_path):
 
 def test_the_cost_class_is_read_from_the_optimizer_spec(tmp_path, monkeypatch):
     """A spec's cost_class decides which measured step stands for it (none: the assumed cost),
-    read from the torch-free catalog (tests/test_catalog.py holds it equal to the spec)."""
+    read from the torch-free catalog (tests/pipeline/test_catalog.py holds it equal to the spec)."""
     import dataclasses
 
     from dpbench.pipeline import catalog

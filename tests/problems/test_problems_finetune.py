@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_cell
+from conftest import run_cell, write_fortunes
 from dpbench.data import fortunes
 from dpbench.data.image_datasets import DataError
 from dpbench.privacy.per_sample import Tape
@@ -22,7 +22,6 @@ from dpbench.problems.text_classification import TransformerClassifier
 from dpbench.problems.transformer import TransformerLM
 from dpbench.training.config import RunConfig
 from dpbench.training.harness import build_model
-from test_fortunes import write_fortunes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

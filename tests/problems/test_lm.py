@@ -21,24 +21,6 @@ from dpbench.reporting.results import read_meta
 from dpbench.seeds import stream_seeds
 from dpbench.training.config import RunConfig
 from dpbench.training.splits import load_splits
-from test_fortunes import write_fortunes
-
-WORDS = "the of and a to in is you that it he was for on are as with his they at be this".split()
-
-
-@pytest.fixture
-def generated_corpus(monkeypatch, tmp_path):
-    """400 generated quotations in the official format, verified through a manifest of their own
-    (the loader's checksum table replaced), the system directory hidden."""
-    rng = np.random.default_rng(0)
-    records = [" ".join(rng.choice(WORDS, rng.integers(3, 30))) + f" ({i})" for i in range(400)]
-    manifest = write_fortunes(tmp_path / "fortunes", {"generated": records})
-    monkeypatch.setattr(fortunes, "SHA256", manifest)
-    empty = tmp_path / "system"
-    empty.mkdir()
-    monkeypatch.setattr(fortunes, "SYSTEM_DIRS", [empty])
-    monkeypatch.setattr(language, "DIGITS", 3)  # |R| = 1000: exact exposure in a blink
-    return tmp_path
 
 
 def test_p4_is_registered_with_its_sizes():

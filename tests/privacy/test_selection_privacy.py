@@ -13,7 +13,7 @@ from dpbench.privacy import accounting
 from dpbench.privacy.selection import composed_epsilon, composed_epsilon_of, gaussian_history, gaussian_mu
 from dpbench.reporting.figures import intervals, spent
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 DELTA = 1e-5
 DPSGD = [(1.0, 0.01, 200)]  # sigma, q, T: small enough for every accountant in a second
 

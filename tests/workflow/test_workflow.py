@@ -101,7 +101,7 @@ def test_the_gpu_profile_trains_in_the_cuda_environment(repo_copy):
     """Deployment is the profile's: the GPU it gives rule train sets --device and the training
     environment (one variable, common.smk's TRAIN_DEVICE). One conda environment per kind of
     rule; Snakemake names each as it prepares them (and stops after that where conda is
-    absent, as here). (--device and --threads: the tiny grid below and tests/test_slurm.py.)"""
+    absent, as here). (--device and --threads: the tiny grid below and tests/pipeline/test_slurm.py.)"""
     envs = snakemake("--containerize", "--profile", PROFILES / "gpu", cwd=repo_copy)
     # (audits always run on the CPU, in float64, in the CPU training environment)
     assert set(re.findall(r"envs/([\w-]+)\.yaml", envs.stdout + envs.stderr)) == {"data", "matrix", "train-cuda",

@@ -94,7 +94,7 @@ SPEC = dataclasses.replace(P2, facts=dataclasses.replace(P2.facts, id="small469"
 @pytest.fixture
 def small_problem(tmp_path, monkeypatch):
     """A plugin problem of 469 training examples, installed as a distribution in a folder on
-    sys.path (as tests/test_plugins.py installs its fakes)."""
+    sys.path (as tests/plugins/test_plugins.py installs its fakes)."""
     site = tmp_path / "site"
     (site / "smallproblem").mkdir(parents=True)
     (site / "smallproblem" / "__init__.py").write_text("")

@@ -24,7 +24,8 @@ PATH_EDIT = re.compile("sys" + r"\.path\s*(\.\s*(insert|append|extend|remove|pop
 # The one exception: the plugin tests (and a block-settings test of a plugin problem) install fake
 # distributions (dist-info and package) into a temporary site folder, which must be on the search
 # path as pip's site-packages is.
-INSTALLS_FAKE_DISTRIBUTIONS = {"tests/test_plugins.py", "tests/test_figure_plugins.py", "tests/test_block_settings.py"}
+INSTALLS_FAKE_DISTRIBUTIONS = {"tests/plugins/test_plugins.py", "tests/plugins/test_figure_plugins.py",
+                               "tests/pipeline/test_block_settings.py"}
 
 
 def test_nothing_edits_sys_path():
