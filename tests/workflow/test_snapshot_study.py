@@ -1,0 +1,29 @@
+"""benchmarks/snapshot_study.py: what of a long study is committed between sittings."""
+import yaml
+
+from conftest import REPO, load_file
+from dpbench.pipeline.jobs import load_jobs
+
+
+def test_only_comparisons_with_every_rate_and_seed_are_taken(tmp_path):
+    """Two rates x two seeds of DP-SGD at two epsilons and of SGD: a comparison missing one run
+    (one seed of one rate) is left out; complete ones come with all their run files."""
+    snapshot = load_file(REPO / "benchmarks" / "snapshot_study.py")
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump({
+        "results_dir": str(tmp_path / "results"), "train": {"train_subset": 1000},
+        "grid": [{"problems": ["P2"], "batch_sizes": [100], "epochs": [1], "epsilons": [1, 10], "seeds": [0, 1],
+                  "optimizers": {"dpsgd": {"lr": [0.1, 0.5]}, "sgd": {"lr": [0.1, 0.5]}}}]}))
+    jobs = load_jobs(str(config))
+    assert len(jobs.cells) == 2 * 2 * 2 + 2 * 2
+    for cell_id in jobs.cells:
+        if cell_id != "P2/dpsgd/L100-E1-eps10-lr0.5-s1":  # one run of the eps 10 comparison not done
+            path = tmp_path / "results" / "runs" / f"{cell_id}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"run")
+    runs, n_groups, n_done = snapshot.complete_runs(jobs, tmp_path / "results")
+    assert (n_groups, n_done) == (3, 2)
+    names = sorted(f"{p.parent.name}/{p.stem}" for p in runs)
+    assert names == sorted([f"dpsgd/L100-E1-eps1-lr{lr}-s{s}" for lr in (0.1, 0.5) for s in (0, 1)]
+                           + [f"sgd/L100-E1-nonprivate-lr{lr}-s{s}" for lr in (0.1, 0.5) for s in (0, 1)])
+    assert snapshot.main([str(config), "--out", str(tmp_path / "none"), "--results", str(tmp_path / "empty")]) == 1
