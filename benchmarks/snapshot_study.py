@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import shlex
 import subprocess
@@ -43,6 +44,14 @@ def complete_runs(jobs, results: Path) -> tuple[list[Path], int, int]:
     return sorted(p for paths in done for p in paths), len(groups), len(done)
 
 
+def made_by(runs: list[Path]) -> list[str]:
+    """The git commits of the code that made the runs (each run file records its own)."""
+    import pyarrow.parquet as pq
+
+    return sorted({str(json.loads(pq.read_schema(p).metadata[b"dpbench"])["environment"].get("git_commit"))[:7]
+                   for p in runs})
+
+
 def dpbench(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "dpbench", *args], check=True)
 
@@ -63,9 +72,20 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     table = out / "runs.parquet"
     dpbench("aggregate", *map(str, runs), "--out-runs", str(table), "--out-epochs", str(out / "epochs.parquet"))
-    for name, options in jobs.figures.items():  # as rule plot_<name> draws it
+    import pandas as pd
+
+    from dpbench.pipeline import catalog
+
+    trained = set(pd.read_parquet(table, columns=["problem"])["problem"])
+    drawn, skipped = [], []
+    for name, options in jobs.figures.items():  # as rule plot_<name> draws it, where its problem has runs
+        problem = {**catalog.figure(jobs.figure_id(name)).defaults, **options}.get("problem")
+        if problem is not None and problem not in trained:
+            skipped.append(f"{name} ({problem})")
+            continue
         dpbench("plot", jobs.figure_id(name), "--runs", str(table), "--out", str(out / name),
                 *shlex.split(figure_options(options)))
+        drawn.append(name)
     done_files = sum(1 for c in jobs.cells if (results / Path(jobs.run_file(c)).relative_to(jobs.results)).exists())
     cpu = platform_record()["cpu"]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -76,10 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         f"- complete comparisons (every learning rate and seed of one problem, optimizer, ε and mode): "
         f"{n_done} of {n_groups}\n"
         f"- runs in them: {len(runs)}; runs finished in all: {done_files} of {len(jobs.cells)}\n"
+        f"- the runs were made by dpbench at {', '.join(made_by(runs))} (each run file's environment.git_commit)\n"
         f"- CPU: {cpu.get('model_name')} (vendor {cpu.get('vendor')}, family {cpu.get('family')}, model "
         f"{cpu.get('model')}), {os.cpu_count()} cores\n\n"
-        f"Files: runs.parquet and epochs.parquet (the aggregate of those runs), and each figure of the config: "
-        f"{', '.join(jobs.figures)}.\n")
+        f"Files: runs.parquet and epochs.parquet (the aggregate of those runs), and the config's figures "
+        f"{', '.join(drawn)}" + (f"; not drawn, no complete comparison of their problem yet: {', '.join(skipped)}"
+                                if skipped else "") + ".\n")
     print(f"{n_done} of {n_groups} comparisons complete ({len(runs)} runs) -> {out}")
     return 0
 
