@@ -35,11 +35,16 @@ def comparison(cell) -> tuple:
             cell.epochs, cell.hyperparameters)
 
 
+def run_path(jobs, results: Path, cell_id: str) -> Path:
+    """A cell's run file under ``results`` (the study's results directory, maybe not the config's)."""
+    return results / Path(jobs.run_file(cell_id)).relative_to(jobs.results)
+
+
 def complete_runs(jobs, results: Path) -> tuple[list[Path], int, int]:
     """The run files of the complete comparisons, and how many comparisons there are and are complete."""
     groups: dict[tuple, list[Path]] = defaultdict(list)
     for cell_id, cell in jobs.cells.items():
-        groups[comparison(cell)].append(results / Path(jobs.run_file(cell_id)).relative_to(jobs.results))
+        groups[comparison(cell)].append(run_path(jobs, results, cell_id))
     done = [paths for paths in groups.values() if all(p.exists() for p in paths)]
     return sorted(p for paths in done for p in paths), len(groups), len(done)
 
@@ -79,20 +84,21 @@ def main(argv: list[str] | None = None) -> int:
     trained = set(pd.read_parquet(table, columns=["problem"])["problem"])
     drawn, skipped = [], []
     for name, options in jobs.figures.items():  # as rule plot_<name> draws it, where its problem has runs
-        problem = {**catalog.figure(jobs.figure_id(name)).defaults, **options}.get("problem")
+        figure = jobs.figure_id(name)
+        problem = {**catalog.figure(figure).defaults, **options}.get("problem")
         if problem is not None and problem not in trained:
             skipped.append(f"{name} ({problem})")
             continue
-        dpbench("plot", jobs.figure_id(name), "--runs", str(table), "--out", str(out / name),
+        dpbench("plot", figure, "--runs", str(table), "--out", str(out / name),
                 *shlex.split(figure_options(options)))
         drawn.append(name)
-    done_files = sum(1 for c in jobs.cells if (results / Path(jobs.run_file(c)).relative_to(jobs.results)).exists())
+    done_files = sum(1 for c in jobs.cells if run_path(jobs, results, c).exists())
     cpu = platform_record()["cpu"]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     (out / "README.md").write_text(
         f"# {args.config}: the complete comparisons so far\n\n"
         f"Snapshot of {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, drawn by dpbench at {commit} "
-        f"with `python benchmarks/snapshot_study.py {args.config} --out {args.out}`.\n\n"
+        f"with `python benchmarks/snapshot_study.py {shlex.join(argv if argv is not None else sys.argv[1:])}`.\n\n"
         f"- complete comparisons (every learning rate and seed of one problem, optimizer, ε and mode): "
         f"{n_done} of {n_groups}\n"
         f"- runs in them: {len(runs)}; runs finished in all: {done_files} of {len(jobs.cells)}\n"
