@@ -1,9 +1,9 @@
 """Commit what finished of a long study: the comparisons whose every run is done, drawn.
 
 A study of several CPU-hours (config/finetune.yaml) runs across sittings; between them, its
-finished part is committed. A comparison is one (problem, optimizer, ε, mode, batch size,
-epochs) of the config: every learning rate and seed of it, the candidates among which its
-figures choose. Only complete comparisons go in: a choice among half of the candidates, or a
+finished part is committed. A comparison is one (problem, optimizer, ε, mode) of the config:
+every configuration (learning rate, batch size, epochs, hyperparameters such as a weight decay)
+and seed of it, the candidates among which its figures choose. Only complete comparisons go in: a choice among half of the candidates, or a
 mean over fewer seeds than the config asks for, would be another experiment. This script
 collects the run files of the complete ones, aggregates them as the workflow does
 (``dpbench aggregate``), draws every figure of the config with its options (``dpbench plot``),
@@ -30,9 +30,9 @@ from dpbench.pipeline.jobs import figure_options, load_jobs
 
 
 def comparison(cell) -> tuple:
-    """What a cell is compared as: its cell less the candidates' axes (learning rate, seed)."""
-    return (cell.problem, cell.optimizer, cell.epsilon, cell.finetune, cell.lora_rank, cell.batch_size,
-            cell.epochs, cell.hyperparameters)
+    """What a cell is compared as: its cell less the candidates' axes (learning rate, batch size,
+    epochs, hyperparameters, seed), over which the fine-tuning figures choose per (optimizer, ε, mode)."""
+    return (cell.problem, cell.optimizer, cell.epsilon, cell.finetune, cell.lora_rank)
 
 
 def run_path(jobs, results: Path, cell_id: str) -> Path:
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         f"# {args.config}: the complete comparisons so far\n\n"
         f"Snapshot of {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, drawn by dpbench at {commit} "
         f"with `python benchmarks/snapshot_study.py {shlex.join(argv if argv is not None else sys.argv[1:])}`.\n\n"
-        f"- complete comparisons (every learning rate and seed of one problem, optimizer, ε and mode): "
+        f"- complete comparisons (every configuration and seed of one problem, optimizer, ε and mode): "
         f"{n_done} of {n_groups}\n"
         f"- runs in them: {len(runs)}; runs finished in all: {done_files} of {len(jobs.cells)}\n"
         f"- the runs were made by dpbench at {', '.join(made_by(runs))} (each run file's environment.git_commit)\n"

@@ -385,6 +385,24 @@ def test_each_verdict_from_a_runs_table_whose_answers_are_known():
         assert only[-1] == "not run" and set(only[1:-1]) == {"–"}
 
 
+def test_the_dp_adamw_papers_mode_last_block_answers_claims_1_to_3_but_not_the_lora_ones():
+    """Runs in mode last-block (the DP-AdamW paper's) give rows to claims 1, 2a, 2b and 3, labelled
+    "last block", and none to the LoRA claims 4a and 4b."""
+    from dpbench.reporting.figures.finetune_claims import claims_data
+
+    runs = _claim_runs({("dpadamw", 1.0, "last-block"): [0.30, 0.31, 0.32],
+                        ("dpadam", 1.0, "last-block"): [0.30, 0.32, 0.31],
+                        ("dpadamw-bc", 1.0, "last-block"): [0.20, 0.21, 0.22],
+                        ("dpadambc", 1.0, "last-block"): [0.10, 0.12, 0.11],
+                        ("dpdisk", 1.0, "last-block"): [0.35, 0.36, 0.37],
+                        ("dpsgd", 1.0, "last-block"): [0.33, 0.34, 0.35]})
+    data = claims_data(runs)
+    got = {n: [(r["mode"], r["verdict"]) for r in rows] for n, rows in data.items() if rows}
+    assert got == {"1": [("last block", "not supported")], "2a": [("last block", "holds")],
+                   "2b": [("last block", "reversed")], "3": [("last block", "holds")]}
+    assert data["3"][0]["diff"] == pytest.approx(0.05) and data["2a"][0]["diff"] == pytest.approx(-0.10)
+
+
 def stats_t2() -> float:
     return 4.302652729749464  # t_{0.975, 2}
 

@@ -27,3 +27,25 @@ def test_only_comparisons_with_every_rate_and_seed_are_taken(tmp_path):
     assert names == sorted([f"dpsgd/L100-E1-eps1-lr{lr}-s{s}" for lr in (0.1, 0.5) for s in (0, 1)]
                            + [f"sgd/L100-E1-nonprivate-lr{lr}-s{s}" for lr in (0.1, 0.5) for s in (0, 1)])
     assert snapshot.main([str(config), "--out", str(tmp_path / "none"), "--results", str(tmp_path / "empty")]) == 1
+
+
+def test_a_comparison_is_every_configuration_of_an_optimizer_eps_and_mode(tmp_path):
+    """The figures choose among learning rates and hyperparameters (a weight decay) together: a
+    weight decay whose runs are all done is still left out while the other one's are not."""
+    snapshot = load_file(REPO / "benchmarks" / "snapshot_study.py")
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump({
+        "results_dir": str(tmp_path / "results"), "train": {"train_subset": 1000},
+        "grid": [{"problems": ["P2"], "batch_sizes": [100], "epochs": [1], "epsilons": [1], "seeds": [0, 1],
+                  "optimizers": {"dpadamw": {"lr": [1e-3], "weight_decay": [1e-4, 0.1]},
+                                 "dpsgd": {"lr": [0.1]}}}]}))
+    jobs = load_jobs(str(config))
+    assert len(jobs.cells) == 2 * 2 + 2
+    for cell_id in jobs.cells:
+        if "weight_decay0.1" not in cell_id:  # every run of weight decay 1e-4 and of DP-SGD, none of 0.1
+            path = tmp_path / "results" / "runs" / f"{cell_id}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"run")
+    runs, n_groups, n_done = snapshot.complete_runs(jobs, tmp_path / "results")
+    assert (n_groups, n_done) == (2, 1)
+    assert sorted(p.stem for p in runs) == ["L100-E1-eps1-lr0.1-s0", "L100-E1-eps1-lr0.1-s1"]
