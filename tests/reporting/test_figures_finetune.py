@@ -462,3 +462,14 @@ def test_dpbench_plot_finetune_claims_writes_the_table(tmp_path):
     old = runs.drop(columns=["start", "finetune", "lora_rank", "trainable_parameters", "checkpoint_sha256"])
     md = figures.build("finetune_claims", old)
     assert all(r[-1] == "not run" for n in ("1", "2a", "5", "6c") for r in _rows(md, n))
+
+
+def test_a_perplexity_that_blew_up_is_printed_in_three_significant_digits():
+    """A run at test loss 35 has perplexity e^35 ≈ 1.586e+15: the tables print 1.59e+15, not 20 digits;
+    ordinary values keep the table's format."""
+    from dpbench.reporting.figures.finetune import number
+
+    assert number(math.exp(35), ".2f") == "1.59e+15"
+    assert number(-math.exp(35), ".2f") == "-1.59e+15"
+    assert number(13.684, ".2f") == "13.68" and number(99999.0, ".2f") == "99999.00"
+    assert number(0.1234, ".3f") == "0.123"

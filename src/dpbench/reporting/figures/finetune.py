@@ -317,16 +317,22 @@ def finetune_exposure_figure(runs: pd.DataFrame, problem: str = "P5", k: int = 2
                         title=f"{problem}: exposure of the canaries inserted k = {k} times per optimizer and mode")
 
 
+def number(v: float, fmt: str) -> str:
+    """``v`` in ``fmt``, or in 3 significant digits from 10⁵ on (a perplexity of a run that blew up,
+    e^35 ≈ 1.6e+15, is not printed in 20 digits)."""
+    return format(v, ".3g" if abs(v) >= 1e5 else fmt)
+
+
 def _value(r, fmt: str) -> str:
     if not np.isfinite(r["value"]):
         return "diverged" if r["diverged"] else "–"
     if r["n_seeds"] >= 2 and np.isfinite(r["ci_low"]):
-        return f"{format(r['value'], fmt)} [{format(r['ci_low'], fmt)}, {format(r['ci_high'], fmt)}]"
-    return format(r["value"], fmt)
+        return f"{number(r['value'], fmt)} [{number(r['ci_low'], fmt)}, {number(r['ci_high'], fmt)}]"
+    return number(r["value"], fmt)
 
 
 def _gap(v: float, fmt: str) -> str:
-    return "–" if not np.isfinite(v) else ("+" if v >= 0 else "−") + format(abs(v), fmt)
+    return "–" if not np.isfinite(v) else ("+" if v >= 0 else "−") + number(abs(v), fmt)
 
 
 def draw_finetune_table(data: pd.DataFrame, problem: str, k: int = 25, labels: dict[str, str] | None = None) -> str:

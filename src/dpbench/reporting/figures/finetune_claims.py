@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from dpbench.reporting.figures.finetune import chosen_runs, mode_label, ordered_modes
+from dpbench.reporting.figures.finetune import chosen_runs, mode_label, number, ordered_modes
 from dpbench.reporting.figures.intervals import contrast_interval
 from dpbench.reporting.figures.selection import select_runs
 from dpbench.reporting.figures.style import fmt_tick, label, legend_labels
@@ -129,9 +129,9 @@ def _cell(mean: float, low: float, high: float, n: int, fmt: str, signed: bool =
         return "–"
 
     def f(v):
-        text = format(abs(v), fmt)
+        text = number(abs(v), fmt)
         if not signed:
-            return format(v, fmt).replace("-", "−")
+            return number(v, fmt).replace("-", "−")
         return ("+" if v >= 0 or float(text) == 0 else "−") + text
 
     return f(mean) + (f" [{f(low)}, {f(high)}]" if n >= 2 and np.isfinite(low) and np.isfinite(high) else "")
