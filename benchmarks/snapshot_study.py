@@ -3,8 +3,9 @@
 A study of several CPU-hours (config/finetune.yaml) runs across sittings; between them, its
 finished part is committed. A comparison is one (problem, optimizer, ε, mode) of the config:
 every configuration (learning rate, batch size, epochs, hyperparameters such as a weight decay)
-and seed of it, the candidates among which its figures choose. Only complete comparisons go in: a choice among half of the candidates, or a
-mean over fewer seeds than the config asks for, would be another experiment. This script
+and seed of it, the candidates among which its figures choose. Only complete comparisons go in:
+a choice among half of the candidates, or a mean over fewer seeds than the config asks for,
+would be another experiment. This script
 collects the run files of the complete ones, aggregates them as the workflow does
 (``dpbench aggregate``), draws every figure of the config with its options (``dpbench plot``),
 and writes a README saying how much of the study that is, when, where and on which CPU.

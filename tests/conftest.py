@@ -285,19 +285,23 @@ def write_fortunes(directory: Path, files: dict[str, list[str]]) -> dict[str, st
 WORDS = "the of and a to in is you that it he was for on are as with his they at be this".split()
 
 
-@pytest.fixture
-def generated_corpus(monkeypatch, tmp_path):
-    """400 generated quotations in the official format, verified through a manifest of their own
-    (the loader's checksum table replaced), the system directory hidden."""
+def plant_generated_corpus(root: Path, patch) -> None:
+    """400 generated quotations in the official format under ``root``/fortunes, verified through
+    a manifest of their own (the loader's checksum table replaced through ``patch``, a
+    MonkeyPatch), the system directory hidden, |R| = 1000: exact exposure in a blink."""
     from dpbench.data import fortunes
     from dpbench.problems import language
 
     rng = np.random.default_rng(0)
     records = [" ".join(rng.choice(WORDS, rng.integers(3, 30))) + f" ({i})" for i in range(400)]
-    manifest = write_fortunes(tmp_path / "fortunes", {"generated": records})
-    monkeypatch.setattr(fortunes, "SHA256", manifest)
-    empty = tmp_path / "system"
-    empty.mkdir()
-    monkeypatch.setattr(fortunes, "SYSTEM_DIRS", [empty])
-    monkeypatch.setattr(language, "DIGITS", 3)  # |R| = 1000: exact exposure in a blink
+    patch.setattr(fortunes, "SHA256", write_fortunes(root / "fortunes", {"generated": records}))
+    (root / "system").mkdir()
+    patch.setattr(fortunes, "SYSTEM_DIRS", [root / "system"])
+    patch.setattr(language, "DIGITS", 3)
+
+
+@pytest.fixture
+def generated_corpus(monkeypatch, tmp_path):
+    """``plant_generated_corpus`` in the test's temporary folder, which it returns."""
+    plant_generated_corpus(tmp_path, monkeypatch)
     return tmp_path

@@ -32,24 +32,16 @@ PLATFORM = GOLDEN.with_name("platform.json")
 NUMERIC_PACKAGES = ("torch", "numpy", "scipy", "opacus", "dp-accounting")
 
 # P4 on generated quotations in the official format (the real corpus's canary space is too large
-# for exact exposure in a test): the same generator as tests/problems/test_lm.py
-WORDS = "the of and a to in is you that it he was for on are as with his they at be this".split()
+# for exact exposure in a test): conftest.plant_generated_corpus, as tests/problems/test_lm.py
 AUDITED = ("dpsgd", "d2psgd", "dp2sgd", "dpmatrix-se", "dpmatrix-band", "dpmatrix-band-amp", "dpmatrix-blt", "dpdice-strict")
 
 
 @contextlib.contextmanager
 def generated_corpus():
-    from conftest import write_fortunes
-    from dpbench.data import fortunes
-    from dpbench.problems import language
+    from conftest import plant_generated_corpus
 
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
-        rng = np.random.default_rng(0)
-        records = [" ".join(rng.choice(WORDS, rng.integers(3, 30))) + f" ({i})" for i in range(400)]
-        patch.setattr(fortunes, "SHA256", write_fortunes(Path(tmp) / "fortunes", {"generated": records}))
-        (Path(tmp) / "system").mkdir()
-        patch.setattr(fortunes, "SYSTEM_DIRS", [Path(tmp) / "system"])
-        patch.setattr(language, "DIGITS", 3)
+        plant_generated_corpus(Path(tmp), patch)
         yield tmp
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_cell, write_fortunes
+from conftest import WORDS, run_cell, write_fortunes
 from dpbench.data import fortunes
 from dpbench.data.image_datasets import DataError
 from dpbench.privacy.per_sample import Tape
@@ -29,7 +29,6 @@ from conftest import stand_in_checkpoint  # noqa: E402
 
 TINY = {"vocab_size": 258, "context": 128, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_mlp": 32}
 MODES = [Finetune("full"), Finetune("last-block"), Finetune("lora", 4), Finetune("bias")]
-WORDS = "the of and a to in is you that it he was for on are as with his they at be this".split()
 
 
 def checkpoint(dims=TINY, seed=0):
