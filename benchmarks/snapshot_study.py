@@ -58,6 +58,19 @@ def made_by(runs: list[Path]) -> list[str]:
                    for p in runs})
 
 
+def summary(table) -> list[str]:
+    """README lines measured from the aggregated runs table: the runs' statuses, the largest
+    achieved/target ε of a private run, and the runs' own wall times added up."""
+    private = table[table["private"].astype(bool)]
+    ratio = (private["epsilon"] / private["target_epsilon"]).max() if len(private) else float("nan")
+    statuses = ", ".join(f"{n} {status}" for status, n in table["status"].value_counts().sort_index().items())
+    return [f"- status of the runs: {statuses}",
+            f"- privacy: {len(private)} private runs, achieved ε at most {ratio:.5f} of the target "
+            f"(max epsilon / target_epsilon)",
+            f"- time: the runs' wall_time_s add up to {table['wall_time_s'].sum() / 3600:.2f} hours "
+            f"(each run's training and evaluation; the jobs' start-up not counted)"]
+
+
 def dpbench(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "dpbench", *args], check=True)
 
@@ -82,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from dpbench.pipeline import catalog
 
-    trained = set(pd.read_parquet(table, columns=["problem"])["problem"])
+    aggregated = pd.read_parquet(table)
+    trained = set(aggregated["problem"])
     drawn, skipped = [], []
     for name, options in jobs.figures.items():  # as rule plot_<name> draws it, where its problem has runs
         figure = jobs.figure_id(name)
@@ -103,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- complete comparisons (every configuration and seed of one problem, optimizer, ε and mode): "
         f"{n_done} of {n_groups}\n"
         f"- runs in them: {len(runs)}; runs finished in all: {done_files} of {len(jobs.cells)}\n"
+        + "".join(f"{line}\n" for line in summary(aggregated)) +
         f"- the runs were made by dpbench at {', '.join(made_by(runs))} (each run file's environment.git_commit)\n"
         f"- CPU: {cpu.get('model_name')} (vendor {cpu.get('vendor')}, family {cpu.get('family')}, model "
         f"{cpu.get('model')}), {os.cpu_count()} cores\n\n"

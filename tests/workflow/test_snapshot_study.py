@@ -1,4 +1,5 @@
 """benchmarks/snapshot_study.py: what of a long study is committed between sittings."""
+import pandas as pd
 import yaml
 
 from conftest import REPO, load_file
@@ -49,3 +50,17 @@ def test_a_comparison_is_every_configuration_of_an_optimizer_eps_and_mode(tmp_pa
     runs, n_groups, n_done = snapshot.complete_runs(jobs, tmp_path / "results")
     assert (n_groups, n_done) == (2, 1)
     assert sorted(p.stem for p in runs) == ["L100-E1-eps1-lr0.1-s0", "L100-E1-eps1-lr0.1-s1"]
+
+
+def test_the_readme_summary_is_measured_from_the_runs_table():
+    """Statuses counted, the largest achieved/target ε among the private runs only (a
+    non-private run's infinite ε is not one), the runs' wall times added up in hours."""
+    snapshot = load_file(REPO / "benchmarks" / "snapshot_study.py")
+    table = pd.DataFrame({"private": [True, True, False], "epsilon": [0.99, 2.9997, float("inf")],
+                          "target_epsilon": [1.0, 3.0, float("nan")], "status": ["completed", "diverged", "completed"],
+                          "wall_time_s": [1800.0, 3600.0, 5400.0]})
+    assert snapshot.summary(table) == [
+        "- status of the runs: 2 completed, 1 diverged",
+        "- privacy: 2 private runs, achieved ε at most 0.99990 of the target (max epsilon / target_epsilon)",
+        "- time: the runs' wall_time_s add up to 3.00 hours (each run's training and evaluation; the jobs' "
+        "start-up not counted)"]
