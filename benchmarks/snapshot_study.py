@@ -72,7 +72,10 @@ def summary(table) -> list[str]:
 
 
 def dpbench(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "dpbench", *args], check=True)
+    """``dpbench`` with ``args``; its failure (its own error above, naming the file) ends the
+    snapshot in one line, not a traceback."""
+    if subprocess.run([sys.executable, "-m", "dpbench", *args]).returncode:
+        raise SystemExit(f"snapshot_study: `dpbench {args[0]}` failed (its error above): the snapshot is not complete, do not commit it")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,6 @@
 """benchmarks/snapshot_study.py: what of a long study is committed between sittings."""
 import pandas as pd
+import pytest
 import yaml
 
 from conftest import REPO, load_file
@@ -28,6 +29,9 @@ def test_only_comparisons_with_every_rate_and_seed_are_taken(tmp_path):
     assert names == sorted([f"dpsgd/L100-E1-eps1-lr{lr}-s{s}" for lr in (0.1, 0.5) for s in (0, 1)]
                            + [f"sgd/L100-E1-nonprivate-lr{lr}-s{s}" for lr in (0.1, 0.5) for s in (0, 1)])
     assert snapshot.main([str(config), "--out", str(tmp_path / "none"), "--results", str(tmp_path / "empty")]) == 1
+    with pytest.raises(SystemExit, match=r"`dpbench aggregate` failed .*not complete, do not commit it"):
+        snapshot.main([str(config), "--out", str(tmp_path / "out")])  # the complete runs are not Parquet
+    assert not (tmp_path / "out" / "README.md").exists()
 
 
 def test_a_comparison_is_every_configuration_of_an_optimizer_eps_and_mode(tmp_path):
