@@ -3,7 +3,7 @@ dpbench's DP-SGD step (``dpsgd``) against the non-private step (``sgd``) of the 
 every mode's DP step against the ``full`` DP step; and the peak memory of a full and a LoRA step.
 
 Model: P6's (``TransformerClassifier``, P4's default dims, 40 classes) built as a run builds it,
-``harness.build_model(problem, seed, "cpu", checkpoint, Finetune(mode))``, from a checkpoint
+``harness.build_model(problem, seed, "cpu", checkpoint, modes.parse(mode))``, from a checkpoint
 object made here from a randomly initialised ``TransformerLM`` state dict: a step's time does not
 depend on the weights' values, only on which are trained. Batches: ``--batch-size`` (64)
 records each, the same fixed-size batches for every configuration, drawn without replacement from
@@ -50,7 +50,7 @@ from dpbench.optimizers.base import Context
 from dpbench.privacy.clipping import Clipping, NoClipping
 from dpbench.problems import get_problem, modes, tokenizer
 from dpbench.problems.finetune import trainable_count
-from dpbench.problems.modes import Finetune
+from dpbench.problems.architectures import DEFAULT_DIMS
 from dpbench.problems.transformer import TransformerLM
 from dpbench.training.harness import build_model
 
@@ -63,8 +63,8 @@ def checkpoint(seed: int = 0) -> SimpleNamespace:
     of the default dims: what ``finetune.from_checkpoint`` reads of a pretrained one."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        state = TransformerLM(**modes.DEFAULT_DIMS).state_dict()
-    return SimpleNamespace(state_dict=state, model_dims=dict(modes.DEFAULT_DIMS), path=None, sha256=None,
+        state = TransformerLM(**DEFAULT_DIMS).state_dict()
+    return SimpleNamespace(state_dict=state, model_dims=dict(DEFAULT_DIMS), path=None, sha256=None,
                            recipe={"random": True})
 
 
@@ -80,7 +80,7 @@ def records(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, str]:
     except Exception as error:  # noqa: BLE001 -- any missing or damaged file: generated records instead
         words = ["the", "a", "of", "computer", "love", "never", "is", "and", "to", "you", "will", "be", "fortune"]
         texts = [" ".join(rng.choice(words, size=int(rng.integers(3, 40)))) for _ in range(n)]
-        x = tokenizer.encode_records(texts, modes.DEFAULT_DIMS["context"])
+        x = tokenizer.encode_records(texts, DEFAULT_DIMS["context"])
         y = rng.integers(0, len(problem.facts.classes), size=n)
         source = f"generated text (fortunes unavailable: {error})"
     return problem.task.preprocess(x), torch.as_tensor(y, dtype=torch.int64), source
@@ -90,7 +90,7 @@ def build_step(mode: str, name: str, L: int, n_train: int, ckpt):
     """Optimizer ``name``'s step on P6's model in ``mode`` (seed 0), as the harness builds it
     (sigma = 1, C = 1, the default hyperparameters); and the model."""
     problem, spec = get_problem(PROBLEM), get_optimizer(name)
-    model = build_model(problem, 0, "cpu", ckpt, Finetune(mode))
+    model = build_model(problem, 0, "cpu", ckpt, modes.parse(mode))
     request = PlanRequest(n_train, L, 1, hyperparameters=spec.hyperparameters(None), target_epsilon=8.0, delta=1e-5)
     plan = spec.mechanism.plan(request)
     gen = torch.Generator().manual_seed(1)

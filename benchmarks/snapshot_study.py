@@ -33,7 +33,7 @@ from dpbench.pipeline.jobs import figure_options, load_jobs
 def comparison(cell) -> tuple:
     """What a cell is compared as: its cell less the candidates' axes (learning rate, batch size,
     epochs, hyperparameters, seed), over which the fine-tuning figures choose per (optimizer, ε, mode)."""
-    return (cell.problem, cell.optimizer, cell.epsilon, cell.finetune, cell.lora_rank)
+    return (cell.problem, cell.optimizer, cell.epsilon, None if cell.start is None else cell.start.label)
 
 
 def run_path(jobs, results: Path, cell_id: str) -> Path:

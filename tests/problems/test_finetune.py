@@ -19,9 +19,10 @@ from dpbench.optimizers import OPTIMIZERS
 from dpbench.optimizers.base import Context
 from dpbench.privacy.clipping import Clipping, NoClipping
 from dpbench.privacy.per_sample import Tape, trainable_layers
-from dpbench.problems import facts, get_problem, language, modes, tokenizer
+from dpbench.problems import architectures, facts, get_problem, language, modes, tokenizer
+from dpbench.problems.architectures import transformer_lm
 from dpbench.problems.finetune import LoRALinear, start_record
-from dpbench.problems.modes import Finetune, trainable_parameters
+from dpbench.problems.modes import Bias, Full, Head, LastBlock, LoRA
 from dpbench.problems.transformer import TransformerLM
 from dpbench.training.harness import build_model
 
@@ -30,8 +31,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 from conftest import stand_in_checkpoint  # noqa: E402
 
 TINY = {"vocab_size": 258, "context": 16, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_mlp": 32}
-MODES = [Finetune("full"), Finetune("last-block"), Finetune("lora", 4), Finetune("bias")]
-MODE_IDS = [f.mode for f in MODES]
+MODES = [Full(), LastBlock(), LoRA(4), Bias(), Head()]
+MODE_IDS = [f.name for f in MODES]
+
+
+def trainable_parameters(dims, head, mode):
+    """d from the architecture's table (the torch-free count the grid uses)."""
+    arch = transformer_lm(dims, head)
+    return arch.total if mode is None else mode.trainable_parameters(arch)
 
 
 def checkpoint(dims=TINY, seed=0):
@@ -56,21 +63,21 @@ def trainable_names(model):
 
 def test_default_dims_are_the_transformers():
     sig = inspect.signature(TransformerLM)
-    assert modes.DEFAULT_DIMS == {k: v.default for k, v in sig.parameters.items()}
+    assert architectures.DEFAULT_DIMS == {k: v.default for k, v in sig.parameters.items()}
 
 
 @pytest.mark.parametrize("problem", ["P5", "P6"])
 @pytest.mark.parametrize("dims", [TINY, {}], ids=["tiny", "default"])
-@pytest.mark.parametrize("finetune", MODES + [Finetune("lora"), Finetune("lora", 1), None],
+@pytest.mark.parametrize("finetune", MODES + [LoRA(), LoRA(1), None],
                          ids=MODE_IDS + ["lora-default-rank", "lora-1", "none"])
 def test_trainable_count_is_the_built_models(problem, dims, finetune):
     spec = get_problem(problem)
-    model = build_model(spec, 0, "cpu", checkpoint({**modes.DEFAULT_DIMS, **dims}), finetune)
+    model = build_model(spec, 0, "cpu", checkpoint({**architectures.DEFAULT_DIMS, **dims}), finetune)
     d = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert d == facts(problem).trainable(dims, finetune)
     head = None if problem == "P5" else len(facts(problem).classes)
     assert d == trainable_parameters(dims, head, finetune)
-    if finetune is None or finetune.mode == "full":
+    if finetune is None or finetune.name == "full":
         assert d == sum(p.numel() for p in model.parameters())
         if not dims:
             assert d == facts(problem).parameters  # the catalog's d is the full model's
@@ -78,9 +85,8 @@ def test_trainable_count_is_the_built_models(problem, dims, finetune):
 
 def test_default_counts_pinned():
     """P4's default dimensions (d_model 128, 4 layers, vocab 258), P6's head of 40 classes."""
-    counts = {(p, f.mode, f.lora_rank): facts(p).trainable({}, f) for p in ("P5", "P6")
-              for f in (Finetune("full"), Finetune("last-block"), Finetune("lora"), Finetune("lora", 4),
-                        Finetune("bias"))}
+    counts = {(p, f.name, getattr(f, "rank", None)): facts(p).trainable({}, f) for p in ("P5", "P6")
+              for f in (Full(), LastBlock(), LoRA(), LoRA(4), Bias(), Head())}
     # lora: per block r (4 (128 + 128) + (128 + 512) + (512 + 128)) = 2304 r; bias: per block
     # 2*128 + 4*128 + 512 + 128 = 1408, 4 blocks + the final LayerNorm's 128
     assert counts == {
@@ -89,13 +95,14 @@ def test_default_counts_pinned():
         ("P6", "full", None): 847_912, ("P6", "last-block", None): 198_272 + 256 + 5160,
         ("P6", "lora", 16): 4 * 2304 * 16 + 5160, ("P6", "lora", 4): 4 * 2304 * 4 + 5160,
         ("P6", "bias", None): 4 * 1408 + 128 + 5160,
+        ("P5", "head", None): 33_282, ("P6", "head", None): 5160,
     }
 
 
 @pytest.mark.parametrize("problem", ["P5", "P6"])
 def test_each_mode_trains_its_set(problem):
     new_head = {"head.weight", "head.bias"} if problem == "P6" else set()
-    built = {f.mode: build_model(get_problem(problem), 0, "cpu", checkpoint(), f) for f in MODES}
+    built = {f.name: build_model(get_problem(problem), 0, "cpu", checkpoint(), f) for f in MODES}
     everything = {n for n, _ in built["full"].named_parameters()}
     assert trainable_names(built["full"]) == everything
     assert trainable_names(built["last-block"]) == {n for n in everything
@@ -112,6 +119,21 @@ def test_each_mode_trains_its_set(problem):
     assert next(m for m in lora.modules() if isinstance(m, LoRALinear)).scale == modes.LORA_ALPHA / 4
     bias = {n for n in everything if n.endswith(".bias")} | new_head
     assert trainable_names(built["bias"]) == bias and "ln_f.bias" in bias and "blocks.0.ln1.bias" in bias
+    assert trainable_names(built["head"]) == {"head.weight", "head.bias"}
+
+
+@pytest.mark.parametrize("problem", ["P5", "P6"])
+@pytest.mark.parametrize("dims", [TINY, {}], ids=["tiny", "default"])
+def test_the_architecture_table_is_the_built_models(problem, dims):
+    """The torch-free table every mode counts over: the model's parameters, names, sizes and order."""
+    model = get_problem(problem).build_pretrained(architectures.dims_of(dims))
+    arch = facts(problem).architecture(dims)
+    assert list(arch.parameters) == [(n, p.numel()) for n, p in model.named_parameters()]
+    assert arch.total == sum(p.numel() for p in model.parameters())
+    for prefix in arch.blocks:
+        for name, d_in, d_out in arch.adapted:
+            layer = model.get_submodule(prefix + name)
+            assert (layer.in_features, layer.out_features) == (d_in, d_out)
 
 
 def test_lora_starts_as_the_pretrained_model_and_the_head_from_the_seed():
@@ -121,8 +143,8 @@ def test_lora_starts_as_the_pretrained_model_and_the_head_from_the_seed():
     pretrained.load_state_dict(ck.state_dict)
     for f in MODES:
         model = build_model(get_problem("P5"), 3, "cpu", ck, f)
-        assert torch.equal(model(x), pretrained(x)), f.mode  # every mode starts at the checkpoint
-    a, b, c = (build_model(get_problem("P6"), s, "cpu", ck, Finetune("lora", 4)) for s in (3, 3, 4))
+        assert torch.equal(model(x), pretrained(x)), f.name  # every mode starts at the checkpoint
+    a, b, c = (build_model(get_problem("P6"), s, "cpu", ck, LoRA(4)) for s in (3, 3, 4))
     assert torch.equal(a.head.weight, b.head.weight) and not torch.equal(a.head.weight, c.head.weight)
     assert torch.equal(a.blocks[0].attn.q.lora_a.weight, b.blocks[0].attn.q.lora_a.weight)
     assert torch.equal(a.tok_emb.weight, ck.state_dict["tok_emb.weight"])
@@ -130,13 +152,13 @@ def test_lora_starts_as_the_pretrained_model_and_the_head_from_the_seed():
 
 def test_start_record():
     ck = checkpoint()
-    model = build_model(get_problem("P5"), 0, "cpu", ck, Finetune("lora", 4))
-    rec = start_record(ck, Finetune("lora", 4), model)
+    model = build_model(get_problem("P5"), 0, "cpu", ck, LoRA(4))
+    rec = start_record(ck, LoRA(4), model)
     assert rec["kind"] == "public checkpoint" and rec["checkpoint_sha256"] == "ab" * 32
     assert rec["recipe"] == "wordnet-lm" and rec["pretraining_epsilon"] == 0.0
     assert (rec["mode"], rec["lora_rank"], rec["lora_alpha"]) == ("lora", 4, 16)
     # 2 blocks of r (4 (16 + 16) + (16 + 32) + (32 + 16)) adapter weights, r = 4
-    assert rec["trainable_parameters"] == trainable_parameters(TINY, None, Finetune("lora", 4)) == 2 * 4 * 224
+    assert rec["trainable_parameters"] == trainable_parameters(TINY, None, LoRA(4)) == 2 * 4 * 224
     scratch = start_record(None, None, build_model(get_problem("P4"), 0, "cpu"))
     assert scratch["kind"] == "scratch" and scratch["trainable_parameters"] == 876_034 == scratch["parameters"]
 
@@ -144,21 +166,23 @@ def test_start_record():
 # -- refusals -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("make,match", [
-    (lambda: Finetune("adapters"), "finetune mode 'adapters' is unknown"),
-    (lambda: Finetune("lora", 0), "finetune lora_rank must be an integer >= 1"),
-    (lambda: Finetune("bias", 4), "finetune lora_rank=4 is given with mode 'bias'"),
-    (lambda: modes.check(Finetune("lora", 17), TINY),
+    (lambda: modes.parse("adapters"), "finetune mode 'adapters' is unknown"),
+    (lambda: LoRA(0), "finetune lora_rank must be an integer >= 1"),
+    (lambda: modes.parse("lora", lora_rank=0), "finetune lora_rank must be an integer >= 1"),
+    (lambda: modes.parse("bias", lora_rank=4), "finetune lora_rank=4 is given with mode 'bias'"),
+    (lambda: LoRA(17).check(transformer_lm(TINY, None)),
      r"finetune lora_rank=17 exceeds the width 16 of layer blocks.\*.attn.q"),
-    (lambda: modes.check(Finetune("lora", 17), {**TINY, "d_model": 32, "d_mlp": 16}),
+    (lambda: LoRA(17).check(transformer_lm({**TINY, "d_model": 32, "d_mlp": 16}, None)),
      r"finetune lora_rank=17 exceeds the width 16 of layer blocks.\*.mlp.0"),
-    (lambda: build_model(get_problem("P5"), 0, "cpu", checkpoint(), Finetune("lora", 17)), "lora_rank=17 exceeds"),
-    (lambda: build_model(get_problem("P4"), 0, "cpu", checkpoint(), Finetune("lora", 4)),
+    (lambda: build_model(get_problem("P5"), 0, "cpu", checkpoint(), LoRA(17)), "lora_rank=17 exceeds"),
+    (lambda: build_model(get_problem("P4"), 0, "cpu", checkpoint(), LoRA(4)),
      "finetune mode 'lora': problem P4 trains from scratch"),
-    (lambda: build_model(get_problem("P4"), 0, "cpu", None, Finetune("full")),
-     "finetune mode 'full': problem P4 trains from scratch"),
-    (lambda: facts("P2").trainable({}, Finetune("bias")), "finetune mode 'bias': problem P2 trains from scratch"),
-    (lambda: build_model(get_problem("P5"), 0, "cpu", None, Finetune("bias")), "finetune mode 'bias': no checkpoint"),
-    (lambda: modes.dims_of({"width": 3}), "model dimension 'width'"),
+    (lambda: build_model(get_problem("P4"), 0, "cpu", None, Full()),
+     "finetune mode 'full': no public start given; problem P4 trains from scratch"),
+    (lambda: facts("P2").trainable({}, Bias()), "finetune mode 'bias': problem P2 trains from scratch"),
+    (lambda: build_model(get_problem("P5"), 0, "cpu", None, Bias()), "finetune mode 'bias': no public start"),
+    (lambda: architectures.dims_of({"width": 3}), "model dimension 'width'"),
+    (lambda: modes.register_mode(Full), "mode 'full' is already registered"),
 ])
 def test_refusals_name_the_key(make, match):
     with pytest.raises(ValueError, match=match) as info:
@@ -210,12 +234,12 @@ def test_per_sample_gradients_of_trainable_parameters_match_autograd(finetune):
     assert set(summed) == set(params)  # nothing formed for a frozen parameter
     torch.testing.assert_close(torch.cat([summed[p].reshape(-1) for p in params]), coef @ want,
                                rtol=1e-10, atol=1e-12)
-    if finetune.mode == "bias":  # Linear and LayerNorm layers with a frozen weight and a trained bias
+    if finetune.name == "bias":  # Linear and LayerNorm layers with a frozen weight and a trained bias
         frozen_weight = [m for m in tape.layers
                          if isinstance(m, (nn.Linear, nn.LayerNorm)) and not m.weight.requires_grad]
         # per block 2 LayerNorms and 6 Linear layers; ln_f; the head
         assert len(frozen_weight) == 2 * 8 + 2 and all(m.bias.requires_grad for m in frozen_weight)
-    if finetune.mode == "lora":
+    if finetune.name == "lora":
         assert all(type(m) is nn.Linear and not m.bias for m in tape.layers if m is not model.head)
 
 
@@ -293,9 +317,9 @@ def test_a_step_changes_exactly_the_trainable_parameters(name, finetune, cache_d
         if n in moot:
             continue
         if n in trained:
-            assert not torch.equal(p, before[n]), f"{name} {finetune.mode}: trainable {n} did not change"
+            assert not torch.equal(p, before[n]), f"{name} {finetune.name}: trainable {n} did not change"
         else:
-            assert torch.equal(p, before[n]), f"{name} {finetune.mode}: frozen {n} changed"
+            assert torch.equal(p, before[n]), f"{name} {finetune.name}: frozen {n} changed"
     with torch.no_grad():
         assert not torch.equal(model(x), out_before)  # the updates reach the model's output
     # d of the mechanisms is the trainable count

@@ -17,7 +17,7 @@ from dpbench.data.image_datasets import DataError
 from dpbench.privacy.per_sample import Tape
 from dpbench.problems import catalog, facts, get_problem, language, text_classification, tokenizer
 from dpbench.problems.finetune import LoRALinear
-from dpbench.problems.modes import Finetune
+from dpbench.problems.modes import Bias, Full, LastBlock, LoRA
 from dpbench.problems.text_classification import TransformerClassifier
 from dpbench.problems.transformer import TransformerLM
 from dpbench.training.config import RunConfig
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 from conftest import stand_in_checkpoint  # noqa: E402
 
 TINY = {"vocab_size": 258, "context": 128, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_mlp": 32}
-MODES = [Finetune("full"), Finetune("last-block"), Finetune("lora", 4), Finetune("bias")]
+MODES = [Full(), LastBlock(), LoRA(4), Bias()]
 
 
 def checkpoint(dims=TINY, seed=0):
@@ -59,7 +59,7 @@ def test_only_p5_and_p6_start_from_the_public_checkpoint():
 def test_p5_is_p4s_task_on_p4s_data():
     p4, p5 = get_problem("P4"), get_problem("P5")
     assert type(p5.task) is type(p4.task) and p5.load is p4.load and p5.build is p4.build
-    model = build_model(p5, 0, "cpu", checkpoint(), Finetune("full"))
+    model = build_model(p5, 0, "cpu", checkpoint(), Full())
     pretrained = TransformerLM(**TINY)
     pretrained.load_state_dict(checkpoint().state_dict)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), pretrained.state_dict().values()))
@@ -137,7 +137,7 @@ def test_padding_changes_no_logit():
                                rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("finetune", MODES, ids=[f.mode for f in MODES])
+@pytest.mark.parametrize("finetune", MODES, ids=[f.name for f in MODES])
 def test_p6_per_sample_gradients_match_autograd_one_by_one(finetune):
     problem = get_problem("P6")
     model = build_model(problem, 1, "cpu", checkpoint(), finetune).double()
@@ -171,27 +171,28 @@ def test_a_p5_run_from_a_checkpoint_measures_exposure_as_p4(files, monkeypatch):
     monkeypatch.setattr(language, "DIGITS", 3)
     data_dir, _ = files
     cfg = RunConfig(problem="P5", optimizer="dpsgd", lr=0.5, batch_size=16, epochs=1, seed=0, epsilon=10.0,
-                    data_dir=str(data_dir), max_steps=3)
+                    data_dir=str(data_dir), max_steps=3, finetune="lora", lora_rank=4, pretrained="stand-in.pt")
     ck = checkpoint()
-    meta = run_cell(cfg, pretrained=ck, finetune=Finetune("lora", 4)).meta
+    meta = run_cell(cfg, pretrained=ck).meta
     start = meta["start"]
     assert start["kind"] == "public checkpoint" and start["checkpoint_sha256"] == "cd" * 32
     assert start["recipe"] == "wordnet-lm" and start["pretraining_epsilon"] == 0.0
     assert (start["mode"], start["lora_rank"]) == ("lora", 4)
-    assert start["trainable_parameters"] == facts("P5").trainable(TINY, Finetune("lora", 4)) == 2 * 4 * 224
+    assert start["trainable_parameters"] == facts("P5").trainable(TINY, LoRA(4)) == 2 * 4 * 224
     assert meta["data"]["n_train"] == facts("P5").n_train() - facts("P5").train_size + len(
         fortunes.load(data_dir).train)  # canaries counted in N as for P4
     assert len(meta["memorisation"]["canaries"]) == 12 and meta["privacy"]["epsilon"] <= 10.0
-    scratch = run_cell(RunConfig(**{**vars(cfg), "problem": "P4"})).meta
+    scratch = run_cell(RunConfig(**{**vars(cfg), "problem": "P4", "finetune": None, "lora_rank": None,
+                                    "pretrained": None})).meta
     assert scratch["start"]["kind"] == "scratch" and scratch["start"]["trainable_parameters"] == 876_034
 
 
 def test_a_p6_run_from_a_checkpoint_reports_accuracy(files):
     data_dir, _ = files
     cfg = RunConfig(problem="P6", optimizer="dpadamw", lr=1e-3, batch_size=16, epochs=1, seed=0, epsilon=3.0,
-                    data_dir=str(data_dir), max_steps=3)
-    res = run_cell(cfg, pretrained=checkpoint(), finetune=Finetune("bias"))
+                    data_dir=str(data_dir), max_steps=3, finetune="bias", pretrained="stand-in.pt")
+    res = run_cell(cfg, pretrained=checkpoint())
     test = res.metrics[res.metrics.split == "test"]
     assert len(test) == 1 and 0.0 <= test.accuracy.iloc[0] <= 1.0
-    assert res.meta["start"]["trainable_parameters"] == facts("P6").trainable(TINY, Finetune("bias"))
+    assert res.meta["start"]["trainable_parameters"] == facts("P6").trainable(TINY, Bias())
     assert res.meta["problem"]["task"] == "classification"

@@ -126,13 +126,14 @@ def test_runs_table_says_where_each_run_started(tmp_path):
     (P6) is the "scratch" twin; a from-scratch P4 run has no fine-tuning mode; and a run file
     written before the section existed still aggregates, with None there."""
     from conftest import REPO
-    from dpbench.problems.modes import trainable_parameters, Finetune
+    from dpbench.problems.architectures import transformer_lm
+    from dpbench.problems.modes import LoRA
     from dpbench.reporting.aggregate import aggregate_runs
 
     source = REPO / "benchmarks" / "results" / "lm" / "study" / "runs" / "P4" / "dpsgd" / "L64-E1-eps1-lr1-s0.parquet"
     metrics, meta = results.read_run(source)
     assert "start" not in meta  # recorded before runs named their start
-    d = trainable_parameters(None, 40, Finetune("lora", 8))
+    d = LoRA(8).trainable_parameters(transformer_lm(None, 40))
     public = {"kind": "public checkpoint", "checkpoint": "pretrained/wordnet-lm.pt", "checkpoint_sha256": "ab" * 32,
               "recipe": {"corpus": "wordnet"}, "pretraining_epsilon": 0.0, "mode": "lora", "lora_rank": 8,
               "lora_alpha": 16, "trainable_parameters": d, "parameters": 847_912 + d}

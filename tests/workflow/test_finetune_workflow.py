@@ -22,7 +22,8 @@ from dpbench.pipeline.grid import ConfigError, expand, validate
 from dpbench.pipeline.jobs import load_jobs, plan
 from dpbench.problems import facts, get_problem
 from dpbench.problems.finetune import from_checkpoint, trainable_count
-from dpbench.problems.modes import DEFAULT_LORA_RANK, Finetune
+from dpbench.problems import modes
+from dpbench.problems.modes import DEFAULT_LORA_RANK, LoRA, Start
 from dpbench.problems.transformer import TransformerLM
 from dpbench.reporting.results import read_meta
 from dpbench.training.recipes import RECIPES, checkpoint_name, from_json
@@ -54,7 +55,7 @@ def test_modes_scratch_and_ranks_are_axes_of_a_block_with_their_id_parts():
                    for part in ("ftfull", "ftlora4", "ftlora8", "ftscratch", "ftbias")}
     by_id = {c.id: c for c in cells}
     lora = by_id["P6/dpsgd/L16-E1-eps1-lr0.5-ftlora8-s0"]
-    assert (lora.finetune, lora.lora_rank, lora.recipe) == ("lora", 8, RECIPES["wordnet-lm"])
+    assert (lora.start, lora.recipe) == (Start(LoRA(8)), RECIPES["wordnet-lm"])
     run = lora.run_config({})
     assert (run.finetune, run.lora_rank, run.pretrained) == ("lora", 8, None)  # the checkpoint: Jobs gives it
     assert run.to_args()[-10:-6] == ["--finetune", "lora", "--lora-rank", "8"]  # then --delta, --clip-norm, ...
@@ -68,13 +69,13 @@ def test_modes_scratch_and_ranks_are_axes_of_a_block_with_their_id_parts():
 def test_a_pretrained_problem_without_the_key_fine_tunes_in_full_and_p1_to_p4_have_no_part():
     cells = cells_of(block(problems=["P4", "P6"]))
     assert [c.id for c in cells] == ["P4/dpsgd/L16-E1-eps1-lr0.5-s0", "P6/dpsgd/L16-E1-eps1-lr0.5-ftfull-s0"]
-    assert cells[0].finetune is None and cells[0].trainable_parameters == facts("P4").parameters
-    assert cells[1].finetune == "full" and cells[1].run_config({}).lora_rank is None
+    assert cells[0].start is None and cells[0].trainable_parameters == facts("P4").parameters
+    assert cells[1].start == Start(modes.Full()) and cells[1].run_config({}).lora_rank is None
 
 
 def test_a_lora_cell_gets_the_default_rank_in_its_id():
     (cell,) = cells_of(block(finetune=["lora"]))
-    assert cell.lora_rank == DEFAULT_LORA_RANK and cell.id.endswith(f"-ftlora{DEFAULT_LORA_RANK}-s0")
+    assert cell.start.mode.rank == DEFAULT_LORA_RANK and cell.id.endswith(f"-ftlora{DEFAULT_LORA_RANK}-s0")
 
 
 # The ids and command lines of the configs run before fine-tuning existed, as the grid wrote them
@@ -100,7 +101,7 @@ def test_existing_ids_and_command_lines_are_unchanged(name, capsys):
      "config key grid.0.finetune: problem P4 trains from scratch (its facts name no pretraining recipe)"),
     ({"problems": ["P4", "P6"], "lora_ranks": [4]}, {}, "config key grid.0.lora_ranks: problem P4 trains from scratch"),
     ({"finetune": ["full"], "lora_ranks": [4]}, {},
-     "config key grid.0.lora_ranks: ranks belong to mode lora, which grid.0.finetune (full) does not train"),
+     "config key grid.0.lora_ranks: lora_ranks belong to mode lora, which grid.0.finetune (full) does not train"),
     ({"finetune": ["lora"], "lora_ranks": [129]}, {},
      "config key grid.0.lora_ranks.0: finetune lora_rank=129 exceeds the width 128 of layer blocks.*.attn.q"),
     ({"finetune": ["lora"], "lora_ranks": [40]}, {"pretrain": {"recipe": "tiny", "fields": {"context": 128}}},
@@ -136,7 +137,7 @@ def test_the_tiny_configs_recipe_names_its_checkpoint_and_the_rule_gets_its_fiel
     assert [rule for rule, _ in listing].count("train") == 4
     for cell in jobs.cells.values():
         args = jobs.train_args(cell)
-        assert f"--pretrained {path} " in args + " " and f"--finetune {cell.finetune}" in args
+        assert f"--pretrained {path} " in args + " " and f"--finetune {cell.start.mode.name}" in args
 
 
 # -- d of a fine-tuning cell -----------------------------------------------------------------------
@@ -155,7 +156,7 @@ def test_a_dense_matrix_mechanisms_noise_file_is_as_wide_as_the_parameters_the_m
     if cell.fine_tunes:
         state = TransformerLM(**TINY128.model_dims).state_dict()
         ck = type("Checkpoint", (), {"state_dict": state, "model_dims": TINY128.model_dims})
-        built = trainable_count(from_checkpoint(problem, ck, Finetune(cell.finetune, cell.lora_rank)))
+        built = trainable_count(from_checkpoint(problem, ck, cell.start.mode))
     else:
         built = sum(p.numel() for p in problem.build().parameters())
     noise = jobs.cache_files(cell)["noise"]
@@ -199,18 +200,18 @@ TRAIN = ["train", "--optimizer", "dpsgd", "--lr", "0.5", "--batch-size", "16", "
     (["--problem", "P6", "--finetune", "full"],
      "argument --finetune: mode 'full' fine-tunes a checkpoint: give --pretrained (dpbench pretrain makes one)"),
     (["--problem", "P6", "--pretrained", "{ck}"],
-     "argument --pretrained: a checkpoint is fine-tuned in a mode: give --finetune (full, last-block, lora, bias)"),
+     "argument --pretrained: a checkpoint is fine-tuned in a mode: give --finetune (full, last-block, lora, bias, head)"),
     (["--problem", "P4", "--finetune", "full", "--pretrained", "{ck}"],
      "argument --finetune: finetune mode 'full': problem P4 trains from scratch (no pretrained checkpoint)"),
     (["--problem", "P6", "--finetune", "full", "--lora-rank", "4", "--pretrained", "{ck}"],
-     "argument --lora-rank: a rank belongs to --finetune lora, not to 'full'"),
-    (["--problem", "P6", "--lora-rank", "4"], "argument --lora-rank: a rank belongs to --finetune lora, not to no mode"),
+     "argument --lora-rank: finetune lora_rank=4 is given with mode 'full'; it belongs to mode 'lora' only"),
+    (["--problem", "P6", "--lora-rank", "4"], "argument --lora-rank: it belongs to --finetune lora, not to no mode"),
     (["--problem", "P6", "--finetune", "lora", "--lora-rank", "33", "--pretrained", "{ck}"],
      "argument --lora-rank: finetune lora_rank=33 exceeds the width 32 of layer blocks.*.attn.q (32 -> 32)"),
     (["--problem", "P6", "--finetune", "lora", "--lora-rank", "0", "--pretrained", "{ck}"],
      "argument --lora-rank: expected a positive integer, got '0'"),
     (["--problem", "P6", "--finetune", "lowrank", "--pretrained", "{ck}"], 
-     "argument --finetune: expected one of full, last-block, lora, bias, got 'lowrank'"),
+     "argument --finetune: expected one of full, last-block, lora, bias, head, got 'lowrank'"),
     (["--problem", "P6", "--finetune", "bias", "--pretrained", "{damaged}"],
      "argument --pretrained: pretrained checkpoint {damaged} is damaged or swapped"),
     (["--problem", "P6", "--finetune", "bias", "--pretrained", "{short}"],
@@ -302,7 +303,7 @@ def test_the_tiny_finetune_workflow_end_to_end(tmp_path):
         assert start["kind"] == "public checkpoint" and start["pretraining_epsilon"] == 0.0
         assert start["checkpoint_sha256"] == sidecar["sha256"] and start["recipe"] == "tiny"
         assert Path(start["checkpoint"]).name == checkpoint.name
-        mode = Finetune(start["mode"], start["lora_rank"] if start["mode"] == "lora" else None)
+        mode = modes.parse(start["mode"], lora_rank=start["lora_rank"])
         assert start["trainable_parameters"] == facts(problem).trainable(TINY128.model_dims, mode)
         assert meta["config"]["finetune"] == start["mode"] and meta["privacy"]["epsilon"] <= 10.0
         assert meta["result"]["status"] == "completed"
@@ -319,8 +320,8 @@ def test_the_docs_table_of_modes_states_each_modes_d():
     """docs/finetune.md, "Fine-tuning runs": d of each mode for P5 and P6 at wordnet-lm's dims."""
     page = (REPO / "docs" / "finetune.md").read_text().split("## Fine-tuning runs", 1)[1]
     rows = re.findall(r"^\| `([\w-]+)` \|.*\| ([\d,]+) / ([\d,]+)(?: \(r = 16\))? \|$", page, re.M)
-    assert [r[0] for r in rows] == ["full", "last-block", "lora", "bias"]
+    assert [r[0] for r in rows] == list(modes.MODES)
     dims = RECIPES["wordnet-lm"].model_dims
     for mode, p5, p6 in rows:
         assert (int(p5.replace(",", "")), int(p6.replace(",", ""))) == (
-            facts("P5").trainable(dims, Finetune(mode)), facts("P6").trainable(dims, Finetune(mode))), mode
+            facts("P5").trainable(dims, modes.parse(mode)), facts("P6").trainable(dims, modes.parse(mode))), mode

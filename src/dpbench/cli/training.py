@@ -70,9 +70,8 @@ def cmd_train(args) -> int:
         cfg.validate(spec)
     except SettingError as exc:
         raise ValueError(exc.as_given(lambda name: flag_of(RunConfig, name), "argument ")) from None
-    pretrained = None
-    if cfg.pretrained is not None:  # verified against its sidecar; its dimensions bound LoRA's rank
-        pretrained = load_public_checkpoint(cfg.pretrained)
+    pretrained = load_public_start(cfg)
+    if pretrained is not None:  # verified; its dimensions bound LoRA's rank
         try:
             cfg.check_finetune(pretrained.model_dims)
         except SettingError as exc:
@@ -85,7 +84,7 @@ def cmd_train(args) -> int:
     if pretrained is not None:
         code_key += f"-start{pretrained.sha256[:16]}"
     result = run(cfg, spec, checkpoint=checkpoint, checkpoint_every_s=args.checkpoint_every, code_key=code_key,
-                 pretrained=pretrained, finetune=cfg.finetuning)
+                 pretrained=pretrained)
     result.meta["run_id"] = args.run_id or Path(args.out).stem
     write_run(args.out, result.metrics, result.meta)
     Path(checkpoint).unlink(missing_ok=True)  # the run file now holds everything
@@ -96,6 +95,14 @@ def cmd_train(args) -> int:
     if p.get("caveat"):  # e.g. "not a valid DP guarantee: ..." (dpdice, D2P2's paper mode)
         _LOG.warning(f"privacy caveat: {p['caveat']}")
     return 0
+
+
+def load_public_start(cfg):
+    """The public start a run fine-tunes (None: it trains from random initialisation): the
+    ``--pretrained`` checkpoint (``load_public_checkpoint``), verified before any data is read."""
+    if cfg.finetune is None:
+        return None
+    return load_public_checkpoint(cfg.pretrained)
 
 
 def load_public_checkpoint(path: str):

@@ -27,7 +27,7 @@ from dpbench.pipeline import blocks, catalog, searches
 from dpbench.pipeline.blocks import BLOCK_SETTINGS, block_settings, check_train_data  # noqa: F401
 from dpbench.pipeline.starts import CONTEXT, SCRATCH, pretrain_recipe, starts_of  # noqa: F401
 from dpbench.problems import facts
-from dpbench.problems.modes import Finetune
+from dpbench.problems.modes import Start
 from dpbench.training.config import RunConfig
 from dpbench.training.recipes import Recipe
 
@@ -59,11 +59,11 @@ class Cell:
     seed: int
     hyperparameters: tuple[tuple[str, Any], ...] = ()
     tuning: tuple[tuple[str, Any], ...] = ()  # a search's candidate (pipeline.searches): its pairs
-    # a problem that starts from a public checkpoint (its facts name a recipe): the fine-tuning
-    # mode (dpbench.problems.modes), or SCRATCH, its twin trained from random initialisation;
-    # None for the problems that train from scratch only (P1-P4), whose ids have no -ft part
-    finetune: str | None = None
-    lora_rank: int | None = None  # mode lora's r
+    # a problem that starts from a public checkpoint (its facts name one): where the cell starts
+    # (dpbench.problems.modes.Start: a fine-tuning mode, or its twin trained from random
+    # initialisation); None for the problems that train from scratch only (P1-P4), whose ids
+    # have no -ft part
+    start: Start | None = None
     recipe: Recipe | None = None  # the pretraining recipe of the checkpoint a fine-tuning cell reads
     # its block's own values of BLOCK_SETTINGS where they differ from the config's train: section,
     # (key, value) pairs in BLOCK_SETTINGS' order; () where the cell's run takes train:'s values
@@ -89,26 +89,23 @@ class Cell:
 
     @property
     def finetune_part(self) -> str:
-        """The id's part of the start: ``-ft<mode>``, ``-ftlora<r>``, ``-ftscratch``; empty where none is set."""
-        if self.finetune is None:
-            return ""
-        return f"-ftlora{self.lora_rank}" if self.finetune == "lora" else f"-ft{self.finetune}"
+        """The id's part of the start (``Start.id_part``): ``-ftfull``, ``-ftlora16``, ``-ftscratch``; empty where none is set."""
+        return "" if self.start is None else self.start.id_part
 
     @property
     def fine_tunes(self) -> bool:
         """Whether the cell starts from a public checkpoint (a mode, not the scratch twin)."""
-        return self.finetune not in (None, SCRATCH)
+        return self.start is not None and self.start.public
 
     @property
     def trainable_parameters(self) -> int:
         """d, the parameters this cell trains, which a matrix mechanism's noise rows are as wide
-        as: under a fine-tuning mode, of the recipe's model (``ProblemFacts.trainable``); from
-        scratch, the problem's own model (``ProblemFacts.parameters``)."""
+        as: under a fine-tuning mode, of the public start's model (``ProblemFacts.trainable``);
+        from scratch, the problem's own model (``ProblemFacts.parameters``)."""
         f = facts(self.problem)
         if not self.fine_tunes:
             return f.parameters
-        return f.trainable(self.recipe.model_dims, Finetune(self.finetune, self.lora_rank))
-
+        return f.trainable(None if self.recipe is None else self.recipe.model_dims, self.start.mode)
 
     @property
     def dataset(self) -> str:
@@ -146,7 +143,7 @@ class Cell:
         return RunConfig(problem=self.problem, optimizer=self.optimizer, lr=self.lr, batch_size=self.batch_size,
                          epochs=self.epochs, seed=self.seed, epsilon=self.epsilon,
                          hyperparameters=dict(self.hyperparameters), tuning=dict(self.tuning) or None,
-                         finetune=self.finetune if self.fine_tunes else None, lora_rank=self.lora_rank,
+                         **(self.start.settings() if self.fine_tunes else Start().settings()),
                          **self.train_section(train))
 
     def train_args(self, train: dict[str, Any]) -> list[str]:

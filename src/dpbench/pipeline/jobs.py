@@ -97,7 +97,7 @@ class Jobs:
 
     def pretrained_of(self, cell: Cell) -> str | None:
         """The checkpoint a fine-tuning cell starts from; None for the others (its scratch twin too)."""
-        return self.pretrained_file(cell.recipe) if cell.fine_tunes else None
+        return self.pretrained_file(cell.recipe) if cell.fine_tunes and cell.recipe is not None else None
 
     def recipe_of(self, name: str, key: str):
         """The recipe of the checkpoint ``<name>-<key>``: the one the config's fine-tuning cells

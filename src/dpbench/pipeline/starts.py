@@ -1,8 +1,8 @@
 """Where a grid block's cells start: a problem that starts from a public checkpoint (its facts
 name a pretraining recipe: P5, P6) is trained once per fine-tuning mode of the block's
-``finetune`` (mode lora once per ``lora_ranks`` entry) and, with ``scratch``, as its twin from
-random initialisation; ``pretrain_recipe`` is the recipe of the checkpoint they read (the
-config's ``pretrain`` section over the problem's own)."""
+``finetune`` (``dpbench.problems.modes.starts``: mode lora once per ``lora_ranks`` entry) and,
+with ``scratch``, as its twin from random initialisation; ``pretrain_recipe`` is the recipe of
+the checkpoint they read (the config's ``pretrain`` section over the problem's own)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ from typing import Any
 
 from dpbench.pipeline.configfile import ConfigError, closest
 from dpbench.problems import facts
-from dpbench.problems.modes import DEFAULT_DIMS, DEFAULT_LORA_RANK, Finetune, check as check_mode
+from dpbench.problems import modes
+from dpbench.problems.architectures import DEFAULT_DIMS
 from dpbench.training.recipes import RECIPES, Recipe, from_json as recipe_from_json
 
 # the tokens a fine-tuning problem's model reads (P4's records: dpbench.problems.language.CONTEXT)
 CONTEXT = DEFAULT_DIMS["context"]
 # grid key finetune: the modes, and the twin of a fine-tuning problem trained from random initialisation
-SCRATCH = "scratch"
+SCRATCH = modes.SCRATCH
+# a block's keys of the modes' options: their values are lists (lora_ranks: each a start)
+OPTION_KEYS = {"lora_rank": "lora_ranks"}
 
 
 def pretrain_recipe(config: dict[str, Any], problem: str | None) -> Recipe:
@@ -51,35 +54,38 @@ def pretrain_recipe(config: dict[str, Any], problem: str | None) -> Recipe:
 
 
 def starts_of(config: dict[str, Any], block: dict[str, Any], where: str,
-              problem: str) -> list[tuple[str | None, int | None, Recipe | None]]:
-    """(finetune, lora_rank, recipe) of each start of a block's problem (``Cell``'s last fields):
-    its ``finetune`` modes (by default ``full``; ``scratch``: the twin from random
-    initialisation), mode lora once per ``lora_ranks`` entry (by default ``DEFAULT_LORA_RANK``);
-    a problem that starts from no checkpoint has one start, (None, None, None), and refuses the keys."""
-    modes_given, ranks = block.get("finetune"), block.get("lora_ranks")
+              problem: str) -> list[tuple[modes.Start | None, Recipe | None]]:
+    """(start, recipe) of each start of a block's problem (``Cell``'s last fields): its
+    ``finetune`` modes (by default ``full``; ``scratch``: the twin from random initialisation),
+    each once per value of its options (``lora_ranks``: by default the mode's own); a problem
+    that starts from no checkpoint has one start, (None, None), and refuses the keys."""
+    given = {setting: block.get(key) for setting, key in OPTION_KEYS.items()}
     if facts(problem).pretrained is None:
-        for key in ("finetune", "lora_ranks"):
+        for key in ("finetune", *OPTION_KEYS.values()):
             if block.get(key) is not None:
                 raise ConfigError(f"config key {where}.{key}: problem {problem} trains from scratch (its facts name "
                                   "no pretraining recipe); fine-tuning applies to problems that start from a public "
-                                  "checkpoint (P5, P6): give them a block of their own")
-        return [(None, None, None)]
-    modes_given = modes_given or ["full"]
-    if ranks is not None and "lora" not in modes_given:
-        raise ConfigError(f"config key {where}.lora_ranks: ranks belong to mode lora, which {where}.finetune "
-                          f"({', '.join(modes_given)}) does not train")
-    recipe = pretrain_recipe(config, problem)
-    starts = []
-    for mode in modes_given:
-        if mode == SCRATCH:
-            starts.append((SCRATCH, None, None))
-        elif mode == "lora":
-            for i, r in enumerate(ranks or [DEFAULT_LORA_RANK]):
-                try:
-                    check_mode(Finetune("lora", r), recipe.model_dims)
-                except ValueError as exc:
-                    raise ConfigError(f"config key {where}.lora_ranks.{i}: {exc} (recipe {recipe.name})") from None
-                starts.append(("lora", int(r), recipe))
-        else:
-            starts.append((mode, None, recipe))
-    return starts
+                                  "checkpoint (P5, P6, P7): give them a block of their own")
+        return [(None, None)]
+    names = block.get("finetune") or ["full"]
+    for setting, values in given.items():
+        owners = [n for n in names if n in modes.MODES and setting in modes.MODES[n].options.values()]
+        if values is not None and not owners:
+            owner = next(n for n, c in modes.MODES.items() if setting in c.options.values())
+            raise ConfigError(f"config key {where}.{OPTION_KEYS[setting]}: {OPTION_KEYS[setting]} belong to mode {owner}, which "
+                              f"{where}.finetune ({', '.join(names)}) does not train")
+    recipe = pretrain_recipe(config, problem) if facts(problem).family == "transformer-lm" else None
+    arch = facts(problem).architecture(recipe.model_dims if recipe else None) if recipe else None
+    out = []
+    for start in modes.starts(names, given):
+        if start.public and arch is not None:
+            try:
+                start.mode.check(arch)
+            except ValueError as exc:
+                key = next((k for s_, k in OPTION_KEYS.items() if s_ in str(exc)), "finetune")
+                values = given.get(next((s_ for s_, k in OPTION_KEYS.items() if k == key), ""), None) or []
+                index = next((i for i, v in enumerate(values) if f"={v} " in str(exc)), None)
+                raise ConfigError(f"config key {where}.{key}{'' if index is None else f'.{index}'}: {exc} "
+                                  f"(recipe {recipe.name})") from None
+        out.append((start, recipe if start.public else None))
+    return out

@@ -32,7 +32,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dpbench.problems.modes import Finetune, check, trainable_parameters
+from dpbench.problems.architectures import FAMILIES, Architecture
+from dpbench.problems.modes import Mode
 
 # Canaries (Carlini et al. 2019, arXiv:1802.08232): CANARIES_PER_REPEAT canaries for each
 # repetition count k (25 as in Gong, Pavliv & Peng; k = 0: never inserted, the reference), so a
@@ -126,8 +127,9 @@ class ProblemFacts:
     features: float
     gpu_s_per_example: float
     cpu_s_per_example: float
-    pretrained: str | None = None  # the public pretraining recipe it starts from (None: from scratch)
+    pretrained: str | None = None  # the public start: a pretraining recipe, or a catalogued encoder (None: from scratch)
     classes: tuple[str, ...] | None = None  # a classifier's class names, where they are public facts
+    family: str = "transformer-lm"  # the public start's model family (dpbench.problems.architectures.FAMILIES)
 
     def __post_init__(self):
         if not isinstance(self.id, str) or not _ID.fullmatch(self.id):
@@ -143,6 +145,8 @@ class ProblemFacts:
                 raise ValueError(f"problem {self.id!r}: {name} must be a positive number, got {value!r}")
         if self.pretrained is not None and not (isinstance(self.pretrained, str) and _ID.fullmatch(self.pretrained)):
             raise ValueError(f"problem {self.id!r}: pretrained must name a pretraining recipe, got {self.pretrained!r}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"problem {self.id!r}: family {self.family!r} is not one of {', '.join(FAMILIES)}")
 
     @property
     def metric(self) -> str:
@@ -153,13 +157,20 @@ class ProblemFacts:
         """Canary records a run adds to its training split (0 unless the task plants canaries)."""
         return PLANTED if task_facts(self.task).plants_canaries else 0
 
-    def trainable(self, model_dims: dict | None, finetune: Finetune | None) -> int:
-        """d of a run that fine-tunes this problem's model from a checkpoint of ``model_dims``
-        under ``finetune`` (``modes.trainable_parameters``; a classifier's head has one output per
-        class). A mode for a problem that starts from no checkpoint is refused."""
-        if finetune is not None and self.pretrained is None:
-            check(finetune, model_dims, pretrained=None, problem=self.id)
-        return trainable_parameters(model_dims, None if self.classes is None else len(self.classes), finetune)
+    def architecture(self, model_dims: dict | None) -> Architecture:
+        """The parameter table of this problem's model from a public start of ``model_dims``
+        (its family's; a classifier's head has one output per class)."""
+        return FAMILIES[self.family](model_dims, None if self.classes is None else len(self.classes))
+
+    def trainable(self, model_dims: dict | None, mode: Mode | None) -> int:
+        """d of a run that fine-tunes this problem's model from a start of ``model_dims`` under
+        ``mode`` (None: the whole model). A mode for a problem that starts from no checkpoint is
+        refused."""
+        if mode is not None and self.pretrained is None:
+            raise ValueError(f"finetune mode {mode.name!r}: problem {self.id} trains from scratch (no pretrained "
+                             "checkpoint); fine-tuning modes apply to problems that start from one")
+        arch = self.architecture(model_dims)
+        return arch.total if mode is None else mode.trainable_parameters(arch)
 
     def n_train(self, train_subset: int | None = None, validation_size: int = 0) -> int:
         """N of a run on the official data under a config's ``train_subset`` and ``validation_size``."""

@@ -1,16 +1,17 @@
 """A fine-tuning model: a problem's transformer loaded from a public checkpoint, with the
 parameters its mode trains (``dpbench.problems.modes``: which, how many, and the refusals).
 
-* ``from_checkpoint(problem, checkpoint, finetune)``: the problem's model of the checkpoint's
+* ``from_checkpoint(problem, checkpoint, mode)``: the problem's model of the checkpoint's
   dimensions (``Problem.build_pretrained``), the checkpoint's parameters loaded into it (every
   one the model has: a classifier drops the checkpoint's language-model head and keeps its own
   new one, initialised from the global RNG, which the harness seeds with the run's init stream),
-  then ``apply_mode``.
-* ``apply_mode(model, finetune, new_head)``: frozen = ``requires_grad`` False, so the per-sample
-  engine (``dpbench.privacy.per_sample``), Opacus and every update rule see only the trained
-  parameters (``Context.params``); LoRA wraps each adapted Linear in ``LoRALinear``, whose
-  adapters are plain ``nn.Linear`` layers (the per-sample rules and Opacus's grad samplers
-  apply to them unchanged).
+  then the mode applied (``Mode.apply``).
+* ``freeze(model, arch, trains)``: what every mode's ``apply`` does: frozen = ``requires_grad``
+  False, so the per-sample engine (``dpbench.privacy.per_sample``), Opacus and every update rule
+  see only the trained parameters (``Context.params``), after checking that the model's
+  parameters are the architecture's table (the count's source). ``add_adapters``: LoRA's,
+  wrapping each adapted Linear in ``LoRALinear``, whose adapters are plain ``nn.Linear`` layers
+  (the per-sample rules and Opacus's grad samplers apply to them unchanged).
 * ``start_record``: what a run records about its public start (the checkpoint's file, SHA-256
   and recipe; pretraining read public data only and spent no privacy) and its mode.
 
@@ -27,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from dpbench.problems import modes
-from dpbench.problems.modes import Finetune
+from dpbench.problems.architectures import Architecture, dims_of
+from dpbench.problems.modes import Full, Mode
 from dpbench.problems.spec import Problem
 
 
@@ -71,49 +72,46 @@ class LoRALinear(nn.Module):
         return self.base(x) + self.lora_b(self.lora_a(x)) * self.scale
 
 
-def _adapted(block: nn.Module) -> dict[str, nn.Linear]:
-    """The Linear layers of a block that LoRA adapts (``modes.adapted_widths``'s names)."""
-    return {name: block.get_submodule(name) for name in modes.adapted_widths(None)}
-
-
-def apply_mode(model: nn.Module, finetune: Finetune, new_head: bool) -> nn.Module:
-    """``model`` (a TransformerLM, or a model with its ``blocks``, ``ln_f`` and ``head``) with
-    the parameters of ``finetune``'s mode trainable and the others frozen; LoRA's adapters are
-    added in place (drawn from the global RNG, block by block). ``new_head``: the head is new (a
-    classifier's), so it trains whole in every mode."""
-    modes.check(finetune, {"d_model": model.ln_f.normalized_shape[0],
-                           "d_mlp": model.blocks[0].mlp[0].out_features})
-    mode = finetune.mode
-    model.requires_grad_(mode == "full")
-    if mode == "last-block":
-        for module in (model.blocks[-1], model.ln_f, model.head):
-            module.requires_grad_(True)
-    elif mode == "lora":
-        for block in model.blocks:
-            for name, linear in _adapted(block).items():
-                parent, _, leaf = name.rpartition(".")
-                setattr(block.get_submodule(parent), leaf, LoRALinear(linear, finetune.lora_rank, finetune.lora_scale))
-    elif mode == "bias":
-        for name, p in model.named_parameters():
-            if name.rsplit(".", 1)[-1] == "bias":
-                p.requires_grad_(True)
-    if new_head:
-        model.head.requires_grad_(True)
+def freeze(model: nn.Module, arch: Architecture, trains) -> nn.Module:
+    """``model`` with the parameters whose names ``trains`` accepts trainable and the others
+    frozen; refused if the model's parameters are not ``arch``'s table (names and sizes)."""
+    table = [(name, p.numel()) for name, p in model.named_parameters()]
+    if table != list(arch.parameters):
+        theirs, ours = dict(table), dict(arch.parameters)
+        name = next((n for n in [*ours, *theirs] if ours.get(n) != theirs.get(n)), table[0][0] if table else "")
+        raise ValueError(f"model parameter {name!r} is not as the {arch.family} table has it "
+                         f"(model: {theirs.get(name)}, table: {ours.get(name)})")
+    for name, p in model.named_parameters():
+        p.requires_grad_(bool(trains(name)))
     return model
 
 
-def from_checkpoint(problem: Problem, checkpoint, finetune: Finetune | None) -> nn.Module:
-    """The problem's model from ``checkpoint`` under ``finetune`` (None: ``full``). A classifier
+def add_adapters(model: nn.Module, arch: Architecture, rank: int, scale: float) -> nn.Module:
+    """LoRA's adapters (``LoRALinear``) in place of every block's adapted Linear layers
+    (``arch.adapted``), drawn from the global RNG block by block, in the table's order."""
+    for prefix in arch.blocks:
+        block = model.get_submodule(prefix.rstrip("."))
+        for name, _, _ in arch.adapted:
+            parent, _, leaf = name.rpartition(".")
+            owner = block.get_submodule(parent) if parent else block
+            setattr(owner, leaf, LoRALinear(getattr(owner, leaf), rank, scale))
+    return model
+
+
+def from_checkpoint(problem: Problem, checkpoint, mode: Mode | None) -> nn.Module:
+    """The problem's model from ``checkpoint`` under ``mode`` (None: ``full``). A classifier
     (its facts name classes) keeps its own new head, initialised from the global RNG, in place of
     the checkpoint's language-model head; every other parameter comes from the checkpoint, which
     must hold exactly the model's (refused otherwise, naming the first that differs)."""
-    finetune = finetune or Finetune()
+    mode = mode or Full()
     if problem.facts.pretrained is None or problem.build_pretrained is None:
-        modes.check(finetune, pretrained=None, problem=problem.id)
-    dims = modes.dims_of(checkpoint.model_dims)
-    modes.check(finetune, dims)
+        raise ValueError(f"finetune mode {mode.name!r}: problem {problem.id} trains from scratch (no pretrained "
+                         "checkpoint); fine-tuning modes apply to problems that start from one")
+    dims = dims_of(checkpoint.model_dims)
+    arch = problem.facts.architecture(dims)
+    mode.check(arch)
     model = problem.build_pretrained(dims)
-    new_head = problem.facts.classes is not None
+    new_head = arch.new_head
     kept = lambda key: not (new_head and key.startswith("head."))  # noqa: E731
     state = {k: v for k, v in checkpoint.state_dict.items() if kept(k)}
     own = {k: v for k, v in model.state_dict().items() if kept(k)}
@@ -125,17 +123,26 @@ def from_checkpoint(problem: Problem, checkpoint, finetune: Finetune | None) -> 
             raise ValueError(f"checkpoint parameter {key!r} has shape {tuple(state[key].shape)}, "
                              f"the model's is {tuple(value.shape)}")
     model.load_state_dict(state, strict=not new_head)
-    return apply_mode(model, finetune, new_head)
+    return mode.apply(model, arch)
+
+
+def from_public(problem: Problem, start, mode: Mode | None) -> nn.Module:
+    """The problem's model from a loaded public start under ``mode``: a start that builds its
+    own model (``build_model(problem, mode)``: an encoder, ``dpbench.problems.encoders``), else a
+    pretrained checkpoint's weights (``from_checkpoint``)."""
+    build = getattr(start, "build_model", None)
+    return build(problem, mode or Full()) if build is not None else from_checkpoint(problem, start, mode)
 
 
 def trainable_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def start_record(checkpoint, finetune: Finetune | None, model: nn.Module) -> dict:
+def start_record(checkpoint, mode: Mode | None, model: nn.Module) -> dict:
     """The run's record of its start: public (a checkpoint pretrained without privacy on public
     text: it spent none of the run's budget) or from scratch (``checkpoint`` None), the mode and
-    the trained parameter count (d: the matrix mechanisms' noise width)."""
+    the trained parameter count (d: the matrix mechanisms' noise width). ``checkpoint`` may add
+    its own facts (``start_facts``: an encoder's directory and file hashes)."""
     trained, total = trainable_count(model), sum(p.numel() for p in model.parameters())
     if checkpoint is None:
         return {"kind": "scratch", "checkpoint": None, "checkpoint_sha256": None, "recipe": None,
@@ -143,6 +150,8 @@ def start_record(checkpoint, finetune: Finetune | None, model: nn.Module) -> dic
                 "trainable_parameters": trained, "parameters": total}
     recipe = getattr(checkpoint, "recipe", None)
     path = getattr(checkpoint, "path", None)
+    facts = checkpoint.start_facts() if hasattr(checkpoint, "start_facts") else {
+        "model_dims": dims_of(checkpoint.model_dims)}
     return {
         "kind": "public checkpoint",
         "checkpoint": None if path is None else str(path),
@@ -150,8 +159,8 @@ def start_record(checkpoint, finetune: Finetune | None, model: nn.Module) -> dic
         "recipe": recipe,
         # pretraining read only public text (no private record): it spends no privacy
         "pretraining_epsilon": 0.0,
-        "model_dims": modes.dims_of(checkpoint.model_dims),
-        **(finetune or Finetune()).record(),
+        **facts,
+        **(mode or Full()).record(),
         "trainable_parameters": trained,
         "parameters": total,
         "trainable_share": trained / total if total else math.nan,

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from dpbench.problems.catalog import CANARY_REPEATS, FACTS, task_facts
+from dpbench.problems.modes import SCRATCH, option_settings
 from dpbench.reporting.audits import violations
 from dpbench.reporting.results import dp_guarantee, is_private, read_run
 
@@ -131,7 +132,7 @@ def run_row(run_id: str, path: Path, meta: dict) -> dict:
     }
 
 
-START_COLUMNS = ("start", "finetune", "lora_rank", "trainable_parameters", "checkpoint_sha256")
+START_COLUMNS = ("start", "finetune", *option_settings(), "trainable_parameters", "checkpoint_sha256")
 
 
 def start_columns(problem: str, start: dict | None) -> dict:
@@ -145,8 +146,8 @@ def start_columns(problem: str, start: dict | None) -> dict:
     facts = FACTS.get(problem)
     pretrained = public or (facts is not None and facts.pretrained is not None)
     return {"start": "public" if public else "scratch",
-            "finetune": start.get("mode") if public else "scratch" if pretrained else None,
-            "lora_rank": start.get("lora_rank"),
+            "finetune": start.get("mode") if public else SCRATCH if pretrained else None,
+            **{s: start.get(s) for s in option_settings()},
             "trainable_parameters": start.get("trainable_parameters"),
             "checkpoint_sha256": start.get("checkpoint_sha256")}
 
@@ -213,7 +214,7 @@ def aggregate_runs(paths: list[str | Path], out_runs: str | Path, out_epochs: st
         rows.append(run_row(run_id, path, meta))
         epochs.append(epoch_rows(run_id, metrics))
     runs = pd.DataFrame(rows)
-    for column in ("lora_rank", "trainable_parameters"):  # integers, missing where not recorded
+    for column in (*option_settings(), "trainable_parameters"):  # integers, missing where not recorded
         runs[column] = pd.array(runs[column].astype(float), dtype="Int64")
     per_epoch = pd.concat(epochs, ignore_index=True).merge(runs[["run_id"] + RUN_KEYS], on="run_id")
     per_epoch = per_epoch[["run_id"] + RUN_KEYS + [c for c in per_epoch.columns if c not in RUN_KEYS + ["run_id"]]]

@@ -50,8 +50,8 @@ class RunConfig:
              '"repetitions": K, "candidate": j}')
     # fine-tuning a public checkpoint (dpbench.problems.modes; docs/finetune.md): the mode and LoRA's rank;
     # the checkpoint itself is --pretrained (a command setting, below)
-    finetune: str | None = setting(None, type=choice(modes.MODES), scope="cell",
-                                   help="fine-tune the --pretrained checkpoint in this mode (P5, P6); "
+    finetune: str | None = setting(None, type=choice(tuple(modes.MODES)), scope="cell",
+                                   help="fine-tune the public start (--pretrained) in this mode (P5, P6, P7); "
                                         "not given: the model trains from random initialisation")
     lora_rank: int | None = setting(None, type=positive_int, scope="cell", metavar="R",
                                     help=f"--finetune lora: the adapters' rank r (default {modes.DEFAULT_LORA_RANK})")
@@ -130,39 +130,56 @@ class RunConfig:
                 raise ValueError(f"tuning: {exc}") from None
 
     @property
-    def finetuning(self) -> modes.Finetune | None:
-        """The fine-tuning mode (``modes.Finetune``) of ``finetune`` and ``lora_rank``; None: from scratch."""
-        return None if self.finetune is None else modes.Finetune(self.finetune, self.lora_rank)
+    def mode(self) -> modes.Mode | None:
+        """The fine-tuning mode of ``finetune`` and its options' settings (``modes.parse``);
+        None: from random initialisation. ValueError where they do not make a mode."""
+        if self.finetune is None:
+            return None
+        return modes.parse(self.finetune, **{s: getattr(self, s) for s in modes.option_settings()})
 
     def check_finetune(self, model_dims: dict | None = None) -> None:
-        """A mode needs a checkpoint (and a checkpoint a mode), a problem that starts from one
-        (its facts name a pretraining recipe) and, for a rank, mode lora; with ``model_dims`` (the
-        loaded checkpoint's), a context that holds the problem's records and a rank within every
-        adapted layer's width. SettingError naming the flag."""
-        if self.lora_rank is not None and self.finetune != "lora":
-            raise SettingError("lora_rank", f"a rank belongs to `finetune` lora, not to "
-                                            f"{'no mode' if self.finetune is None else repr(self.finetune)}")
+        """A mode needs a public start (and a start a mode), a problem that starts from one
+        (its facts name it), and its options only; with ``model_dims`` (the loaded start's), a
+        model that reads the problem's records whole and a mode that fits it (a LoRA rank within
+        every adapted layer's width). SettingError naming the flag."""
+        f = facts(self.problem)
         if self.finetune is None:
+            given = [s for s in modes.option_settings() if getattr(self, s) is not None]
+            if given:
+                owner = " or ".join(n for n, c in modes.MODES.items() if given[0] in c.options.values())
+                raise SettingError(given[0], f"it belongs to `finetune` {owner}, not to no mode")
             if self.pretrained is not None:
                 raise SettingError("pretrained", "a checkpoint is fine-tuned in a mode: give `finetune` "
                                                  f"({', '.join(modes.MODES)})")
             return
-        if self.pretrained is None:
-            raise SettingError("finetune", f"mode {self.finetune!r} fine-tunes a checkpoint: give `pretrained` "
-                                           "(dpbench pretrain makes one)")
         try:
-            modes.check(self.finetuning, pretrained=facts(self.problem).pretrained, problem=self.problem)
+            mode = self.mode
         except ValueError as exc:
-            raise SettingError("finetune", str(exc)) from None
-        if model_dims is not None:
-            context, needed = modes.dims_of(model_dims)["context"], modes.DEFAULT_DIMS["context"]
+            raise SettingError(_option_named(str(exc)), str(exc)) from None
+        if f.pretrained is None:
+            raise SettingError("finetune", f"finetune mode {mode.name!r}: problem {self.problem} trains from scratch "
+                                           "(no pretrained checkpoint)")
+        if self.pretrained is None and f.family == "transformer-lm":
+            raise SettingError("finetune", f"mode {mode.name!r} fine-tunes a checkpoint: give `pretrained` "
+                                           "(dpbench pretrain makes one)")
+        if model_dims is None:
+            return
+        if f.family == "transformer-lm":
+            from dpbench.problems.architectures import DEFAULT_DIMS, dims_of
+
+            context, needed = dims_of(model_dims)["context"], DEFAULT_DIMS["context"]
             if context < needed:  # the records are P4's, cut to its model's context
                 raise SettingError("pretrained", f"the checkpoint's model reads {context} tokens, fewer than the "
                                                  f"{needed} of {self.problem}'s records")
-            try:
-                modes.check(self.finetuning, model_dims)
-            except ValueError as exc:
-                raise SettingError("lora_rank", str(exc)) from None
+        try:
+            mode.check(f.architecture(model_dims))
+        except ValueError as exc:
+            raise SettingError(_option_named(str(exc)), str(exc)) from None
+
+
+def _option_named(message: str) -> str:
+    """The setting a mode's refusal names (an option such as ``lora_rank``), else ``finetune``."""
+    return next((s for s in modes.option_settings() if f"{s}=" in message), "finetune")
 
 
 def check_data(problem: str, train_subset: int | None = None, test_subset: int | None = None,

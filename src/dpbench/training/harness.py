@@ -29,22 +29,22 @@ from dpbench.optimizers.base import Context, DPStep, LossFn
 from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.problems import Problem
 from dpbench.problems import finetune as finetuning
-from dpbench.problems.modes import Finetune, check
+from dpbench.problems.modes import Mode
 
 
 def build_model(problem: Problem, init_seed: int, device: torch.device | str, checkpoint=None,
-                finetune: Finetune | None = None) -> nn.Module:
+                mode: Mode | None = None) -> nn.Module:
     """The problem's model initialised from ``init_seed`` (the global torch RNG is left as it
-    was), on ``device``, in training mode. With ``checkpoint`` (a loaded public checkpoint: its
-    ``state_dict`` and ``model_dims``), the model loaded from it under ``finetune``'s mode (None:
-    ``full``); a mode without a checkpoint, or for a problem that starts from none, is refused."""
-    if checkpoint is None and finetune is not None:
-        check(finetune, pretrained=problem.facts.pretrained, problem=problem.id)
-        raise ValueError(f"finetune mode {finetune.mode!r}: no checkpoint given; problem {problem.id} fine-tunes "
-                         f"the checkpoint of pretraining recipe {problem.facts.pretrained!r}")
+    was), on ``device``, in training mode. With ``checkpoint`` (a loaded public start: a
+    pretrained checkpoint, ``state_dict`` and ``model_dims``, or an encoder), the model loaded
+    from it under ``mode`` (None: ``full``); a mode without a public start is refused."""
+    if checkpoint is None and mode is not None:
+        raise ValueError(f"finetune mode {mode.name!r}: no public start given; problem {problem.id} "
+                         + (f"fine-tunes {problem.facts.pretrained!r}" if problem.facts.pretrained
+                            else "trains from scratch"))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(init_seed)
-        model = problem.build() if checkpoint is None else finetuning.from_checkpoint(problem, checkpoint, finetune)
+        model = problem.build() if checkpoint is None else finetuning.from_public(problem, checkpoint, mode)
     return model.to(device).train()
 
 

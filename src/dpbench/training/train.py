@@ -29,7 +29,7 @@ from dpbench.plugins import mechanism_origin, record_of
 from dpbench.optimizers.stages import own_stages
 from dpbench.problems import Problem, get_problem
 from dpbench.problems.finetune import start_record
-from dpbench.problems.modes import Finetune
+from dpbench.problems.modes import Mode
 from dpbench.problems.catalog import TaskFacts
 from dpbench.reporting.results import provenance
 from dpbench.seeds import stream_seeds
@@ -179,8 +179,8 @@ class Setup:
     splits: Splits
     plan: Plan
     claim: PrivacyClaim  # sigma calibrated (or given), and how long calibrating took
-    checkpoint: Any = None  # a loaded public checkpoint the model starts from (None: from scratch)
-    finetune: Finetune | None = None  # its fine-tuning mode
+    checkpoint: Any = None  # a loaded public start the model starts from (None: from scratch)
+    mode: Mode | None = None  # its fine-tuning mode
 
 
 def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFrame, status: str,
@@ -197,7 +197,7 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
         "config": asdict(cfg),
         "problem": {"id": problem.id, "dataset": problem.dataset, "task": problem.task.name, "metric": problem.metric,
                     "parameters": sum(p.numel() for p in ctx.model.parameters()), "plugin": record_of(problem)},
-        "start": start_record(setup.checkpoint, setup.finetune, ctx.model),
+        "start": start_record(setup.checkpoint, setup.mode, ctx.model),
         # plugin: distribution, version, entry point and source hash (dpbench.plugins); None: built-in
         "optimizer": {"name": spec.name, "private": private, "description": spec.description,
                       "reference": spec.reference, "hyperparameters": ctx.hyperparameters, "stats": trace.stats,
@@ -230,20 +230,15 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
 
 
 def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = None,
-        checkpoint_every_s: float = 600.0, code_key: str | None = None, pretrained=None,
-        finetune: Finetune | None = None) -> RunResult:
+        checkpoint_every_s: float = 600.0, code_key: str | None = None, pretrained=None) -> RunResult:
     """Train one cell with the optimizer ``spec`` (the registry's entry for ``cfg.optimizer``).
     With ``checkpoint``, state is saved there at every epoch end and every
     ``checkpoint_every_s`` seconds, and a run killed earlier continues from it, ending with
     the same metrics as an uninterrupted run; ``code_key`` (a hash of the code that trains
-    it) makes a checkpoint of other code stale. ``pretrained``: a loaded public checkpoint to
-    fine-tune under ``finetune``'s mode (``harness.build_model``); ``finetune`` None takes the mode
-    of ``cfg.finetune`` (a different one is refused: the run records its settings)."""
+    it) makes a checkpoint of other code stale. ``pretrained``: a loaded public start to
+    fine-tune under the settings' mode (``cfg.mode``, ``harness.build_model``)."""
     cfg.validate(spec)
-    if cfg.finetuning is not None:
-        if finetune is not None and finetune.record() != cfg.finetuning.record():
-            raise ValueError(f"finetune {finetune} differs from the settings' {cfg.finetuning}")
-        finetune = cfg.finetuning
+    mode = cfg.mode
     t_start = time.perf_counter()
     started_at = pd.Timestamp.now(tz="UTC").isoformat()
     problem = get_problem(cfg.problem)
@@ -262,9 +257,9 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
                           saved["sigma_source"], saved["calibration_s"], spec.private) if saved
              else calibrate(spec, plan, target_epsilon=cfg.epsilon, noise_multiplier=cfg.noise_multiplier,
                             delta=cfg.delta, accountant=cfg.accountant, tuning=cfg.tuning))
-    setup = Setup(cfg, spec, problem, device, seeds, splits, plan, claim, pretrained, finetune)
+    setup = Setup(cfg, spec, problem, device, seeds, splits, plan, claim, pretrained, mode)
 
-    model = build_model(problem, seeds["init"], device, pretrained, finetune)
+    model = build_model(problem, seeds["init"], device, pretrained, mode)
     loss_gen = torch.Generator(device=device)
     loss_gen.manual_seed(seeds["loss"])
     parts = assemble(spec, plan, model, lambda m, x, y: problem.per_sample_loss(m, x, y, loss_gen), lr=cfg.lr,

@@ -39,6 +39,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from dpbench.problems.catalog import task_facts
+from dpbench.problems.modes import SCRATCH, Start, option_settings, start_of
 from dpbench.reporting.figures.intervals import INTERVAL, draw_intervals, t_interval, tied_with_above
 from dpbench.reporting.figures.language_model import pooled_exposure
 from dpbench.reporting.figures.selection import (CONFIG_KEYS, by_privacy, select_best_config, select_runs,
@@ -46,11 +47,9 @@ from dpbench.reporting.figures.selection import (CONFIG_KEYS, by_privacy, select
 from dpbench.reporting.figures.spent import caption, selection_privacy
 from dpbench.reporting.figures.style import empty_figure, fmt_tick, label, legend_labels, ordered
 
-MODE_ORDER = ("scratch", "full", "last-block", "lora", "bias")
-MODE_LABELS = {"scratch": "from scratch", "full": "full", "last-block": "last block", "lora": "LoRA",
-               "bias": "bias (BiTFiT)"}
+# a mode's colour by its name (dpbench.problems.modes.MODES; from scratch hatched grey)
 MODE_COLOURS = {"scratch": "#dddddd", "full": "#4477aa", "last-block": "#228833", "lora": "#ee6677",
-                "bias": "#ccbb44"}
+                "bias": "#ccbb44", "head": "#aa3377"}
 SCRATCH_HATCH = "///"
 COLUMNS = ["problem", "optimizer", "private", "epsilon", "mode", "finetune", "lora_rank", "value", "ci_low",
            "ci_high", "n_seeds", "diverged", "metric", "higher_is_better", "rank", "tied", "gap_non_private",
@@ -59,42 +58,52 @@ COLUMNS = ["problem", "optimizer", "private", "epsilon", "mode", "finetune", "lo
            "extracted", "select_by"]
 
 
+# each label mode_of has given, and the start it is the label of (labels are made from starts,
+# never read back into one: Start.label is one-to-one)
+_STARTS: dict[str, Start] = {}
+
+
 def mode_of(runs: pd.DataFrame) -> pd.Series:
-    """Each run's mode: its ``finetune`` column, LoRA's with its rank (``lora-r16``); None where
-    the run recorded no start."""
-    ranks = runs["lora_rank"] if "lora_rank" in runs else pd.Series(np.nan, index=runs.index)
+    """Each run's mode: the label of its start (``Start.label``: ``full``, ``lora-r16``,
+    ``scratch``), made from the runs table's ``finetune`` column and its options' columns; None
+    where the run recorded no start."""
+    options = [s for s in option_settings() if s in runs]
     out = []
-    for mode, rank in zip(runs["finetune"], ranks):
-        if mode is None or (isinstance(mode, float) and math.isnan(mode)):
+    for i, name in enumerate(runs["finetune"]):
+        if name is None or (isinstance(name, float) and math.isnan(name)):
             out.append(None)
-        else:
-            out.append(f"lora-r{int(rank)}" if mode == "lora" and pd.notna(rank) else str(mode))
+            continue
+        given = {s: int(runs[s].iloc[i]) for s in options if pd.notna(runs[s].iloc[i])}
+        start = start_of(str(name), **given)
+        _STARTS.setdefault(start.label, start)
+        out.append(start.label)
     return pd.Series(out, index=runs.index, dtype=object)
 
 
-def _base(mode: str) -> str:
-    return mode.split("-r", 1)[0] if mode.startswith("lora-r") else mode
+def start_of_label(mode: str) -> Start:
+    """The start a label of ``mode_of`` was made from (a label no run gave: the start of that name)."""
+    return _STARTS.get(mode) or start_of(mode)
+
+
+def mode_name(mode: str) -> str:
+    """The name of the mode (``full``, ``lora``) or ``scratch`` of a label of ``mode_of``."""
+    start = start_of_label(mode)
+    return SCRATCH if start.mode is None else start.mode.name
 
 
 def mode_label(mode: str) -> str:
     """A mode's name in figures: ``LoRA (r = 16)``."""
-    if mode.startswith("lora-r"):
-        return f"LoRA (r = {mode.split('-r', 1)[1]})"
-    return MODE_LABELS.get(mode, mode)
+    return start_of_label(mode).caption
 
 
-def ordered_modes(modes: Iterable[str]) -> list[str]:
-    """The modes present, scratch first, then full, last block, LoRA (by rank), bias, others."""
-    def key(m):
-        base = _base(m)
-        rank = int(m.split("-r", 1)[1]) if m.startswith("lora-r") else 0
-        return (MODE_ORDER.index(base) if base in MODE_ORDER else len(MODE_ORDER), rank, m)
-    return sorted(set(modes), key=key)
+def ordered_modes(labels: Iterable[str]) -> list[str]:
+    """The modes present, scratch first, then the registry's order (LoRA by rank)."""
+    return sorted(set(labels), key=lambda m: (start_of_label(m).sort_key, m))
 
 
-def _wanted(mode: str, modes: Iterable[str] | None) -> bool:
-    """Whether ``modes`` (names: ``lora`` takes every rank, ``lora-r8`` one) asks for ``mode``."""
-    return modes is None or mode in modes or _base(mode) in modes
+def _wanted(mode: str, wanted: Iterable[str] | None) -> bool:
+    """Whether ``wanted`` (names: ``lora`` takes every rank, ``lora-r8`` one) asks for ``mode``."""
+    return wanted is None or mode in wanted or mode_name(mode) in wanted
 
 
 def _same(column: pd.Series, value) -> pd.Series:
@@ -147,7 +156,7 @@ def finetune_data(runs: pd.DataFrame, problem: str = "P6", modes: Iterable[str] 
         trained = chosen["trainable_parameters"] if "trainable_parameters" in chosen else pd.Series(dtype=float)
         rows.append({
             "problem": problem, "optimizer": b["optimizer"], "private": bool(chosen["private"].astype(bool).all()),
-            "epsilon": float(b["epsilon"]), "mode": b["mode"], "finetune": _base(b["mode"]),
+            "epsilon": float(b["epsilon"]), "mode": b["mode"], "finetune": mode_name(b["mode"]),
             "lora_rank": b.get("lora_rank"), "value": mean, "ci_low": low, "ci_high": high, "n_seeds": n,
             "diverged": bool(b["diverged"]),
             "metric": "test accuracy" if facts.measures_accuracy else "test perplexity",
@@ -251,7 +260,7 @@ def draw_finetune(data: pd.DataFrame, value: str = "value", low: str = "ci_low",
                 row = row.iloc[0]
                 x = j + (i - (len(modes) - 1) / 2) * width
                 scratch = mode == "scratch"
-                bar = ax.bar(x, row[value], width, color=MODE_COLOURS.get(_base(mode), "#999999"),
+                bar = ax.bar(x, row[value], width, color=MODE_COLOURS.get(mode_name(mode), "#999999"),
                              hatch=SCRATCH_HATCH if scratch else None, edgecolor="0.25" if scratch else "none",
                              label=mode_label(mode))
                 bar.patches[0].set_gid(f"finetune|{opt}|{fmt_tick(eps)}|{mode}")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from dpbench.reporting.figures.finetune import chosen_runs, mode_label, number, ordered_modes
+from dpbench.reporting.figures.finetune import chosen_runs, mode_name, mode_label, number, ordered_modes
 from dpbench.reporting.figures.intervals import contrast_interval
 from dpbench.reporting.figures.selection import select_runs
 from dpbench.reporting.figures.style import fmt_tick, label, legend_labels
@@ -163,7 +163,7 @@ def _pairs(chosen, claim, pairs, bases, labels, fmt, problem="P6"):
     rows = []
     if chosen.empty:
         return rows
-    modes = [m for m in ordered_modes(chosen["mode"]) if m.split("-r")[0] in bases]
+    modes = [m for m in ordered_modes(chosen["mode"]) if mode_name(m) in bases]
     for eps in sorted(chosen.loc[chosen["private"].astype(bool), "epsilon"].unique()):
         for mode in modes:
             for a, b in pairs:
@@ -206,7 +206,7 @@ def _exposure(chosen, claims, k, labels) -> dict[str, list[dict]]:
     if chosen.empty:
         return out
     col, inf, fmt = f"exposure_k{k}", math.inf, ".2f"
-    loras = [m for m in ordered_modes(chosen["mode"]) if m.startswith("lora")]
+    loras = [m for m in ordered_modes(chosen["mode"]) if mode_name(m) == "lora"]
     full = _config(chosen, "adamw", inf, "full", col)
     adamw, dpsgd = label("adamw", labels), label("dpsgd", labels)
     c6a, c6b, c6c = claims

@@ -30,15 +30,19 @@ import pandas as pd
 
 from dpbench.privacy.accounting import meets_target
 from dpbench.problems.catalog import task_facts
+from dpbench.problems.modes import option_settings
 
 # What a run is, apart from its seed; ``epsilon`` is the ε it is shown under (``by_privacy``).
-# ``finetune`` and ``lora_rank`` (the runs table's start columns: the fine-tuning mode, "scratch"
-# for the from-scratch twin) make runs of different modes different configurations, never seeds
-# or rates of one; tables without them (runs aggregated before they existed) group as before.
-# ``train_subset``, ``test_subset``, ``validation_size`` and ``max_steps`` (which a grid block
-# may set for its cells alone) likewise: runs on different data are different configurations.
+# ``finetune`` and the modes' options (``lora_rank``: the runs table's start columns, the
+# fine-tuning mode, "scratch" for the from-scratch twin) make runs of different modes different
+# configurations, never seeds or rates of one, and ``checkpoint_sha256`` (the public start's
+# bytes) runs from two different public checkpoints; tables without them (runs aggregated
+# before they existed) group as before. ``train_subset``, ``test_subset``, ``validation_size``
+# and ``max_steps`` (which a grid block may set for its cells alone) likewise: runs on different
+# data are different configurations.
 CONFIG_KEYS = ("problem", "optimizer", "lr", "batch_size", "epochs", "epsilon", "hyperparameters", "finetune",
-               "lora_rank", "train_subset", "test_subset", "validation_size", "max_steps")
+               *option_settings(), "checkpoint_sha256", "train_subset", "test_subset", "validation_size",
+               "max_steps")
 
 
 def select_runs(runs: pd.DataFrame, filters: dict | None = None, optimizers: Iterable[str] | None = None,
