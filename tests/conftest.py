@@ -305,3 +305,26 @@ def generated_corpus(monkeypatch, tmp_path):
     """``plant_generated_corpus`` in the test's temporary folder, which it returns."""
     plant_generated_corpus(tmp_path, monkeypatch)
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory) -> Path:
+    """A tiny BERT in the Hugging Face file format with sentence-transformers' pooling files
+    (tests/tiny_bert.py), written once per session; tests copy it before changing it."""
+    from tiny_bert import write_tiny_bert
+
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture
+def minilm_dir() -> Path:
+    """The verified directory of the real all-MiniLM-L6-v2 package; skips, saying how to install it, without it."""
+    from dpbench.problems import encoders
+
+    entry = encoders.MINILM
+    try:
+        return encoders.locate(entry.name)
+    except encoders.EncoderError as e:
+        if importlib.util.find_spec(entry.module) is None:
+            pytest.skip(f"needs the package {entry.package}: {entry.install} (or scripts/setup.sh)")
+        raise e

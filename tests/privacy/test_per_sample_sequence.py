@@ -63,6 +63,8 @@ LAYERS = [
     (nn.Embedding(5, 4), lambda: tokens((B, T), 5)),  # few rows: many repeated indices in a record
     (nn.Embedding(40, 3), lambda: tokens((B, T), 40)),
     (nn.Embedding(9, 4), lambda: tokens((B,), 9)),  # one position per record
+    (nn.Embedding(5, 4, padding_idx=0), lambda: tokens((B, T), 5)),  # a BERT's word embeddings: row 0 gets none
+    (nn.Embedding(9, 4, padding_idx=3), lambda: tokens((B,), 9)),
     (nn.LayerNorm(6), lambda: 1 + 2 * torch.randn(B, T, 6, dtype=torch.float64)),
     (nn.LayerNorm(6, bias=False), lambda: torch.randn(B, T, 6, dtype=torch.float64)),
     (nn.LayerNorm((3, 4), eps=0.5), lambda: torch.randn(B, T, 3, 4, dtype=torch.float64)),
@@ -108,7 +110,7 @@ def test_linear_on_sequences_takes_the_cheaper_path(d_in, d_out, positions, ghos
     assert layer._positions == positions and layer.use_ghost is ghost
 
 
-@pytest.mark.parametrize("option,value", [("padding_idx", 0), ("max_norm", 1.0), ("scale_grad_by_freq", True),
+@pytest.mark.parametrize("option,value", [("max_norm", 1.0), ("scale_grad_by_freq", True),
                                           ("sparse", True)])
 def test_embedding_options_are_refused_by_name(option, value):
     model = nn.Sequential(nn.Embedding(10, 4, **{option: value}), nn.Linear(4, 2))

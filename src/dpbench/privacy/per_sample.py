@@ -90,13 +90,48 @@ _AXIS = {nn.Softmax: "dim", nn.LogSoftmax: "dim", nn.Softmin: "dim", nn.GLU: "di
          nn.Unflatten: "dim"}
 
 
+DECLARED_PER_SAMPLE: dict[type[nn.Module], frozenset[str]] = {}
+"""Classes of other libraries declared per-sample (``declare_per_sample``): exact type -> the names of
+the constant index buffers its modules may hold."""
+
+
+def declare_per_sample(module_type: type[nn.Module], constant_buffers: tuple[str, ...] = ()) -> None:
+    """Declares that the forward of modules of exactly ``module_type`` (the code around their
+    submodules) never combines different samples: for a library's class, which cannot carry
+    ``per_sample_forward = True`` (a BERT's layers, ``dpbench.problems.encoders``). Each
+    declaration is a reviewed claim about that class's forward. ``constant_buffers`` names the
+    buffers it may hold that are constant integer indices, never statistics of the data (BERT's
+    embeddings hold ``position_ids`` and ``token_type_ids``); any other buffer, and a floating
+    one under a declared name, is still refused. Declaring the same type again with the same
+    buffers is a no-op; with others, an error."""
+    if not (isinstance(module_type, type) and issubclass(module_type, nn.Module)):
+        raise TypeError(f"declare_per_sample takes a torch.nn.Module subclass, got {module_type!r}")
+    buffers = frozenset(constant_buffers)
+    if DECLARED_PER_SAMPLE.get(module_type, buffers) != buffers:
+        raise ValueError(f"{module_type.__name__} is already declared per-sample with constant buffers "
+                         f"{sorted(DECLARED_PER_SAMPLE[module_type])}, not {sorted(buffers)}")
+    DECLARED_PER_SAMPLE[module_type] = buffers
+
+
+def _buffer_reason(module: nn.Module) -> str | None:
+    """Why ``module``'s own buffers may carry batch statistics, or None: only the integer buffers
+    its type declares constant (``declare_per_sample``) pass."""
+    allowed = DECLARED_PER_SAMPLE.get(type(module), frozenset())
+    bad = [n for n, b in module.named_buffers(recurse=False)
+           if n not in allowed or b.is_floating_point() or b.is_complex()]
+    if not bad:
+        return None
+    return (f"it has buffers ({', '.join(bad)}): statistics such as running means are computed from the whole "
+            "batch (and released with the model without noise)")
+
+
 def _mixing_reason(module: nn.Module) -> str | None:
     """Why ``module``'s own forward may mix samples, or None if it is known not to."""
     if any(True for _ in module.buffers(recurse=False)):
-        names = ", ".join(n for n, _ in module.named_buffers(recurse=False))
-        return (f"it has buffers ({names}): statistics such as running means are computed from the whole "
-                "batch (and released with the model without noise)")
-    if type(module) in LAYER_GRADS or isinstance(module, CONTAINERS):
+        reason = _buffer_reason(module)
+        if reason is not None:
+            return reason
+    if type(module) in LAYER_GRADS or isinstance(module, CONTAINERS) or type(module) in DECLARED_PER_SAMPLE:
         return None
     if isinstance(module, PER_SAMPLE_LAYERS):
         attribute = _AXIS.get(type(module))
@@ -108,14 +143,16 @@ def _mixing_reason(module: nn.Module) -> str | None:
         return None
     return ("it is not a layer known to treat each sample on its own; if its forward (the code "
             "around its submodules) never combines different samples, declare that with the class "
-            "attribute `per_sample_forward = True`")
+            "attribute `per_sample_forward = True` (a library's class: "
+            "dpbench.privacy.per_sample.declare_per_sample)")
 
 
 def check_per_sample(model: nn.Module) -> None:
     """Refuses a model any of whose modules may mix samples (see PER_SAMPLE_LAYERS): allowed are
     layers of a registered type (``LAYER_GRADS``), the parameter-free per-sample layers, containers,
-    and model classes that declare ``per_sample_forward = True`` (the dpbench problems do);
-    nothing with buffers (running statistics)."""
+    model classes that declare ``per_sample_forward = True`` (the dpbench problems do) and library
+    classes declared with ``declare_per_sample``; nothing with buffers (running statistics) but
+    the constant index buffers a declaration names."""
     for name, module in model.named_modules():
         reason = _mixing_reason(module)
         if reason is not None:

