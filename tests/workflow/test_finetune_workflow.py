@@ -200,7 +200,7 @@ TRAIN = ["train", "--optimizer", "dpsgd", "--lr", "0.5", "--batch-size", "16", "
     (["--problem", "P6", "--finetune", "full"],
      "argument --finetune: mode 'full' fine-tunes a checkpoint: give --pretrained (dpbench pretrain makes one)"),
     (["--problem", "P6", "--pretrained", "{ck}"],
-     "argument --pretrained: a checkpoint is fine-tuned in a mode: give --finetune (full, last-block, lora, bias, head)"),
+     "argument --pretrained: a public start is fine-tuned in a mode: give --finetune (full, last-block, lora, bias, head)"),
     (["--problem", "P4", "--finetune", "full", "--pretrained", "{ck}"],
      "argument --finetune: finetune mode 'full': problem P4 trains from scratch (no pretrained checkpoint)"),
     (["--problem", "P6", "--finetune", "full", "--lora-rank", "4", "--pretrained", "{ck}"],

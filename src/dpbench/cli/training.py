@@ -98,11 +98,25 @@ def cmd_train(args) -> int:
 
 
 def load_public_start(cfg):
-    """The public start a run fine-tunes (None: it trains from random initialisation): the
-    ``--pretrained`` checkpoint (``load_public_checkpoint``), verified before any data is read."""
+    """The public start a run fine-tunes (None: it trains from random initialisation), verified
+    before any data is read: the ``--pretrained`` checkpoint (``load_public_checkpoint``), or an
+    encoder problem's encoder, ``--pretrained-dir`` or the catalogued one its facts name
+    (``PublicEncoder``: the files checked, their hashes recorded, every layer checked)."""
     if cfg.finetune is None:
         return None
-    return load_public_checkpoint(cfg.pretrained)
+    from dpbench.problems import facts
+
+    f = facts(cfg.problem)
+    if f.family == "transformer-lm":
+        return load_public_checkpoint(cfg.pretrained)
+    from dpbench.problems.encoder_classification import PublicEncoder
+    from dpbench.problems.encoders import EncoderError
+
+    flag = "--pretrained-dir" if cfg.pretrained_dir else "--finetune"
+    try:
+        return PublicEncoder.load(cfg.pretrained_dir or f.pretrained)
+    except EncoderError as exc:
+        raise ValueError(f"argument {flag}: {exc}") from None
 
 
 def load_public_checkpoint(path: str):

@@ -45,6 +45,8 @@ PLANTED = CANARIES_PER_REPEAT * sum(CANARY_REPEATS)  # 93
 # The public pretraining recipe P5 and P6 start from: a TransformerLM trained without privacy on
 # WordNet's glosses and examples (the fortunes records removed from them first).
 PRETRAINED = "wordnet-lm"
+# The public encoder P7 starts from: all-MiniLM-L6-v2's files from PyPI (dpbench.problems.encoders.MINILM)
+ENCODER = "all-MiniLM-L6-v2"
 
 # P6's classes: the plain-text files of Debian's fortunes package 1:1.99.1-7.3 (the keys of
 # dpbench.data.fortunes.SHA256 for that PACKAGE_VERSION; tests/problems/test_problems_finetune.py checks
@@ -159,7 +161,12 @@ class ProblemFacts:
 
     def architecture(self, model_dims: dict | None) -> Architecture:
         """The parameter table of this problem's model from a public start of ``model_dims``
-        (its family's; a classifier's head has one output per class)."""
+        (its family's; a classifier's head has one output per class). An encoder problem's
+        default start is its catalogued encoder (``dpbench.problems.encoders.CATALOG``)."""
+        if model_dims is None and self.family == "bert-encoder":
+            from dpbench.problems.encoders import CATALOG
+
+            model_dims = dict(CATALOG[self.pretrained].dims)
         return FAMILIES[self.family](model_dims, None if self.classes is None else len(self.classes))
 
     def trainable(self, model_dims: dict | None, mode: Mode | None) -> int:
@@ -195,4 +202,6 @@ FACTS: dict[str, ProblemFacts] = {f.id: f for f in (
                  pretrained=PRETRAINED),
     ProblemFacts("P6", "fortunes", "classification", 12_979, 1_417, 847_912, 129 * 8 // 5, 400e-6, 40e-3,
                  pretrained=PRETRAINED, classes=FORTUNE_FILES),
+    ProblemFacts("P7", "fortunes", "classification", 12_979, 1_417, 22_580_776, 128 * 8 // 5, 2e-3, 0.2,
+                 pretrained=ENCODER, classes=FORTUNE_FILES, family="bert-encoder"),
 )}

@@ -27,7 +27,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
@@ -52,6 +52,9 @@ class CataloguedEncoder:
     revision: str
     sha256: Mapping[str, str]
     license: str
+    # config.json's dimensions (architectures.BERT_DIMS), restated so that the grid counts a
+    # mode's parameters without reading the files (tests/problems/test_encoders.py holds them to the file)
+    dims: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def install(self) -> str:
@@ -78,6 +81,8 @@ MINILM = CataloguedEncoder(
         "config.json": "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
     }),
     license="Apache-2.0 upstream (the package: MIT)",
+    dims=MappingProxyType({"vocab_size": 30522, "max_position_embeddings": 512, "type_vocab_size": 2,
+                           "hidden_size": 384, "num_hidden_layers": 6, "intermediate_size": 1536}),
 )
 
 CATALOG: Mapping[str, CataloguedEncoder] = MappingProxyType({MINILM.name: MINILM})

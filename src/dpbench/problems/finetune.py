@@ -29,7 +29,6 @@ import torch
 from torch import nn
 
 from dpbench.problems.architectures import Architecture, dims_of
-from dpbench.problems.modes import Full, Mode
 from dpbench.problems.spec import Problem
 
 
@@ -98,12 +97,11 @@ def add_adapters(model: nn.Module, arch: Architecture, rank: int, scale: float) 
     return model
 
 
-def from_checkpoint(problem: Problem, checkpoint, mode: Mode | None) -> nn.Module:
-    """The problem's model from ``checkpoint`` under ``mode`` (None: ``full``). A classifier
+def from_checkpoint(problem: Problem, checkpoint, mode) -> nn.Module:
+    """The problem's model from ``checkpoint`` under ``mode`` (a ``dpbench.problems.modes.Mode``). A classifier
     (its facts name classes) keeps its own new head, initialised from the global RNG, in place of
     the checkpoint's language-model head; every other parameter comes from the checkpoint, which
     must hold exactly the model's (refused otherwise, naming the first that differs)."""
-    mode = mode or Full()
     if problem.facts.pretrained is None or problem.build_pretrained is None:
         raise ValueError(f"finetune mode {mode.name!r}: problem {problem.id} trains from scratch (no pretrained "
                          "checkpoint); fine-tuning modes apply to problems that start from one")
@@ -126,19 +124,19 @@ def from_checkpoint(problem: Problem, checkpoint, mode: Mode | None) -> nn.Modul
     return mode.apply(model, arch)
 
 
-def from_public(problem: Problem, start, mode: Mode | None) -> nn.Module:
+def from_public(problem: Problem, start, mode) -> nn.Module:
     """The problem's model from a loaded public start under ``mode``: a start that builds its
     own model (``build_model(problem, mode)``: an encoder, ``dpbench.problems.encoders``), else a
     pretrained checkpoint's weights (``from_checkpoint``)."""
     build = getattr(start, "build_model", None)
-    return build(problem, mode or Full()) if build is not None else from_checkpoint(problem, start, mode)
+    return build(problem, mode) if build is not None else from_checkpoint(problem, start, mode)
 
 
 def trainable_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def start_record(checkpoint, mode: Mode | None, model: nn.Module) -> dict:
+def start_record(checkpoint, mode, model: nn.Module) -> dict:
     """The run's record of its start: public (a checkpoint pretrained without privacy on public
     text: it spent none of the run's budget) or from scratch (``checkpoint`` None), the mode and
     the trained parameter count (d: the matrix mechanisms' noise width). ``checkpoint`` may add
@@ -160,7 +158,7 @@ def start_record(checkpoint, mode: Mode | None, model: nn.Module) -> dict:
         # pretraining read only public text (no private record): it spends no privacy
         "pretraining_epsilon": 0.0,
         **facts,
-        **(mode or Full()).record(),
+        **mode.record(),
         "trainable_parameters": trained,
         "parameters": total,
         "trainable_share": trained / total if total else math.nan,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 # module imports, not `from dpbench.problems import ...`: the package's __init__ loads this module
 import dpbench.problems.catalog as catalog
+import dpbench.problems.encoder_classification as encoder_classification
 import dpbench.problems.images as images
 import dpbench.problems.language as language
 import dpbench.problems.text_classification as text_classification
@@ -35,12 +36,13 @@ def check(spec: Problem) -> None:
     for name in ("build", "load"):
         if not callable(getattr(spec, name)):
             raise ValueError(f"{name} must be callable")
-    if spec.facts.pretrained is not None and not callable(spec.build_pretrained):
+    if spec.facts.pretrained is not None and spec.facts.family == "transformer-lm" and not callable(spec.build_pretrained):
         raise ValueError(f"its facts start from pretraining recipe {spec.facts.pretrained!r}: build_pretrained "
                          "(model dimensions -> the model to load the checkpoint into) must be callable")
 
 
-BUILT_IN = (images.P1, images.P2, images.P3, language.P4, language.P5, text_classification.P6)
+BUILT_IN = (images.P1, images.P2, images.P3, language.P4, language.P5, text_classification.P6,
+            encoder_classification.P7)
 for _spec in BUILT_IN:
     check(_spec)
     assert catalog.FACTS[_spec.id] is _spec.facts, f"{_spec.id}: a built-in's facts are the catalog's row"

@@ -87,6 +87,10 @@ class RunConfig:
     pretrained: str | None = setting(None, type=path, scope="command", metavar="CHECKPOINT",
                                      help="--finetune: the public checkpoint (.pt, its sidecar .pt.json beside it), "
                                           "made by dpbench pretrain")
+    pretrained_dir: str | None = setting(None, type=path, scope="command", metavar="DIR",
+                                         help="--finetune of an encoder problem (P7): a local Hugging Face encoder "
+                                              "directory (config.json, model.safetensors, tokenizer) instead of the "
+                                              "catalogued one; its files' SHA-256 are recorded")
     noise_multiplier: float | None = setting(None, type=nonnegative_float, scope="command", metavar="SIGMA",
                                              help="use this sigma instead of calibrating it from epsilon")
     data_dir: str | None = setting(None, type=path, scope="command", help="directory with the official dataset files")
@@ -148,9 +152,10 @@ class RunConfig:
             if given:
                 owner = " or ".join(n for n, c in modes.MODES.items() if given[0] in c.options.values())
                 raise SettingError(given[0], f"it belongs to `finetune` {owner}, not to no mode")
-            if self.pretrained is not None:
-                raise SettingError("pretrained", "a checkpoint is fine-tuned in a mode: give `finetune` "
-                                                 f"({', '.join(modes.MODES)})")
+            for name in ("pretrained", "pretrained_dir"):
+                if getattr(self, name) is not None:
+                    raise SettingError(name, "a public start is fine-tuned in a mode: give `finetune` "
+                                             f"({', '.join(modes.MODES)})")
             return
         try:
             mode = self.mode
@@ -159,6 +164,12 @@ class RunConfig:
         if f.pretrained is None:
             raise SettingError("finetune", f"finetune mode {mode.name!r}: problem {self.problem} trains from scratch "
                                            "(no pretrained checkpoint)")
+        if self.pretrained is not None and f.family != "transformer-lm":
+            raise SettingError("pretrained", f"problem {self.problem} starts from a public encoder ({f.pretrained} "
+                                             "unless `pretrained_dir` names another), not a pretrained checkpoint")
+        if self.pretrained_dir is not None and f.family == "transformer-lm":
+            raise SettingError("pretrained_dir", f"problem {self.problem} starts from a pretrained checkpoint "
+                                                 "(`pretrained`), not an encoder directory")
         if self.pretrained is None and f.family == "transformer-lm":
             raise SettingError("finetune", f"mode {mode.name!r} fine-tunes a checkpoint: give `pretrained` "
                                            "(dpbench pretrain makes one)")

