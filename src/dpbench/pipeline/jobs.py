@@ -97,15 +97,18 @@ class Jobs:
 
     def pretrained_of(self, cell: Cell) -> str | None:
         """The checkpoint a fine-tuning cell starts from; None for the others (its scratch twin too)."""
-        return self.pretrained_file(cell.recipe) if cell.fine_tunes and cell.recipe is not None else None
+        from dpbench.training.recipes import Recipe
+
+        return self.pretrained_file(cell.recipe) if cell.fine_tunes and isinstance(cell.recipe, Recipe) else None
 
     def recipe_of(self, name: str, key: str):
         """The recipe of the checkpoint ``<name>-<key>``: the one the config's fine-tuning cells
         read (``pretrain.fields`` may change the named recipe), else the named recipe where its
         key is ``key``; None where neither is (the command's ``--expect`` then refuses it)."""
-        from dpbench.training.recipes import RECIPES
+        from dpbench.training.recipes import RECIPES, Recipe
 
-        found = [c.recipe for c in self.cells.values() if c.fine_tunes and (c.recipe.name, c.recipe.key) == (name, key)]
+        found = [c.recipe for c in self.cells.values() if c.fine_tunes and isinstance(c.recipe, Recipe)
+                 and (c.recipe.name, c.recipe.key) == (name, key)]
         if found:
             return found[0]
         named = RECIPES.get(name)
@@ -141,7 +144,8 @@ class Jobs:
         run = replace(cell.run_config(self.config["train"]),
                       factorization=str(files["factorization"]) if "factorization" in files else None,
                       noise_file=str(files["noise"]) if "noise" in files else None,
-                      pretrained=self.pretrained_of(cell))
+                      pretrained=self.pretrained_of(cell),
+                      pretrained_dir=getattr(cell.recipe, "path", None) if cell.fine_tunes else None)
         return shlex.join(run.to_args())
 
     def listing(self) -> list[tuple[str, str]]:

@@ -6,6 +6,7 @@ the checkpoint they read (the config's ``pretrain`` section over the problem's o
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from dpbench.pipeline.configfile import ConfigError, closest
@@ -20,6 +21,31 @@ CONTEXT = DEFAULT_DIMS["context"]
 SCRATCH = modes.SCRATCH
 # a block's keys of the modes' options: their values are lists (lora_ranks: each a start)
 OPTION_KEYS = {"lora_rank": "lora_ranks"}
+
+
+@dataclass(frozen=True)
+class EncoderDirectory:
+    """The local encoder directory a config names (``pretrained_dir``) for encoder problems'
+    fine-tuning cells, and its config.json's dimensions (read without torch: d of each mode)."""
+
+    path: str
+    model_dims: dict = field(compare=False)
+    name: str = "pretrained_dir"
+
+
+def encoder_directory(config: dict[str, Any]) -> EncoderDirectory | None:
+    """The config's ``pretrained_dir``, checked (an encoder directory: one line naming the file)."""
+    path = config.get("pretrained_dir")
+    if path is None:
+        return None
+    from dpbench.problems.architectures import BERT_DIMS
+    from dpbench.problems.encoders import EncoderError, config_facts
+
+    try:
+        found = config_facts(path)
+    except EncoderError as exc:
+        raise ConfigError(f"config key pretrained_dir: {exc}") from None
+    return EncoderDirectory(str(path), {k: getattr(found, k) for k in BERT_DIMS})
 
 
 def pretrain_recipe(config: dict[str, Any], problem: str | None) -> Recipe:
@@ -54,7 +80,7 @@ def pretrain_recipe(config: dict[str, Any], problem: str | None) -> Recipe:
 
 
 def starts_of(config: dict[str, Any], block: dict[str, Any], where: str,
-              problem: str) -> list[tuple[modes.Start | None, Recipe | None]]:
+              problem: str) -> list[tuple[modes.Start | None, Recipe | EncoderDirectory | None]]:
     """(start, recipe) of each start of a block's problem (``Cell``'s last fields): its
     ``finetune`` modes (by default ``full``; ``scratch``: the twin from random initialisation),
     each once per value of its options (``lora_ranks``: by default the mode's own); a problem
@@ -74,8 +100,11 @@ def starts_of(config: dict[str, Any], block: dict[str, Any], where: str,
             owner = next(n for n, c in modes.MODES.items() if setting in c.options.values())
             raise ConfigError(f"config key {where}.{OPTION_KEYS[setting]}: {OPTION_KEYS[setting]} belong to mode {owner}, which "
                               f"{where}.finetune ({', '.join(names)}) does not train")
-    recipe = pretrain_recipe(config, problem) if facts(problem).family == "transformer-lm" else None
-    arch = facts(problem).architecture(recipe.model_dims if recipe else None) if recipe else None
+    # a pretraining recipe's checkpoint (P5, P6), or an encoder problem's local encoder directory
+    # (the config's pretrained_dir) or catalogued encoder (recipe None)
+    recipe = (pretrain_recipe(config, problem) if facts(problem).family == "transformer-lm"
+              else encoder_directory(config))
+    arch = facts(problem).architecture(recipe.model_dims if recipe else None)
     out = []
     for start in modes.starts(names, given):
         if start.public and arch is not None:
@@ -86,6 +115,6 @@ def starts_of(config: dict[str, Any], block: dict[str, Any], where: str,
                 values = given.get(next((s_ for s_, k in OPTION_KEYS.items() if k == key), ""), None) or []
                 index = next((i for i, v in enumerate(values) if f"={v} " in str(exc)), None)
                 raise ConfigError(f"config key {where}.{key}{'' if index is None else f'.{index}'}: {exc} "
-                                  f"(recipe {recipe.name})") from None
+                                  f"({f'recipe {recipe.name}' if recipe else facts(problem).pretrained})") from None
         out.append((start, recipe if start.public else None))
     return out

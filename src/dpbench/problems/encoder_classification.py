@@ -104,7 +104,12 @@ class PublicEncoder:
         """What the run records of the encoder besides the common start fields."""
         return {"encoder": None if self.entry is None else self.entry.record(), "encoder_files": dict(self.hashes),
                 "model_dims": self.model_dims,
-                "pooling": dataclasses.asdict(self.loaded.pooling), "max_tokens": MAX_TOKENS}
+                "pooling": dataclasses.asdict(self.loaded.pooling), "max_tokens": self.max_tokens}
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens a record is cut to: ``MAX_TOKENS``, or fewer where the encoder has fewer positions."""
+        return min(MAX_TOKENS, self.loaded.facts.max_position_embeddings)
 
     def build_model(self, problem: Problem, mode: Mode) -> nn.Module:
         """A fresh classifier of ``problem``'s classes from this encoder under ``mode`` (its
@@ -120,7 +125,8 @@ class PublicEncoder:
 
     def bind(self, problem: Problem, mode: Mode | None) -> Problem:
         """``problem`` reading its records through this encoder's tokenizer."""
-        return dataclasses.replace(problem, load=partial(load_tokens, tokenizer=self.loaded.tokenizer),
+        return dataclasses.replace(problem, load=partial(load_tokens, tokenizer=self.loaded.tokenizer,
+                                                         max_tokens=self.max_tokens),
                                    task=EncoderTextClassification(self.loaded.pad_id))
 
 
@@ -129,16 +135,16 @@ def caches_features(mode: Mode | None) -> bool:
     return isinstance(mode, Head)
 
 
-def load_tokens(data_dir: str | None = None, *, tokenizer=None) -> Dataset:
-    """P6's records and split (``dpbench.data.fortunes``), as WordPiece token rows (N, MAX_TOKENS)
+def load_tokens(data_dir: str | None = None, *, tokenizer=None, max_tokens: int = MAX_TOKENS) -> Dataset:
+    """P6's records and split (``dpbench.data.fortunes``), as WordPiece token rows (N, max_tokens)
     of ``tokenizer`` (the catalogued encoder's where none is given), labelled with their files."""
     if tokenizer is None:
         tokenizer = PublicEncoder.load(catalog.FACTS["P7"].pretrained).loaded.tokenizer
     corpus = fortunes.load(data_dir)
 
     def rows(texts):
-        ids = _encoder_model().encode(tokenizer, texts, MAX_TOKENS).numpy().astype(np.int64)
-        out = np.full((len(texts), MAX_TOKENS), tokenizer.pad_token_id, dtype=np.int64)
+        ids = _encoder_model().encode(tokenizer, texts, max_tokens).numpy().astype(np.int64)
+        out = np.full((len(texts), max_tokens), tokenizer.pad_token_id, dtype=np.int64)
         out[:, :ids.shape[1]] = ids
         return out
 
