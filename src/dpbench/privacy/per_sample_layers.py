@@ -428,17 +428,13 @@ class ConvTranspose2dGrads(Conv2dGrads):
     transposed = True
 
 
-# nn.Embedding options (and their supported values) that change its gradient: max_norm renormalises rows in place
-# during the forward pass, scale_grad_by_freq divides by each index's frequency in the whole batch (which mixes
-# samples), sparse makes the gradient a sparse tensor. (padding_idx, which zeroes one row's gradient, is supported.)
+# nn.Embedding options refused: max_norm (rows renormalised in place), scale_grad_by_freq (mixes samples), sparse
 _EMBEDDING_OPTIONS = {"max_norm": None, "scale_grad_by_freq": False, "sparse": False}
 
 
 @register_per_sample(nn.Embedding)
 class EmbeddingGrads(FactorGrads):
-    """``nn.Embedding``: A = onehot(idx), never formed (the indices (B, P) stand for it). With a
-    ``padding_idx`` (a BERT's word embeddings), that row gets no gradient: G is zero at the
-    positions holding it, so every path (ghost, materialised, weighted sum) leaves it out."""
+    """``nn.Embedding``: A = onehot(idx), never formed (the indices (B, P) stand for it)."""
 
     @staticmethod
     def unsupported_option(module: nn.Module) -> str | None:
@@ -449,9 +445,8 @@ class EmbeddingGrads(FactorGrads):
 
     @cached_property
     def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        B = self.batch_size
-        idx, G = self.x.reshape(B, -1), self.gy.reshape(B, -1, self.gy.shape[-1])
-        if self.module.padding_idx is not None:
+        idx, G = self.x.reshape(self.batch_size, -1), self.gy.reshape(self.batch_size, -1, self.gy.shape[-1])
+        if self.module.padding_idx is not None:  # that row gets no gradient (a BERT's word embeddings)
             G = G * (idx != self.module.padding_idx).unsqueeze(-1).to(G.dtype)
         return idx, G
 

@@ -12,7 +12,8 @@ and hashes, the config's facts and how the model pools.
 * ``check_directory(directory)``: any local directory a user names, refused in one line naming
   the file unless it is a BERT-family encoder in the Hugging Face format with safetensors
   weights (pickled ``.bin`` weights are refused: loading them can run code).
-* ``file_hashes(directory)``: the SHA-256 of each of its files, for the run's record.
+* ``file_hashes(directory)``: the SHA-256 of each of its files; ``provenance``: the run's record
+  of its encoder (directory, catalog entry, those hashes).
 * ``config_facts(directory)``: the dimensions in its ``config.json`` (the grid counts a mode's
   trainable parameters from them, without torch).
 * ``pooling(directory)``: how the model was trained to pool (sentence-transformers'
@@ -111,6 +112,13 @@ def file_hashes(directory: str | Path) -> dict[str, str]:
     files and folders, such as a hub cache's ``.cache``, included: they are in the directory)."""
     root = Path(directory)
     return {p.relative_to(root).as_posix(): sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def provenance(directory: str | Path, entry: CataloguedEncoder | None = None) -> dict:
+    """What a run records about its encoder: the directory, the catalog entry it was verified
+    against (None for a user's own directory) and every file's SHA-256 (``file_hashes``)."""
+    return {"directory": str(Path(directory).resolve()), "catalog": entry.record() if entry else None,
+            "files": file_hashes(directory)}
 
 
 def locate(name: str) -> Path:
