@@ -33,7 +33,6 @@ import re
 from dataclasses import dataclass
 
 from dpbench.problems.architectures import FAMILIES, Architecture
-from dpbench.problems.modes import Mode
 
 # Canaries (Carlini et al. 2019, arXiv:1802.08232): CANARIES_PER_REPEAT canaries for each
 # repetition count k (25 as in Gong, Pavliv & Peng; k = 0: never inserted, the reference), so a
@@ -169,9 +168,9 @@ class ProblemFacts:
             model_dims = dict(CATALOG[self.pretrained].dims)
         return FAMILIES[self.family](model_dims, None if self.classes is None else len(self.classes))
 
-    def trainable(self, model_dims: dict | None, mode: Mode | None) -> int:
+    def trainable(self, model_dims: dict | None, mode) -> int:
         """d of a run that fine-tunes this problem's model from a start of ``model_dims`` under
-        ``mode`` (None: the whole model). A mode for a problem that starts from no checkpoint is
+        ``mode`` (a ``dpbench.problems.modes.Mode``; None: the whole model). A mode for a problem that starts from no checkpoint is
         refused."""
         if mode is not None and self.pretrained is None:
             raise ValueError(f"finetune mode {mode.name!r}: problem {self.id} trains from scratch (no pretrained "

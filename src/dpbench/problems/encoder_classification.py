@@ -42,7 +42,7 @@ from torch import nn
 import dpbench.problems.catalog as catalog
 from dpbench.data import fortunes
 from dpbench.data.image_datasets import Dataset
-from dpbench.problems import encoders
+import dpbench.problems.encoders as encoders
 from dpbench.problems.modes import Head, Mode
 from dpbench.problems.spec import Problem
 from dpbench.problems.tasks import Task
@@ -54,7 +54,7 @@ MAX_TOKENS = 128
 
 
 def _encoder_model():
-    from dpbench.problems import encoder_model  # transformers, imported on use
+    import dpbench.problems.encoder_model as encoder_model  # transformers, imported on use
 
     return encoder_model
 

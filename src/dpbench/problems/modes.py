@@ -89,8 +89,8 @@ class Mode:
 
     def apply(self, model: "nn.Module", arch: Architecture) -> "nn.Module":
         """``model`` (whose parameters are ``arch``'s) with this mode's parameters trainable, the
-        others frozen (``dpbench.problems.finetune.freeze``)."""
-        from dpbench.problems.finetune import freeze
+        others frozen (``dpbench.problems.surgery.freeze``)."""
+        from dpbench.problems.surgery import freeze
 
         self.check(arch)
         return freeze(model, arch, lambda name: self.trains(arch, name))
@@ -174,7 +174,7 @@ class LoRA(Mode):
         return len(arch.blocks) * sum(self.rank * (d_in + d_out) for _, d_in, d_out in arch.adapted)
 
     def apply(self, model, arch):
-        from dpbench.problems.finetune import add_adapters
+        from dpbench.problems.surgery import add_adapters
 
         return add_adapters(super().apply(model, arch), arch, self.rank, self.scale)
 
