@@ -71,11 +71,6 @@ ENVS = {
 }
 
 
-# The math libraries' threads pinned to the rule's threads, in front of every shell command of a
-# rule that computes with them outside dpbench's own --threads (factorize, noise, pretrain).
-BLAS_THREADS = "OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
-
-
 # Matrix mechanisms' files (Cell.cache_files), made once by matrix.smk for every cell sharing them.
 MATRIX_CACHE = f"{RESULTS}/cache/matrix"
 STREAMED_CACHE = f"{RESULTS}/cache/streaming"  # the folder's first name: runs record these paths

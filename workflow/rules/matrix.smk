@@ -30,7 +30,7 @@ rule factorize:
     conda:
         ENVS["matrix"]
     shell:
-        BLAS_THREADS + "{params.dpbench} factorize --key {wildcards.factorization} --out {output.npz:q} "
+        cluster.BLAS_THREADS + "{params.dpbench} factorize --key {wildcards.factorization} --out {output.npz:q} "
         "--report {output.report:q} > {log:q} 2>&1"
 
 
@@ -54,7 +54,7 @@ rule noise:
     conda:
         ENVS["matrix"]
     shell:
-        BLAS_THREADS + "{params.dpbench} noise --factorization {input:q} --dim {wildcards.dim} "
+        cluster.BLAS_THREADS + "{params.dpbench} noise --factorization {input:q} --dim {wildcards.dim} "
         "--seed {wildcards.noise_seed} --out {output.noise:q} > {log:q} 2>&1"
 
 
@@ -77,4 +77,5 @@ rule factorize_streamed:
         # mechanisms' module (torch) with training
         ENVS["train"]
     shell:
-        BLAS_THREADS + "{params.dpbench} factorize --key {wildcards.streamed_key} --out {output:q} > {log:q} 2>&1"
+        cluster.BLAS_THREADS + "{params.dpbench} factorize --key {wildcards.streamed_key} --out {output:q} "
+        "> {log:q} 2>&1"
