@@ -138,7 +138,7 @@ def lm_records(n: int, device, seed: int = 0):
     """P4's training records as token rows (n, 129), labels unused zeros: the real fortunes
     records where the corpus is installed, else generated records of 1 to 127 random letters
     encoded as P4 encodes its records (``tokenizer.encode_records``), which time the same shapes."""
-    from dpbench.data.image_datasets import DataError
+    from dpbench.data.dataset import DataError
     from dpbench.problems import language, tokenizer
 
     problem = get_problem("P4")

@@ -22,6 +22,7 @@ import dpbench
 from dpbench.privacy import accounting
 from dpbench.training import cuda
 from dpbench.data import image_datasets  # noqa: E402
+from dpbench.data.dataset import Dataset  # noqa: E402
 
 
 def pytest_configure(config):
@@ -132,7 +133,7 @@ def tiny_fmnist(monkeypatch):
     def fake_load(name, data_dir=None, **kw):
         assert name == "fashion-mnist"
         rng = np.random.default_rng(0)
-        return image_datasets.Dataset(name, rng.integers(0, 256, (600, 1, 28, 28), dtype=np.uint8),
+        return Dataset(name, rng.integers(0, 256, (600, 1, 28, 28), dtype=np.uint8),
                             rng.integers(0, 10, 600), rng.integers(0, 256, (200, 1, 28, 28), dtype=np.uint8),
                             rng.integers(0, 10, 200), "generated-for-tests")
 

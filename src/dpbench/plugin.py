@@ -67,8 +67,8 @@ _SOURCES: dict[str, tuple[str, str]] = {
     "Classification": ("dpbench.problems.tasks", "Classification"),
     "TabularClassification": ("dpbench.problems.tasks", "TabularClassification"),
     "VAE": ("dpbench.problems.tasks", "VAE"),
-    "Dataset": ("dpbench.data.image_datasets", "Dataset"),
-    "DataError": ("dpbench.data.image_datasets", "DataError"),
+    "Dataset": ("dpbench.data.dataset", "Dataset"),
+    "DataError": ("dpbench.data.dataset", "DataError"),
     "check_problem": ("dpbench.problems.registry", "check"),
     "FigureSpec": ("dpbench.reporting.figures.spec", "FigureSpec"),
     "check_figure": ("dpbench.reporting.figures.spec", "check"),
@@ -82,7 +82,7 @@ _SOURCES: dict[str, tuple[str, str]] = {
 __all__ = list(_SOURCES)
 
 if TYPE_CHECKING:  # for type checkers, and for dpbench.pipeline.fingerprint, which reads imports statically
-    from dpbench.data.image_datasets import DataError, Dataset  # noqa: F401
+    from dpbench.data.dataset import DataError, Dataset  # noqa: F401
     from dpbench.mechanisms.base import AuditSpec, Mechanism, NoiseSource, Plan, PlanRequest, Sampler  # noqa: F401
     from dpbench.mechanisms.base import PrivacyClaim, Spent, Target  # noqa: F401
     from dpbench.mechanisms.noise import GaussianNoise  # noqa: F401

@@ -468,7 +468,8 @@ def _mechanism(kind: str):
     from dpbench.mechanisms.projection import RandomProjectionGaussian
 
     return {"dpsgd": PoissonSubsampledGaussian(),
-            "d2p2": RandomProjectionGaussian(inverse_sqrt_schedule, "inverse-sqrt", 0.05, accountant="rdp"),
+            "d2p2": RandomProjectionGaussian(inverse_sqrt_schedule, "inverse-sqrt", 0.05,
+                                             accountant=accounting.RDP_INTEGER),
             "matrix": MatrixMechanism(single_epoch=True, convergence_aware=False)}[kind]
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from dpbench.data import image_datasets
-from dpbench.data.image_datasets import DataError
+from dpbench.data.dataset import DataError
 
 FMNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import write_fortunes
 from dpbench.data import fortunes
-from dpbench.data.image_datasets import DataError
+from dpbench.data.dataset import DataError
 from dpbench.problems import tokenizer
 
 SYSTEM_DIR = fortunes.SYSTEM_DIRS[0]

@@ -226,9 +226,11 @@ def test_amplified_calibration_uses_rounds_and_rate_b_times_L_over_N(monkeypatch
     claim = PrivacyClaim(mech, plan, sigma, 1e-5, "prv")
     rep = claim.spent(100)
     assert rep.epsilon_spent == accounting.epsilon([(sigma, 0.04, 25)], 1e-5, "prv")
-    facts = rep.facts
-    assert (facts["noise_multiplier"], facts["sample_rate"], facts["planned_steps"], facts["bands"],
-            facts["rounds"]) == (sigma, 0.04, 100, 4, 25)
+    facts, record = rep.facts, claim.record(100)
+    # the accounted noise multiplier is typed (not a fact over the record's key); q and T are the claim's
+    assert (rep.noise_multiplier, record.noise_multiplier, record.sample_rate, record.planned_steps,
+            facts["bands"], facts["rounds"]) == (sigma, sigma, 0.04, 100, 4, 25)
+    assert not {"noise_multiplier", "sample_rate", "planned_steps"} & set(facts)
     assert rep.epsilon_rdp >= rep.epsilon_spent
     profile = claim.profile()([rep.epsilon_spent])
     assert profile[0] == pytest.approx(1e-5, rel=1e-6)  # the claim at the recorded epsilon is delta

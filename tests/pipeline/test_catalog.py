@@ -33,6 +33,8 @@ def test_optimizer_facts_equal_the_registry_specs():
 
 
 def test_figure_facts_equal_the_registry_specs():
+    """The built-in figures' facts, read from their declarations and drawing functions' sources
+    (no second list), are the live specs' facts."""
     from dpbench.reporting.figures import FIGURES, extensions
 
     assert list(catalog.FIGURES) == list(FIGURES.builtins)
@@ -41,6 +43,30 @@ def test_figure_facts_equal_the_registry_specs():
         assert catalog.FIGURES[name].extensions == extensions(name)
     assert [n for n, f in catalog.FIGURES.items() if f.table == "audits"] == ["audit"]
     assert catalog.FIGURES["fig5_3"].min_seeds == 2
+    assert catalog.FIGURES["lm_ranking"] == catalog.FigureFacts(
+        "lm_ranking", ("problem", "k", "optimizers", "filters"), {"problem": "P4"}, "table", needs_validation=True)
+    assert catalog.FIGURES["fig5_4"].defaults == {"problem": "P1", "ys": ("batch_size", "epochs")}
+
+
+def test_a_figure_is_read_from_its_declaration_alone(tmp_path, monkeypatch):
+    """A figure declared in a (copied) figures package, with a drawing function imported from one
+    of its modules, is read with its options, defaults and keywords; a name with no function is
+    refused naming it."""
+    (tmp_path / "mine.py").write_text("def my_figure(runs, problem='P2', *, min_seeds=3, filters=None):\n    pass\n")
+    (tmp_path / "__init__.py").write_text(
+        "from dpbench.reporting.figures.mine import my_figure\n"
+        "BUILT_IN = (FigureSpec('mine', my_figure, 'a title', {'problem': 'P1'}, kind='table', table='audits'),)\n")
+    monkeypatch.setattr(catalog, "FIGURES_PACKAGE", tmp_path)
+    catalog._source.cache_clear()
+    try:
+        assert catalog._figure_facts() == {"mine": catalog.FigureFacts(
+            "mine", ("problem", "min_seeds", "filters"), {"problem": "P1"}, "table", "audits", False, 3)}
+        (tmp_path / "__init__.py").write_text("BUILT_IN = (FigureSpec('x', nowhere, 'a title'),)\n")
+        catalog._source.cache_clear()
+        with pytest.raises(ValueError, match="no function 'nowhere' found for a built-in figure"):
+            catalog._figure_facts()
+    finally:
+        catalog._source.cache_clear()
 
 
 def test_the_declared_files_name_the_mechanisms_keys():

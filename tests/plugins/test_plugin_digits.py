@@ -15,7 +15,7 @@ import pytest
 
 from conftest import REPO, run_cell
 from dpbench.problems import facts as problems_facts
-from dpbench.data.image_datasets import DataError
+from dpbench.data.dataset import DataError
 from dpbench.plugins import Registry
 from dpbench.problems import registry
 from dpbench.training.train import RunConfig

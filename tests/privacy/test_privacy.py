@@ -1,6 +1,7 @@
 """Privacy-critical pieces: clipping, noise scale, sampling, sigma calibration, epsilon."""
 
 import copy
+import dataclasses
 import math
 import re
 import warnings
@@ -260,11 +261,12 @@ def test_the_claims_record_names_the_run_files_keys_and_spent_epsilon_is_epsilon
         "sample_rate": 0.01, "planned_steps": 1000, "steps": 400, "delta": 1e-5, "target_epsilon": 2.0,
         "epsilon": accounting.PRV.epsilon([(1.0, 0.01, 400)], 1e-5),
         "epsilon_planned": pytest.approx(KNOWN_EPSILONS[0][2]["prv"], rel=1e-12, abs=0), "epsilon_rdp": accounting.RDP.epsilon([(1.0, 0.01, 400)], 1e-5),
-        "accountant": "prv", "accounted_history": [[1.0, 0.01, 400]], "calibration_time_s": 0.5}
+        "accountant": "prv", "accounted_history": [[1.0, 0.01, 400]], "calibration_time_s": 0.5,
+        "noise_schedule": "constant"}
     assert list(record.run_file()) == ["mechanism", "noise_multiplier", "noise_multiplier_source", "sample_rate",
                                        "planned_steps", "steps", "delta", "target_epsilon", "epsilon",
                                        "epsilon_planned", "epsilon_rdp", "accountant", "accounted_history",
-                                       "calibration_time_s"]
+                                       "calibration_time_s", "noise_schedule"]  # the facts, written whole
     assert record.facts == {"noise_schedule": "constant"} and record.epsilon_spent == claim.epsilon(400)
     assert claim.epsilon() == record.epsilon_planned  # None: the planned T
     off = PrivacyClaim(mech, plan, 0.0, 1e-5, source="none (non-private)", private=False).record(7).run_file()
@@ -273,6 +275,66 @@ def test_the_claims_record_names_the_run_files_keys_and_spent_epsilon_is_epsilon
                              "accounted_history")] == [None] * 6
     with pytest.raises(ValueError, match="noise multiplier must be finite and >= 0, got nan"):
         PrivacyClaim(mech, plan, math.nan)
+
+
+def test_every_accountant_a_run_uses_is_registered_once_and_named_by_its_record():
+    """The accountants a mechanism brings (D2P2's integer-order RDP, the analytic Gaussian of the
+    releases without subsampling) are in the registry beside the two a run names, one name each,
+    and give the numbers of the functions they wrap; a mechanism's own accountant is the
+    registered object (a name such as "rdp" would be ambiguous), and the record names the
+    accountant that computed epsilon, never the run's where the mechanism used its own."""
+    from dpbench.mechanisms.unamplified import UnamplifiedGaussian
+    from dpbench.optimizers import OPTIMIZERS
+
+    assert list(accounting.REGISTRY) == ["prv", "rdp", "rdp-integer-orders", "analytic-gaussian"]
+    assert all(accounting.get_accountant(n).name == n for n in accounting.REGISTRY)
+    history = [(0.8, 256 / 60000, 469), (1.2, 0.01, 100)]
+    assert accounting.RDP_INTEGER.epsilon(history, 1e-6) == accounting.fast_rdp_epsilon(history, 1e-6)
+    # integer orders only remove candidates from Opacus's minimum: never below its RDP
+    assert accounting.RDP_INTEGER.epsilon(history, 1e-6) >= KNOWN_EPSILONS[1][2]["rdp"]
+    # T unsubsampled releases are one Gaussian mechanism with mu = sqrt(T) / sigma
+    assert accounting.ANALYTIC_GAUSSIAN.epsilon([(2.0, 1.0, 9)], 1e-5) == pytest.approx(
+        accounting.gaussian_epsilon(1.5, 1e-5), rel=1e-12)
+    assert accounting.ANALYTIC_GAUSSIAN.release_epsilon(1.5, 1e-5) == accounting.gaussian_epsilon(1.5, 1e-5)
+    with pytest.raises(ValueError, match="without subsampling"):
+        accounting.ANALYTIC_GAUSSIAN.epsilon([(1.0, 0.5, 3)], 1e-5)
+    with pytest.raises(ValueError, match="a registered accounting.Accountant, got 'rdp'"):
+        PoissonSubsampledGaussian(accountant="rdp")
+
+    request = PlanRequest(n_train=1000, batch_size=50, epochs=2, target_epsilon=2.0)
+    d2p2 = OPTIMIZERS["d2psgd"].mechanism
+    assert d2p2.accountant is accounting.RDP_INTEGER
+    claim = PrivacyClaim(d2p2, d2p2.plan(request), 2.0, 1e-5, "prv")  # the run names PRV; D2P2 accounts its own
+    spent, record = claim.spent(), claim.record(40)
+    assert spent.accountant is accounting.RDP_INTEGER
+    assert spent.epsilon_planned == accounting.RDP_INTEGER.epsilon(d2p2.history(claim.plan, 2.0, 40), 1e-5)
+    assert record.accountant == "rdp" and "integer orders" in record.facts["rdp_orders"]  # as run files say
+    strict = UnamplifiedGaussian()
+    plan = strict.plan(request)
+    record = PrivacyClaim(strict, plan, 3.0, 1e-5, "prv").record(plan.steps)
+    assert record.accountant.startswith("analytic-gaussian ") and record.epsilon_spent == pytest.approx(
+        accounting.ANALYTIC_GAUSSIAN.epsilon([(3.0, 1.0, plan.steps)], 1e-5), rel=1e-12)
+
+
+def test_a_mechanism_fact_may_not_overwrite_a_typed_field_of_the_record():
+    """The record is written whole: a fact named like one of its keys is refused (the accounted
+    noise multiplier, the accountant, the caveat are Spent's typed fields)."""
+    from dpbench.mechanisms.base import RECORD_KEYS, Spent
+
+    for key in ("accountant", "noise_multiplier", "sample_rate", "epsilon", "caveat"):
+        assert key in RECORD_KEYS
+        with pytest.raises(ValueError, match=f"may not name a key of the claim's record: {key}"):
+            Spent(1.0, 1.0, 1.0, {key: 1})
+    mech = PoissonSubsampledGaussian()
+    plan = mech.plan(PlanRequest(n_train=10_000, batch_size=100, epochs=1))
+
+    class Accounted(PoissonSubsampledGaussian):
+        def report(self, claim, steps):
+            return dataclasses.replace(super().report(claim, steps), noise_multiplier=0.5, caveat="a limit")
+
+    record = PrivacyClaim(Accounted(), plan, 1.0, 1e-5).record(10)
+    assert (record.noise_multiplier, record.caveat) == (0.5, "a limit") and "caveat" not in record.run_file()
+    assert PrivacyClaim(mech, plan, 1.0, 1e-5).record(10).noise_multiplier == 1.0
 
 
 def test_a_report_that_is_not_spent_is_refused_naming_the_mechanism():
@@ -322,7 +384,7 @@ KNOWN_EPSILONS = [
 
 @pytest.mark.parametrize("history, delta, known", KNOWN_EPSILONS)
 def test_the_registered_accountants_give_known_epsilons(history, delta, known):
-    assert accounting.ACCOUNTANTS == tuple(known) == tuple(accounting.REGISTRY)
+    assert accounting.ACCOUNTANTS == tuple(known) == tuple(accounting.REGISTRY)[:2]
     for name, eps in known.items():
         accountant = accounting.get_accountant(name)
         assert accountant is accounting.REGISTRY[name] and accountant.name == name
@@ -343,7 +405,8 @@ def test_an_accountants_noise_multiplier_is_the_smallest_meeting_the_target():
 
 def test_an_unknown_accountant_is_refused_in_one_line_naming_the_known_ones():
     for bad in ("gdp", "PRV", None):
-        with pytest.raises(ValueError, match=rf"^unknown accountant {re.escape(repr(bad))}; choose one of prv, rdp$"):
+        with pytest.raises(ValueError, match=rf"^unknown accountant {re.escape(repr(bad))}; choose one of prv, rdp, "
+                                             r"rdp-integer-orders, analytic-gaussian$"):
             accounting.get_accountant(bad)
     with pytest.raises(ValueError, match="^unknown accountant 'gdp'"):
         accounting.epsilon([(1.0, 0.01, 10)], 1e-5, "gdp")

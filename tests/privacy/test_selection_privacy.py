@@ -123,7 +123,7 @@ def test_the_recorded_event_is_the_mechanisms_own_and_gives_its_epsilon_back(tmp
         if recorded is None:
             continue
         report = PrivacyClaim(mech, plan, 1.3, DELTA, accounting.PRV).spent(plan.steps - 3)
-        accountant = "rdp" if report.facts.get("accountant") == "rdp" else "prv"
+        accountant = "rdp" if report.accountant is accounting.RDP_INTEGER else "prv"
         history = [tuple(h) for h in recorded]
         eps = (accounting.fast_rdp_epsilon(history, DELTA) if accountant == "rdp"
                else accounting.epsilon(history, DELTA, "prv"))

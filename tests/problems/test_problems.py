@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from conftest import REPO, tree_env
 from dpbench.problems import facts as problems_facts
-from dpbench.data.image_datasets import Dataset
+from dpbench.data.dataset import Dataset
 from dpbench.problems import PROBLEMS, catalog, get_problem, registry
 from dpbench.problems.convnets import CHANNEL_STATS
 

@@ -13,7 +13,7 @@ import torch
 
 from conftest import WORDS, run_cell, write_fortunes
 from dpbench.data import fortunes
-from dpbench.data.image_datasets import DataError
+from dpbench.data.dataset import DataError
 from dpbench.privacy.per_sample import Tape
 from dpbench.problems import catalog, facts, get_problem, language, text_classification, tokenizer
 from dpbench.problems.finetune import LoRALinear

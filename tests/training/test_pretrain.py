@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dpbench.data import fortunes, overlap, wordnet
-from dpbench.data.image_datasets import DataError
+from dpbench.data.dataset import DataError
 from dpbench.pipeline.fingerprint import pretrain_fingerprint
 from dpbench.problems.transformer import TransformerLM
 from dpbench.training import pretrain as pt
@@ -111,6 +111,23 @@ def test_load_verifies_each_file_and_names_a_missing_or_changed_one(tmp_path, mo
     (tmp_path / "wordnet" / "data.b").unlink()
     with pytest.raises(DataError, match=r"(?s)not found.*wordnet: missing data\.b.*apt-get install wordnet-base"):
         wordnet.load(tmp_path, manifest=manifest)
+    (tmp_path / "wordnet" / "data.b").write_bytes(b"\xff")
+    with pytest.raises(DataError, match=r"checksum mismatch .*Debian's wordnet-base package; reinstall it "
+                                        r"\(`apt-get install --reinstall wordnet-base`\)"):
+        wordnet.load(tmp_path, manifest=manifest)
+
+
+def test_the_checkpoints_code_is_the_corpora_not_the_image_loaders():
+    """The two Debian corpora share one locate-and-verify (dpbench.data.debian) and DataError
+    lives apart from the image loaders: the code that names a pretrained checkpoint holds both
+    corpora's loaders and none of Fashion-MNIST's or CIFAR-10's (their downloader included)."""
+    from dpbench.pipeline import fingerprint
+
+    closure = fingerprint.module_closure(fingerprint.PRETRAIN)
+    data = sorted(m for m in closure if m.startswith("dpbench.data."))
+    assert data == ["dpbench.data.dataset", "dpbench.data.debian", "dpbench.data.fortunes", "dpbench.data.overlap",
+                    "dpbench.data.wordnet"]
+    assert wordnet.PACKAGE.package == "wordnet-base" and fortunes.PACKAGE.package == "fortunes"
 
 
 @pytest.mark.realdata

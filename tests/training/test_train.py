@@ -229,3 +229,30 @@ def test_validation_split_is_held_out_and_selects_without_test(tiny_fmnist):
     assert r["best_val_accuracy"] == val.accuracy.max()
     assert r["test_accuracy_at_best_val"] == test.loc[best_epoch, "accuracy"]
     assert r["test_loss_at_best_val"] == test.loc[best_epoch, "loss"]
+
+
+def test_the_privacy_section_is_written_whole_and_refuses_a_key_given_twice():
+    """The run file's privacy section is one typed value: the claim's record (its facts with
+    it), the private step's keys, the step's facts and a search's record, each key once; the
+    mechanism's caveat replaces the optimizer's; a key two parts give is refused, not merged."""
+    import dataclasses
+
+    from dpbench.mechanisms.base import PlanRequest, PrivacyClaim
+    from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
+    from dpbench.training.calibration import PrivacySection
+
+    mech = PoissonSubsampledGaussian()
+    record = PrivacyClaim(mech, mech.plan(PlanRequest(1000, 100, 1)), 1.0, 1e-5, "prv", 2.0).record(4)
+    section = PrivacySection(record, "built-in", clip_norm=1.0, normalize_clipping=False, sensitivity=1.0,
+                             noise_std_mean_gradient=0.01, caveat="the optimizer's", stages={}, step_class="x.Y",
+                             step={"noise_file": None}, tuning={"epsilon": 3.0})
+    out = section.run_file()
+    assert out["noise_schedule"] == "constant" and out["noise_file"] is None and out["tuning"] == {"epsilon": 3.0}
+    assert (out["epsilon"], out["steps"], out["caveat"], out["clip_norm"]) == (record.epsilon_spent, 4,
+                                                                                "the optimizer's", 1.0)
+    assert "tuning" not in dataclasses.replace(section, tuning=None).run_file()
+    mechanisms = dataclasses.replace(section, claim=dataclasses.replace(record, caveat="the mechanism's"))
+    assert mechanisms.run_file()["caveat"] == "the mechanism's"
+    for step in ({"clip_norm": 2.0}, {"epsilon": 0.0}, {"noise_schedule": "x"}):
+        with pytest.raises(ValueError, match=f"the privacy section's key {next(iter(step))!r} is given twice"):
+            dataclasses.replace(section, step=step).run_file()

@@ -30,8 +30,7 @@ rule factorize:
     conda:
         ENVS["matrix"]
     shell:
-        "OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
-        "{params.dpbench} factorize --key {wildcards.factorization} --out {output.npz:q} "
+        cluster.BLAS_THREADS + "{params.dpbench} factorize --key {wildcards.factorization} --out {output.npz:q} "
         "--report {output.report:q} > {log:q} 2>&1"
 
 
@@ -55,9 +54,8 @@ rule noise:
     conda:
         ENVS["matrix"]
     shell:
-        "OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
-        "{params.dpbench} noise --factorization {input:q} --dim {wildcards.dim} --seed {wildcards.noise_seed} "
-        "--out {output.noise:q} > {log:q} 2>&1"
+        cluster.BLAS_THREADS + "{params.dpbench} noise --factorization {input:q} --dim {wildcards.dim} "
+        "--seed {wildcards.noise_seed} --out {output.noise:q} > {log:q} 2>&1"
 
 
 rule factorize_streamed:
@@ -79,5 +77,5 @@ rule factorize_streamed:
         # mechanisms' module (torch) with training
         ENVS["train"]
     shell:
-        "OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
-        "{params.dpbench} factorize --key {wildcards.streamed_key} --out {output:q} > {log:q} 2>&1"
+        cluster.BLAS_THREADS + "{params.dpbench} factorize --key {wildcards.streamed_key} --out {output:q} "
+        "> {log:q} 2>&1"

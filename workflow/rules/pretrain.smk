@@ -39,6 +39,5 @@ rule pretrain:
     conda:
         ENVS["train"]
     shell:
-        "OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
-        "{params.dpbench} pretrain --recipe {params.recipe} --expect {wildcards.pretrain_key} "
+        cluster.BLAS_THREADS + "{params.dpbench} pretrain --recipe {params.recipe} --expect {wildcards.pretrain_key} "
         "--out {output.model:q} --reuse {params.reuse} --data-dir {params.data_dir} > {log:q} 2>&1"

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from dpbench.pipeline import watch
-    from dpbench.data.image_datasets import DataError
+    from dpbench.data.dataset import DataError
 
     args = build_parser().parse_args(argv)
     log.setup(args.log_level)  # the one format of every diagnostic line (dpbench.log)

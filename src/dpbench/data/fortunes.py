@@ -7,9 +7,9 @@ fortunes``), installed in ``/usr/share/games/fortunes/``: one file per topic (``
 ``<file>.u8`` (symlinks to the same text); neither is read. The three files of the
 ``fortunes-min`` package in the same directory (``fortunes``, ``literature``, ``riddles``) are
 not part of this corpus. Files are located in ``data_dir/fortunes`` first, then in
-``SYSTEM_DIRS``, and each is verified against the SHA-256 in ``SHA256`` before it is parsed; a
-missing or changed file is a DataError naming it, the places searched and how to get it.
-Nothing is replaced by synthetic text.
+``SYSTEM_DIRS``, and each is verified against the SHA-256 in ``SHA256`` before it is parsed
+(``dpbench.data.debian``, shared with ``wordnet``); a missing or changed file is a DataError
+naming it, the places searched and how to get it. Nothing is replaced by synthetic text.
 
 Records. A record is the text between two ``%`` lines, with surrounding whitespace stripped;
 empty records are dropped. Inner line breaks and spacing are kept (some records are ASCII art).
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from dpbench.data.image_datasets import DataError, first_complete
+from dpbench.data.debian import Package
 
 NAME = "fortunes"
 SYSTEM_DIRS: list[Path] = [Path("/usr/share/games/fortunes")]
@@ -52,6 +52,7 @@ HOW_TO_GET = (
     "To obtain the corpus: `apt-get install fortunes` (Debian/Ubuntu; installs "
     "/usr/share/games/fortunes/), or copy the package's plain-text files into DATA_DIR/fortunes/."
 )
+PACKAGE = Package(NAME, "fortunes", HOW_TO_GET)  # where the files are found and how they are verified
 
 # SHA-256 of the plain-text files of Debian's `fortunes` package, version 1:1.99.1-7.3
 # (Debian 12 "bookworm"; the installed files also match the package's own md5sums).
@@ -108,54 +109,10 @@ class Corpus:
     validation_files: tuple[str, ...] = ()
 
 
-# --------------------------------------------------------------------------- locating
-
-
-def _candidates(data_dir: str | Path | None) -> list[Path]:
-    dirs = [Path(data_dir).expanduser() / NAME] if data_dir is not None else []
-    return dirs + [Path(d) for d in SYSTEM_DIRS]
-
-
-def locate(data_dir: str | Path | None = None, *, manifest: Mapping[str, str] | None = None) -> Path:
-    """The first of ``data_dir/fortunes``, then ``SYSTEM_DIRS``, holding every file of the
-    manifest (default ``SHA256``) as a regular file."""
-    found, searched = first_complete(_candidates(data_dir), sorted(SHA256 if manifest is None else manifest))
-    if found is not None:
-        return found
-    raise DataError(f"{NAME}: required file(s) not found.\nSearched:\n{searched}\n{HOW_TO_GET}")
-
-
-# --------------------------------------------------------------------------- checksums
-
-
-def _read_checked(directory: Path, manifest: Mapping[str, str]) -> dict[str, str]:
-    """{file: text} for every file of the manifest, each checked against its SHA-256."""
-    texts = {}
-    for name in sorted(manifest):
-        path = Path(directory) / name
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise DataError(f"cannot read {path}: {e}. {HOW_TO_GET}") from None
-        expected = manifest[name].lower().removeprefix("sha256:")
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != expected:
-            raise DataError(
-                f"checksum mismatch for {path}: expected sha256:{expected}, got sha256:{actual}. "
-                f"The file is damaged or not the one of Debian's fortunes package; reinstall it "
-                f"(`apt-get install --reinstall fortunes`) or replace the copy. {HOW_TO_GET}"
-            )
-        try:
-            texts[name] = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: not UTF-8 text ({e})") from None
-    return texts
-
-
 def verify(directory: str | Path, *, manifest: Mapping[str, str] | None = None) -> dict[str, str]:
     """Verify the files in ``directory``; return {file: "sha256:<hex>"} of what was checked."""
     manifest = SHA256 if manifest is None else manifest
-    _read_checked(Path(directory), manifest)
+    PACKAGE.read_verified(directory, manifest)
     return {name: f"sha256:{manifest[name].lower().removeprefix('sha256:')}" for name in sorted(manifest)}
 
 
@@ -198,8 +155,7 @@ def load(data_dir: str | Path | None = None, *, manifest: Mapping[str, str] | No
     load generated files.
     """
     manifest = SHA256 if manifest is None else manifest
-    directory = locate(data_dir, manifest=manifest)
-    texts = _read_checked(directory, manifest)
+    directory, texts = PACKAGE.texts(data_dir, SYSTEM_DIRS, manifest)
     labelled = [(r, name) for name in sorted(texts) for r in parse(texts[name])]
     train, validation = split([r for r, _ in labelled])
     train_files = tuple(name for r, name in labelled if not is_validation(r))

@@ -28,26 +28,8 @@ from typing import BinaryIO, Mapping
 
 import numpy as np
 
+from dpbench.data.dataset import DataError, Dataset, first_complete
 from dpbench.files import refuse_special, umask
-
-
-class DataError(RuntimeError):
-    """A dataset file is missing, corrupt, or not the official one."""
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """A dataset's training and test splits as raw arrays, in their fixed order: ``x`` the inputs
-    (here images, uint8 (N, C, H, W); P4's are token ids, ``dpbench.problems.language``), ``y``
-    the labels (int64 (N,); zeros where a task has none)."""
-
-    name: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    source: str  # directory or file the data was read from
-
 
 DATASETS = ("fashion-mnist", "cifar10")
 SYSTEM_DIRS: dict[str, list[Path]] = {
@@ -122,19 +104,6 @@ def _candidates(name: str, data_dir: str | Path | None) -> list[Path]:
         base = Path(data_dir).expanduser()
         dirs += [base, base / name]
     return dirs + [Path(d) for d in SYSTEM_DIRS.get(name, [])]
-
-
-def first_complete(candidates: list[Path], files: list[str]) -> tuple[Path | None, str]:
-    """The first candidate directory holding every one of ``files`` as a regular file, or None
-    and, one line per candidate, why it did not (for the error message)."""
-    report = []
-    for d in candidates:
-        missing = [f for f in files if not (d / f).is_file()]
-        if not missing:
-            return d, ""
-        why = "directory does not exist" if not d.is_dir() else "missing " + ", ".join(missing)
-        report.append(f"  {d}: {why}")
-    return None, "\n".join(report) or "  (nothing: no data_dir given and no system directory)"
 
 
 def locate(name: str, data_dir: str | Path | None = None) -> Path:

@@ -5,8 +5,9 @@ Source. Debian's ``wordnet-base`` package (``apt-get install wordnet-base``, ver
 data files ``data.adj``, ``data.adv``, ``data.noun`` and ``data.verb`` are read, nothing else
 (the index, exception and sentence-frame files hold no prose). Files are located in
 ``data_dir/wordnet`` first, then in ``SYSTEM_DIRS``, and each is verified against the SHA-256
-in ``SHA256`` before it is parsed; a missing or changed file is a DataError naming it. Nothing
-is downloaded and nothing is replaced by synthetic text.
+in ``SHA256`` before it is parsed (``dpbench.data.debian``, shared with ``fortunes``); a missing
+or changed file is a DataError naming it. Nothing is downloaded and nothing is replaced by
+synthetic text.
 
 Licence (WordNet 3.0, Princeton University): "Permission to use, copy, modify and distribute
 this software and database and its documentation for any purpose and without fee or royalty is
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from dpbench.data.image_datasets import DataError, first_complete
+from dpbench.data.debian import Package
 
 NAME = "wordnet"
 SYSTEM_DIRS: list[Path] = [Path("/usr/share/wordnet")]
@@ -50,6 +51,7 @@ HOW_TO_GET = (
     "To obtain the corpus: `apt-get install wordnet-base` (Debian/Ubuntu; installs /usr/share/wordnet/), "
     "or copy the package's data.adj, data.adv, data.noun and data.verb into DATA_DIR/wordnet/."
 )
+PACKAGE = Package(NAME, "wordnet-base", HOW_TO_GET)  # where the files are found and how they are verified
 
 # SHA-256 of the data files of Debian's `wordnet-base` 1:3.0-37 (the installed files also match
 # the package's own md5sums).
@@ -66,38 +68,6 @@ class Corpus:
     train: tuple[str, ...]
     validation: tuple[str, ...]
     source: str  # the directory the files were read from
-
-
-def locate(data_dir: str | Path | None = None, *, manifest: Mapping[str, str] | None = None) -> Path:
-    """The first of ``data_dir/wordnet``, then ``SYSTEM_DIRS``, holding every file of the
-    manifest (default ``SHA256``) as a regular file."""
-    candidates = ([Path(data_dir).expanduser() / NAME] if data_dir is not None else []) + list(SYSTEM_DIRS)
-    found, searched = first_complete(candidates, sorted(SHA256 if manifest is None else manifest))
-    if found is not None:
-        return found
-    raise DataError(f"{NAME}: required file(s) not found.\nSearched:\n{searched}\n{HOW_TO_GET}")
-
-
-def read_checked(directory: Path, manifest: Mapping[str, str]) -> dict[str, str]:
-    """{file: text} for every file of the manifest, each checked against its SHA-256."""
-    texts = {}
-    for name in sorted(manifest):
-        path = Path(directory) / name
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise DataError(f"cannot read {path}: {e}. {HOW_TO_GET}") from None
-        expected = manifest[name].lower().removeprefix("sha256:")
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != expected:
-            raise DataError(f"checksum mismatch for {path}: expected sha256:{expected}, got sha256:{actual}. "
-                            f"The file is damaged or not the one of Debian's wordnet-base; reinstall it "
-                            f"(`apt-get install --reinstall wordnet-base`) or replace the copy. {HOW_TO_GET}")
-        try:
-            texts[name] = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: not UTF-8 text ({e})") from None
-    return texts
 
 
 def parse(text: str) -> list[str]:
@@ -131,8 +101,7 @@ def load(data_dir: str | Path | None = None, *, manifest: Mapping[str, str] | No
     """Locate, verify and parse the corpus. ``manifest`` ({file: SHA-256 hex}) replaces
     ``SHA256``, file set included; tests use it to load generated files."""
     manifest = SHA256 if manifest is None else manifest
-    directory = locate(data_dir, manifest=manifest)
-    texts = read_checked(directory, manifest)
+    directory, texts = PACKAGE.texts(data_dir, SYSTEM_DIRS, manifest)
     train, validation = split([r for name in sorted(texts) for r in parse(texts[name])])
     return Corpus(train, validation, str(directory))
 

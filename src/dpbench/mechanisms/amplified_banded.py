@@ -94,9 +94,7 @@ class AmplifiedBandedMechanism(StreamedMechanism):
         return Spent(done, planned, accounting.RDP.epsilon(done_history, delta), {
             # an independent cross-check: our own pessimistic PLD of the same event (dpbench.privacy.pld)
             "epsilon_pld": pld.epsilon(delta, rate, sigma_acc, rounds_done) if rounds_done else 0.0,
-            "noise_multiplier": self.accounted_sigma(plan, noise_multiplier),
-            "noise_multiplier_streamed": noise_multiplier,
-            "sample_rate": plan.sample_rate, "planned_steps": plan.steps, "bands": bands,
+            "noise_multiplier_streamed": noise_multiplier, "bands": bands,
             "rounds": plan.rounds, "rounds_taken": cyclic_poisson.rounds(steps, bands) if steps else 0,
             "accounted_event": (f"DP-SGD: {plan.rounds} = ceil(T / b) steps, Poisson rate p = b L / N = "
                                 f"{plan.sample_rate:g}, noise multiplier sigma_Z / max_j ||C e_j|| "
@@ -110,7 +108,7 @@ class AmplifiedBandedMechanism(StreamedMechanism):
                        "key": plan.factorization_key, "factorization_file": str(plan.factorization_file),
                        "noise": "streamed (no noise file); its state is in checkpoints, which are private files",
                        **fact.report},
-        })
+        }, noise_multiplier=self.accounted_sigma(plan, noise_multiplier))  # sample_rate, T: the claim's
 
     def sampler(self, plan: AmplifiedBandedPlan, n_train: int, seed: int, device, lanes: int = 1):
         """Cyclic Poisson over lanes n_train examples: with independent groups and inclusions,

@@ -141,15 +141,33 @@ class Target:
 class Spent:
     """What a mechanism reports of its claim after some steps (``Mechanism.report``): the epsilon
     spent by the steps taken (the run file's ``privacy.epsilon``), by the planned T
-    (``epsilon_planned``), the RDP epsilon of the steps taken as a cross-check (``epsilon_rdp``),
-    and the mechanism's own public facts, recorded as they are in the run file's ``privacy``
-    section (a fact named like one of its keys replaces it: amplified BandMF records its
-    accounted noise multiplier)."""
+    (``epsilon_planned``), the RDP epsilon of the steps taken as a cross-check (``epsilon_rdp``);
+    where the mechanism accounts otherwise than its claim says, typed: ``accountant``, the
+    registered accountant it accounted with (None: the claim's), ``accountant_record``, what the
+    record's ``accountant`` says of it where run files have always said more or other than its
+    name (the one-release mechanisms' ``analytic-gaussian (one release, ...)``, D2P2's ``rdp``),
+    ``noise_multiplier``, the noise multiplier it accounted (None: the claim's sigma; amplified
+    BandMF's sigma_Z / max_j ||C e_j||), ``caveat``, a limit of its guarantee that replaces the
+    optimizer's (None: the optimizer's); and ``facts``, the mechanism's own public facts, none
+    of which may name a key of the claim's record (refused: the record is written whole, never
+    merged over)."""
 
     epsilon_spent: float
     epsilon_planned: float
     epsilon_rdp: float
     facts: dict[str, Any] = field(default_factory=dict)
+    accountant: accounting.Accountant | None = None
+    accountant_record: str | None = None
+    noise_multiplier: float | None = None
+    caveat: str | None = None
+
+    def __post_init__(self):
+        taken = [k for k in self.facts if k in RECORD_KEYS]
+        if taken:
+            raise ValueError(f"a mechanism's facts may not name a key of the claim's record: {', '.join(taken)} "
+                             "(report it as Spent's typed field)")
+        if self.accountant is not None:
+            object.__setattr__(self, "accountant", accounting.get_accountant(self.accountant))
 
 
 class Mechanism(Protocol):
@@ -199,10 +217,16 @@ class Mechanism(Protocol):
 
 @dataclass(frozen=True)
 class ClaimRecord:
-    """What a run file says of its privacy claim (``PrivacyClaim.record``): each field is the
-    ``privacy`` key of the same name, except ``epsilon_spent``, written as ``epsilon`` (the
-    epsilon the steps taken spent; ``target_epsilon`` is the one asked for), and ``facts``, the
-    mechanism's own keys (``Spent.facts``), written after the others (``run_file``)."""
+    """What a run file says of its privacy claim (``PrivacyClaim.record``), written whole
+    (``run_file``): each field is the ``privacy`` key of the same name, except ``epsilon_spent``,
+    written as ``epsilon`` (the epsilon the steps taken spent; ``target_epsilon`` is the one
+    asked for), ``facts``, the mechanism's own keys (``Spent.facts``, which name none of the
+    others), and ``caveat``, the mechanism's limit of the guarantee (``Spent.caveat``), which the
+    run's privacy section writes in place of the optimizer's (``caveat`` is its key there).
+    ``accountant`` names the accountant that computed ``epsilon``: the claim's, or the
+    mechanism's own (``Spent.accountant``, as ``Spent.accountant_record`` says where it gives one);
+    ``noise_multiplier`` is the accounted one (``Spent.noise_multiplier``) where it differs from
+    sigma."""
 
     mechanism: str | None
     noise_multiplier: float
@@ -219,12 +243,18 @@ class ClaimRecord:
     accounted_history: list[list[float]] | None
     calibration_time_s: float
     facts: dict[str, Any]
+    caveat: str | None = None
 
     def run_file(self) -> dict[str, Any]:
-        """The run file's keys of the claim, in its order; ``facts`` stay apart (the caller
-        writes them last, so that a fact named like a key replaces it)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "facts"}
-        return {("epsilon" if k == "epsilon_spent" else k): v for k, v in out.items()}
+        """The run file's keys of the claim: its fields in order, then the mechanism's facts."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("facts", "caveat")}
+        out = {("epsilon" if k == "epsilon_spent" else k): v for k, v in out.items()}
+        return {**out, **self.facts}  # Spent refuses a fact named like a key
+
+
+# The keys of a claim's record in the run file (``ClaimRecord.run_file``, ``caveat`` with them):
+# no mechanism fact may take one (``Spent``).
+RECORD_KEYS = frozenset({"epsilon", "caveat"} | {f.name for f in fields(ClaimRecord)} - {"epsilon_spent", "facts"})
 
 
 # where a run's sigma came from (recorded as privacy.noise_multiplier_source)
@@ -278,18 +308,20 @@ class PrivacyClaim:
         """The claim as the run file records it after ``steps`` steps."""
         private = self.private
         spent = self.spent(steps) if private else Spent(math.inf, math.inf, math.inf)
+        accountant = (spent.accountant_record or (spent.accountant or self.accountant).name) if private else None
         return ClaimRecord(
-            mechanism=self.mechanism.name if private else None, noise_multiplier=self.noise_multiplier,
+            mechanism=self.mechanism.name if private else None,
+            noise_multiplier=self.noise_multiplier if spent.noise_multiplier is None else spent.noise_multiplier,
             noise_multiplier_source=self.source, sample_rate=self.plan.sample_rate if private else None,
             planned_steps=self.plan.steps, steps=steps, delta=self.delta if private else None,
             target_epsilon=self.target_epsilon if private else None, epsilon_spent=spent.epsilon_spent,
             epsilon_planned=spent.epsilon_planned, epsilon_rdp=spent.epsilon_rdp,
-            accountant=self.accountant.name if private else None,
+            accountant=accountant,
             # the event the steps taken are accounted as ([[sigma, q, n], ...]; None: one Gaussian
             # release, or a bound that may fail): what composes runs (epsilon_sel)
             accounted_history=(recorded_history(self.mechanism, self.plan, self.noise_multiplier, steps)
                                if private else None),
-            calibration_time_s=self.seconds, facts=dict(spent.facts))
+            calibration_time_s=self.seconds, facts=dict(spent.facts), caveat=spent.caveat)
 
 
 def recorded_history(mechanism: Any, plan: Plan, noise_multiplier: float, steps: int) -> list[list[float]] | None:
@@ -320,14 +352,13 @@ def one_release_spent(claim: PrivacyClaim, steps: int, planned_sensitivity: floa
     def eps(s: float) -> float:
         if s == 0:
             return 0.0
-        return math.inf if sigma <= 0 else accounting.gaussian_epsilon(s / sigma, delta)
+        return math.inf if sigma <= 0 else accounting.ANALYTIC_GAUSSIAN.release_epsilon(s / sigma, delta)
 
     rdp = 0.0 if done == 0 else math.inf if sigma <= 0 else accounting.RDP.epsilon([(sigma / done, 1.0, 1)], delta)
     return Spent(eps(done), eps(planned_sensitivity), rdp, {
-        "accountant": "analytic-gaussian (one release, Balle & Wang 2018)",
         "strategy_sensitivity": planned_sensitivity, "strategy_sensitivity_steps_taken": done,
         "sampling": (f"fixed batches: one shuffle per run, {batches} batches of exactly L = {plan.batch_size} "
                      f"({plan.unused_examples} examples unused), same order every epoch; no amplification"),
         "adjacency": "zero-out (one example's gradients replaced by 0 in its batch slot)",
         "matrix": matrix,
-    })
+    }, accounting.ANALYTIC_GAUSSIAN, "analytic-gaussian (one release, Balle & Wang 2018)")

@@ -35,21 +35,6 @@ def geometric_buckets(steps: int, factor: Callable[[int], float], rel: float = 0
     return buckets
 
 
-class IntegerOrderRDP(accounting.Accountant):
-    """RDP at integer orders, vectorised over a history's segments (``accounting.fast_rdp_epsilon``):
-    the accountant of a mechanism built with ``accountant="rdp"`` (long decaying schedules,
-    hundreds of segments), whatever the run names. Not a name a run may give."""
-
-    name = "rdp-integer-orders"
-    description = "RDP at integer orders (accounting.fast_rdp_epsilon)"
-
-    def _epsilon(self, history: accounting.History, delta: float) -> float:
-        return accounting.fast_rdp_epsilon(history, delta)
-
-
-FAST_RDP = IntegerOrderRDP()
-
-
 @functools.lru_cache(maxsize=32)
 def _cached_buckets(steps: int, factor: Callable[[int], float], rel: float) -> list[tuple[float, int]]:
     return geometric_buckets(steps, factor, rel)
@@ -60,20 +45,23 @@ class PoissonSubsampledGaussian:
     multiplier sigma * schedule(k) at step k (schedule = 1 unless an optimizer decays it), and
     sigma calibrated so that the composition meets the target epsilon (PRV by default).
 
-    ``accountant="rdp"`` makes this mechanism always use ``accounting.fast_rdp_epsilon``
-    (integer-order RDP, vectorised) whatever the run asks for: long decaying schedules are
-    accounted as hundreds of segments, too slow for Opacus's accountants; the run records
-    which accountant was used."""
+    ``accountant`` (a registered ``accounting.Accountant``; None: the run's) is the one this
+    mechanism always accounts with, whatever the run asks for: D2P2's ``accounting.RDP_INTEGER``
+    (integer-order RDP, vectorised), as long decaying schedules are accounted as hundreds of
+    segments, too slow for Opacus's accountants; the run's record names it (``Spent.accountant``;
+    ``RDP_INTEGER``'s record says ``rdp``, as run files always have, with ``rdp_orders``)."""
 
     name = "poisson-subsampled-gaussian"
     audit = AuditSpec("lr")
     event_hyperparameters = ()  # the plan reads none of the optimizer's hyperparameters
 
     def __init__(self, schedule: Callable[[int], float] | None = None, schedule_name: str = "constant",
-                 bucket_rel: float = 0.01, accountant: str | None = None):
+                 bucket_rel: float = 0.01, accountant: accounting.Accountant | None = None):
         self.schedule, self.schedule_name, self.bucket_rel = schedule, schedule_name, bucket_rel
-        if accountant not in (None, "rdp"):
-            raise ValueError(f"accountant must be None (the run's) or 'rdp', got {accountant!r}")
+        if accountant is not None and accounting.REGISTRY.get(getattr(accountant, "name", None)) is not accountant:
+            # a name would be ambiguous here (D2P2's was once "rdp"): the registered object itself
+            raise ValueError(f"accountant must be None (the run's) or a registered accounting.Accountant, "
+                             f"got {accountant!r}")
         self.accountant = accountant
 
     def plan(self, request: PlanRequest) -> Plan:
@@ -104,9 +92,9 @@ class PoissonSubsampledGaussian:
         return delta - fail
 
     def _accountant(self, claimed: accounting.Accountant) -> accounting.Accountant:
-        """The accountant this mechanism accounts with: its own integer-order RDP where it was
-        built with ``accountant="rdp"``, else the one the run names."""
-        return FAST_RDP if self.accountant == "rdp" else claimed
+        """The accountant this mechanism accounts with: its own where it was built with one,
+        else the one the run names."""
+        return claimed if self.accountant is None else self.accountant
 
     def calibrate(self, plan: Plan, target: Target) -> float:
         delta = self._delta(plan, target.delta)
@@ -120,9 +108,8 @@ class PoissonSubsampledGaussian:
         plan = claim.plan
         history = self.history(plan, claim.noise_multiplier, plan.steps)
         fail = self.delta_fail(plan)
-        if self.accountant == "rdp":
-            return profiles.rdp_profile(history, delta_fail=fail)
-        return profiles.accounted_profile(claim.accountant, history, delta=claim.delta, delta_fail=fail)
+        return profiles.accounted_profile(self._accountant(claim.accountant), history, delta=claim.delta,
+                                          delta_fail=fail)
 
     def report(self, claim: PrivacyClaim, steps: int) -> Spent:
         plan, sigma = claim.plan, claim.noise_multiplier
@@ -131,10 +118,10 @@ class PoissonSubsampledGaussian:
         planned = accountant.epsilon(self.history(plan, sigma, plan.steps), acc_delta)
         history = self.history(plan, sigma, steps)
         done = planned if steps == plan.steps else accountant.epsilon(history, acc_delta)
-        rdp = (FAST_RDP if self.accountant == "rdp" else accounting.RDP).epsilon(history, acc_delta)
+        own = accountant is accounting.RDP_INTEGER  # D2P2's: its RDP cross-check at the same orders
+        rdp = (accounting.RDP_INTEGER if own else accounting.RDP).epsilon(history, acc_delta)
         facts = {"noise_schedule": self.schedule_name}
-        if self.accountant == "rdp":
-            facts["accountant"] = "rdp"
+        if own:
             facts["rdp_orders"] = ("integer orders 2-63, 80, 100, 128, 160, 200, 256, 512, 1024 "
                                    "(accounting.fast_rdp_epsilon)")
         if self.schedule is not None:
@@ -142,7 +129,8 @@ class PoissonSubsampledGaussian:
         if self.delta_fail(plan) > 0:
             facts["delta_fail"] = self.delta_fail(plan)
             facts["delta_accounted"] = acc_delta
-        return Spent(done, planned, rdp, facts)
+        # the record's name of RDP_INTEGER stays the "rdp" run files have always written (with rdp_orders)
+        return Spent(done, planned, rdp, facts, self.accountant, "rdp" if own else None)
 
     def sampler(self, plan: Plan, n_train: int, seed: int, device, lanes: int = 1) -> PoissonSampler:
         # each example is drawn independently: one sampler over all lanes' examples is already

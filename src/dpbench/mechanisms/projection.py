@@ -396,9 +396,7 @@ class RandomProjectionGaussian(PoissonSubsampledGaussian):
         facts = {**spent.facts, "projection": plan.projection}
         if plan.tail_t is not None:
             facts["projection_tail_t"] = plan.tail_t
-        if plan.paper_sensitivity:
-            facts["caveat"] = PAPER_SENSITIVITY_CAVEAT
-        return replace(spent, facts=facts)
+        return replace(spent, facts=facts, caveat=PAPER_SENSITIVITY_CAVEAT if plan.paper_sensitivity else spent.caveat)
 
     def noise(self, plan: ProjectionPlan, seed: int, device) -> ProjectionNoise:
         return ProjectionNoise(seed, device, plan.projection, plan.tail_t, plan.paper_sensitivity)

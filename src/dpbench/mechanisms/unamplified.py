@@ -47,10 +47,10 @@ class UnamplifiedGaussian(PoissonSubsampledGaussian):
         def eps(t: int) -> float:
             if t == 0:
                 return 0.0
-            return math.inf if sigma <= 0 else accounting.gaussian_epsilon(math.sqrt(t) / sigma, delta)
+            return math.inf if sigma <= 0 else accounting.ANALYTIC_GAUSSIAN.release_epsilon(math.sqrt(t) / sigma, delta)
 
         return Spent(eps(steps), eps(plan.steps), accounting.RDP.epsilon([(sigma, 1.0, steps)], delta), {
-            "accountant": "analytic-gaussian composition of T steps, no amplification (Balle & Wang 2018)",
             "sampling": (f"Poisson at q = {plan.sample_rate:.6g}, not used for amplification: every step "
                          "after an example's first participation depends on it"),
-        })
+        }, accounting.ANALYTIC_GAUSSIAN,
+            "analytic-gaussian composition of T steps, no amplification (Balle & Wang 2018)")

@@ -37,6 +37,7 @@ from dpbench.mechanisms.noise import ProjectionNoise
 from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian, inverse_sqrt_schedule
 from dpbench.optimizers.base import SGD, Context, DPStep
 from dpbench.optimizers.spec import OptimizerSpec
+from dpbench.privacy import accounting
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ D2P2SGD = OptimizerSpec(
     reference=REFERENCE + " Alg. 1",
     defaults=PROJECTION_DEFAULTS,
     mechanism=projection.RandomProjectionGaussian(inverse_sqrt_schedule, "inverse-sqrt", BUCKET_REL,
-                                                  accountant="rdp"),
+                                                  accountant=accounting.RDP_INTEGER),
 )
 
 D2PSGD = OptimizerSpec(
@@ -168,7 +169,7 @@ D2PSGD = OptimizerSpec(
     description="D2P-SGD: automatic clipping and decaying noise sigma/sqrt(k) / L, no projection",
     reference=REFERENCE + " Alg. 2 (D2P-SGD: no projection)",
     defaults={"auto_clip_gamma": 0.01},
-    mechanism=PoissonSubsampledGaussian(inverse_sqrt_schedule, "inverse-sqrt", BUCKET_REL, accountant="rdp"),
+    mechanism=PoissonSubsampledGaussian(inverse_sqrt_schedule, "inverse-sqrt", BUCKET_REL, accountant=accounting.RDP_INTEGER),
     cost_class="dpsgd",
 )
 

@@ -9,19 +9,25 @@ the jobs, the config check, the cluster cost model, the fingerprints) imports ne
   ``dpbench.mechanisms.files`` declaration: the factorization and noise files the workflow makes).
 * ``FigureFacts`` (``FIGURES``): per built-in figure its kind (the files it writes), the table
   it is drawn from (``runs`` or ``audits``), its options and their defaults, and whether it
-  selects on the validation split.
+  selects on the validation split: read from the figure's one declaration in
+  ``dpbench.reporting.figures.BUILT_IN`` and its drawing function's signature, statically
+  (``ast``: nothing of the figures package is imported), so a figure is declared once.
 
-Both are second lists beside the registries (``dpbench.optimizers.OPTIMIZERS``,
-``dpbench.reporting.figures.FIGURES``), whose specs hold the step's builder and the drawing
-function: tests/pipeline/test_catalog.py holds each entry equal to its spec. ``optimizer(id)`` and
+``OPTIMIZERS`` is still a second list beside the registry (``dpbench.optimizers.OPTIMIZERS``,
+whose specs hold the step's builder; their defaults are expressions, not literals, so they are
+not read statically): tests/pipeline/test_catalog.py holds each entry equal to its spec, and
+the figures read from the sources equal to the live specs. ``optimizer(id)`` and
 ``figure(id)`` read a built-in here and a plugin's from its spec through the registry (which
 imports the plugin, and so may import torch: only where a config names a plugin).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Mapping
 
 from dpbench import hyperparameters
@@ -116,37 +122,56 @@ class FigureFacts:
                    spec.needs_validation, min_seeds)
 
 
-_COMPARISON = ("problems", "optimizers", "select_by", "filters")
-_HEATMAP = ("problem", "ys", "x", "epsilons", "optimizers", "select_by", "filters", "fmt")
-_BEST = ("problem", "epsilons", "optimizers", "select_by", "filters")
-_LM = ("problem", "optimizers", "filters")
-_TUNING = ("problem", "select_by", "optimizers", "filters")
-_FINETUNE = ("problem", "modes", "epsilons", "optimizers", "select_by", "non_private")
-_VAL = {"select_by": "val"}
+# -- the built-in figures, read from their one declaration ----------------------------------
+FIGURES_PACKAGE = Path(__file__).resolve().parents[1] / "reporting" / "figures"
+_SPEC_FIELDS = ("id", "build", "title", "defaults", "kind", "needs_validation", "table")  # FigureSpec's order
 
-FIGURES: dict[str, FigureFacts] = {f.id: f for f in (
-    FigureFacts("fig5_1", _COMPARISON),
-    FigureFacts("fig5_2", _COMPARISON, {"problems": ["P1", "P3", "P2"]}),
-    FigureFacts("fig5_3", ("problems", "optimizers", "select_by", "min_seeds", "filters"), min_seeds=2),
-    FigureFacts("fig5_4", _HEATMAP, {"problem": "P1", "ys": ("batch_size", "epochs")}),
-    FigureFacts("fig5_5", _BEST, {"problem": "P1"}),
-    FigureFacts("fig5_6", _HEATMAP, {"problem": "P2"}),
-    FigureFacts("fig5_7", _HEATMAP, {"problem": "P1"}),
-    FigureFacts("fig5_8", _HEATMAP, {"problem": "P3"}),
-    FigureFacts("figB_1", _HEATMAP, {"problem": "P2", "ys": ("batch_size", "epochs")}),
-    FigureFacts("figB_2", _BEST, {"problem": "P2"}),
-    FigureFacts("audit", ("optimizers",), table="audits"),
-    FigureFacts("lm_loss", _LM, {"problem": "P4"}, needs_validation=True),
-    FigureFacts("lm_exposure", _LM, {"problem": "P4"}, needs_validation=True),
-    FigureFacts("lm_ranking", ("problem", "k", "optimizers", "filters"), {"problem": "P4"}, "table",
-                needs_validation=True),
-    FigureFacts("tuning", _TUNING, {"problem": "P2", **_VAL}),
-    FigureFacts("tuning_table", _TUNING, {"problem": "P2", **_VAL}, "table"),
-    FigureFacts("finetune", (*_FINETUNE, "filters"), {"problem": "P6", **_VAL}),
-    FigureFacts("finetune_table", (*_FINETUNE, "k", "filters"), {"problem": "P6", **_VAL}, "table"),
-    FigureFacts("finetune_exposure", ("problem", "k", *_FINETUNE[1:], "filters"), {"problem": "P5", **_VAL}),
-    FigureFacts("finetune_claims", ("select_by", "k", "filters"), dict(_VAL), "table"),
-)}
+
+@lru_cache(maxsize=None)
+def _source(module: str) -> ast.Module:
+    """The parsed source of a module of the figures package ("": its ``__init__``), parsed once."""
+    path = FIGURES_PACKAGE / (f"{module}.py" if module else "__init__.py")
+    return ast.parse(path.read_text())
+
+
+def _drawing_function(module: str, name: str, depth: int = 0) -> ast.FunctionDef:
+    """The definition of ``name`` as the figures package's module binds it, following its
+    ``from dpbench.reporting.figures.<m> import name`` statements."""
+    tree = _source(module)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dpbench.reporting.figures.")
+                and any((a.asname or a.name) == name for a in node.names) and depth < 10):
+            return _drawing_function(node.module.removeprefix("dpbench.reporting.figures."), name, depth + 1)
+    raise ValueError(f"dpbench.reporting.figures: no function {name!r} found for a built-in figure")
+
+
+def _figure_facts() -> dict[str, FigureFacts]:
+    """Each built-in figure's facts, read from the sources (nothing imported): its declaration in
+    ``dpbench.reporting.figures.BUILT_IN`` (``FigureSpec(id, build, title, defaults, kind=,
+    needs_validation=, table=)``, literals) and its drawing function's keyword parameters."""
+    tree = _source("")
+    (declared,) = [n.value for n in tree.body if isinstance(n, ast.Assign)
+                   and any(getattr(t, "id", None) == "BUILT_IN" for t in n.targets)]
+    out = {}
+    for call in declared.elts:
+        given = {**dict(zip(_SPEC_FIELDS, call.args)), **{k.arg: k.value for k in call.keywords}}
+        value = {k: ast.literal_eval(v) for k, v in given.items() if k not in ("build", "title")}
+        build = _drawing_function("", given["build"].id).args
+        params = [*build.posonlyargs, *build.args][1:] + build.kwonlyargs  # after the table
+        defaults = dict(zip([a.arg for a in [*build.posonlyargs, *build.args]][::-1], build.defaults[::-1]))
+        defaults |= {a.arg: d for a, d in zip(build.kwonlyargs, build.kw_defaults) if d is not None}
+        min_seeds = ast.literal_eval(defaults["min_seeds"]) if "min_seeds" in defaults else None
+        facts = FigureFacts(value["id"], tuple(a.arg for a in params), value.get("defaults", {}),
+                            value.get("kind", "figure"), value.get("table", "runs"),
+                            value.get("needs_validation", False), min_seeds)
+        out[facts.id] = facts
+    return out
+
+
+FIGURES: dict[str, FigureFacts] = _figure_facts()
 
 
 def plugins_installed(group: str) -> bool:

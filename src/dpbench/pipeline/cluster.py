@@ -59,6 +59,9 @@ SHORT_RUN_MIN = 5  # estimated compute below this: bundle with other short runs
 SHORT_GROUP = "train_short"
 LONG_GROUP = "train_long"
 COSTS_FILE = Path(__file__).with_name("gpu_costs.json")
+# The math libraries' threads pinned to a job's threads: the prefix of the shell command of every
+# rule that computes with them outside `dpbench train --threads` (factorize, noise, pretrain).
+BLAS_THREADS = "OMP_NUM_THREADS={threads} OPENBLAS_NUM_THREADS={threads} MKL_NUM_THREADS={threads} "
 ASSUMED_STARTUP_S = 60.0  # interpreter, CUDA context, data, sigma calibration of one job (assumed)
 
 

@@ -4,8 +4,10 @@ Non-matrix optimizers compose T Poisson-subsampled Gaussian mechanisms with samp
 and noise multiplier sigma. We calibrate sigma as the smallest value whose PRV epsilon
 (Gopi et al. 2021, Opacus's implementation, reported as its upper bound) is at most the
 target, and report the RDP epsilon as a cross-check. Each accountant is an object of
-``REGISTRY`` (``Accountant``: ``name``, ``epsilon(history, delta)``, ``noise_multiplier``);
-a run names one (``get_accountant``), ``DEFAULT_ACCOUNTANT`` unless it says otherwise. The
+``REGISTRY`` (``Accountant``: ``name``, ``epsilon(history, delta)``, ``noise_multiplier``),
+one name each: a run names one of ``ACCOUNTANTS`` (``get_accountant``), ``DEFAULT_ACCOUNTANT``
+unless it says otherwise; a mechanism may account with its own (``RDP_INTEGER``, D2P2's;
+``ANALYTIC_GAUSSIAN``, the releases without subsampling), and its run's record names it. The
 exact Gaussian-mechanism curve (Balle & Wang 2018, thesis eq. 2.4) is here too: it is the
 ground truth for q = 1, where T compositions are one Gaussian mechanism with sensitivity sqrt(T).
 """
@@ -126,9 +128,45 @@ class RDPAccountant(Accountant):
             return float(acc.get_epsilon(delta, alphas=RDP_ORDERS))
 
 
+class IntegerOrderRDP(Accountant):
+    """RDP at the integer orders ``RDP_INTEGER_ORDERS``, vectorised over a history's segments
+    (``fast_rdp_epsilon``): an upper bound of Opacus's RDP, equal to it at these orders, in
+    milliseconds for the hundreds of segments of a decaying noise schedule (D2P2's). A
+    mechanism's own accountant, not one a run names (``ACCOUNTANTS``)."""
+
+    name = "rdp-integer-orders"
+    description = "RDP at integer orders 2-63, 80, 100, 128, 160, 200, 256, 512, 1024 (fast_rdp_epsilon)"
+
+    def _epsilon(self, history: History, delta: float) -> float:
+        return fast_rdp_epsilon(history, delta)
+
+
+class AnalyticGaussian(Accountant):
+    """The Gaussian mechanism's exact curve (Balle & Wang 2018, thesis eq. 2.4) for releases
+    without subsampling (q = 1): segments (sigma, 1, n) compose to one Gaussian mechanism with
+    mu = sqrt(sum n / sigma^2) (``gaussian_epsilon``); a subsampled segment is refused. The
+    accountant of the matrix mechanisms (one release C G + sigma s Z, sigma in units of s) and of
+    dpdice-strict (T releases, no amplification): a mechanism's own, not one a run names."""
+
+    name = "analytic-gaussian"
+    description = "analytic Gaussian (Balle & Wang 2018), releases without subsampling"
+
+    def _epsilon(self, history: History, delta: float) -> float:
+        if any(q != 1.0 for _, q, _ in history):
+            raise ValueError("the analytic Gaussian accountant accounts releases without subsampling (q = 1) only")
+        return self.release_epsilon(math.sqrt(sum(n / s ** 2 for s, _, n in history)), delta)
+
+    def release_epsilon(self, mu: float, delta: float = DELTA) -> float:
+        """The epsilon of one Gaussian mechanism of sensitivity/std ratio ``mu`` at ``delta``."""
+        return gaussian_epsilon(mu, delta)
+
+
 PRV, RDP = PRVAccountant(), RDPAccountant()
-REGISTRY: dict[str, Accountant] = {a.name: a for a in (PRV, RDP)}
-ACCOUNTANTS = tuple(REGISTRY)  # the names a run may give (the config schema's enum, a test holds it)
+RDP_INTEGER, ANALYTIC_GAUSSIAN = IntegerOrderRDP(), AnalyticGaussian()
+# every accountant a run can be accounted with, under one name each: the two a run names, and
+# the mechanisms' own (D2P2's, the one-release mechanisms')
+REGISTRY: dict[str, Accountant] = {a.name: a for a in (PRV, RDP, RDP_INTEGER, ANALYTIC_GAUSSIAN)}
+ACCOUNTANTS = (PRV.name, RDP.name)  # the names a run may give (the config schema's enum, a test holds it)
 DEFAULT_ACCOUNTANT = PRV.name
 
 
@@ -140,7 +178,7 @@ def get_accountant(name: str | Accountant) -> Accountant:
     try:
         return REGISTRY[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown accountant {name!r}; choose one of {', '.join(ACCOUNTANTS)}") from None
+        raise ValueError(f"unknown accountant {name!r}; choose one of {', '.join(REGISTRY)}") from None
 
 
 def epsilon(history: History, delta: float = DELTA, accountant: str | Accountant = DEFAULT_ACCOUNTANT) -> float:

@@ -249,11 +249,14 @@ def accounted_profile(accountant: accounting.Accountant | str, history: accounti
                       delta_fail: float = 0.0) -> Profile:
     """The claim of a run whose history the registry's ``accountant`` accounted at delta -
     delta_fail, at every epsilon: ``prv_profile`` for the PRV accountant, ``rdp_profile`` at
-    Opacus's orders (``accounting.RDP_ORDERS``) for the RDP one; plus delta_fail."""
+    Opacus's orders (``accounting.RDP_ORDERS``) for the RDP one and at the integer orders for
+    ``RDP_INTEGER`` (D2P2's); plus delta_fail."""
     name = accounting.get_accountant(accountant).name
     if name == accounting.PRV.name:
         return prv_profile(history, delta_fail=delta_fail, accountant_delta=delta - delta_fail)
     if name == accounting.RDP.name:
         return rdp_profile(history, orders=accounting.RDP_ORDERS, delta_fail=delta_fail)
-    raise ValueError(f"accountant {name!r} has no privacy profile here (profiles: "
-                     f"{accounting.PRV.name}, {accounting.RDP.name})")
+    if name == accounting.RDP_INTEGER.name:
+        return rdp_profile(history, orders=accounting.RDP_INTEGER_ORDERS, delta_fail=delta_fail)
+    raise ValueError(f"accountant {name!r} has no privacy profile of a history here (profiles: "
+                     f"{accounting.PRV.name}, {accounting.RDP.name}, {accounting.RDP_INTEGER.name})")

@@ -109,8 +109,8 @@ def composed_epsilon_of(histories: Sequence[accounting.History], delta: float = 
         return accounting.gaussian_epsilon(math.sqrt(sum(n / s ** 2 for s, _, n in history)), delta)
     if accountant == accounting.PRV.name:
         return accounting.PRV.epsilon(history, delta)
-    if accountant == "rdp":
-        return accounting.fast_rdp_epsilon(history, delta)
+    if accountant == "rdp":  # selection's "rdp": the registry's integer-order RDP
+        return accounting.RDP_INTEGER.epsilon(history, delta)
     return _pld_epsilon(history, delta, eps_error)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from dpbench.data import image_datasets
-from dpbench.data.image_datasets import Dataset
+from dpbench.data.dataset import Dataset
 from dpbench.problems.catalog import FACTS
 from dpbench.problems.convnets import CHANNEL_STATS, CNN2c2d, CNN3c3d, ConvVAE
 from dpbench.problems.spec import Problem

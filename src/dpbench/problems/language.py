@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from dpbench.data import fortunes
-from dpbench.data.image_datasets import Dataset
+from dpbench.data.dataset import Dataset
 import dpbench.problems.canaries as canary_lib
 import dpbench.problems.tokenizer as tokenizer
 import dpbench.problems.catalog as catalog

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpbench.data.image_datasets import Dataset
+from dpbench.data.dataset import Dataset
 from dpbench.problems.catalog import ProblemFacts
 from dpbench.problems.tasks import Task
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import dpbench.problems.catalog as catalog
 import dpbench.problems.tokenizer as tokenizer
 from dpbench.data import fortunes
-from dpbench.data.image_datasets import DataError, Dataset
+from dpbench.data.dataset import DataError, Dataset
 from dpbench.problems.language import CONTEXT, preprocess
 from dpbench.problems.spec import Problem
 from dpbench.problems.tasks import Task

@@ -34,7 +34,7 @@ from dpbench.problems.catalog import TaskFacts
 from dpbench.reporting.results import provenance
 from dpbench.seeds import stream_seeds
 from dpbench.training import capture, cuda
-from dpbench.training.calibration import calibrate, plan_request
+from dpbench.training.calibration import PrivacySection, calibrate, plan_request
 from dpbench.training.checkpoint import Checkpoint, Trace, checkpoint_state, restore
 from dpbench.training.config import RunConfig
 from dpbench.training.cuda import resolve_device
@@ -190,9 +190,8 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
     the trained parameter count), optimizer, data, the privacy promised (target epsilon,
     sigma, q, T, delta) and delivered (epsilon for the steps taken), the result, the timing and
     the environment."""
-    cfg, spec, problem, plan, splits = setup.cfg, setup.spec, setup.problem, setup.plan, setup.splits
+    cfg, spec, problem, splits = setup.cfg, setup.spec, setup.problem, setup.splits
     ctx, private = parts.context, spec.private
-    claim = setup.claim.record(trace.step)  # the mechanism's claim; the rest is the private step's
     return {
         "config": asdict(cfg),
         "problem": {"id": problem.id, "dataset": problem.dataset, "task": problem.task.name, "metric": problem.metric,
@@ -204,22 +203,7 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
                       "plugin": record_of(spec)},
         "data": {"source": splits.source, "n_train": splits.x_train.shape[0], "n_test": int(splits.x_test.shape[0]),
                  "n_val": int(splits.x_val.shape[0]) if splits.x_val is not None else 0},
-        "privacy": {
-            **claim.run_file(),  # target_epsilon: asked for; epsilon: spent by the steps taken
-            # "plugin": sigma and epsilon come from a plugin's own mechanism class, not dpbench's
-            "mechanism_origin": mechanism_origin(spec.mechanism),
-            "clip_norm": cfg.clip_norm if private else None,
-            "normalize_clipping": cfg.normalize_clipping if private else None,
-            "sensitivity": ctx.clipping.sensitivity if private else None,
-            "noise_std_mean_gradient": getattr(parts.step, "noise_std", 0.0) / plan.batch_size if private else 0.0,
-            "caveat": spec.caveat,
-            # the stages of the private step its class defines itself ({stage: "built-in" or
-            # "plugin"}; {}: all DPStep's), compared, not declared (dpbench.optimizers.stages)
-            "stages": own_stages(type(parts.step)) if private else None,
-            "step_class": f"{type(parts.step).__module__}.{type(parts.step).__qualname__}" if private else None,
-            **claim.facts,
-            **(parts.step.privacy_record() if private else {}),
-        },
+        "privacy": privacy_section(setup, parts, trace.step).run_file(),
         "result": {"status": status, **summarize(metrics, problem.task.facts)},
         "timing": timing,
         "environment": {**provenance(), "device": str(setup.device), "torch_threads": torch.get_num_threads(),
@@ -227,6 +211,27 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
                            if setup.device.type == "cuda" else {}),
                         "seeds": setup.seeds},
     }
+
+
+def privacy_section(setup: Setup, parts: Assembly, steps: int) -> PrivacySection:
+    """The run's privacy section after ``steps`` steps: its claim's record (the mechanism's),
+    what its private step fixed, and the search a candidate belongs to (what it spends in all)."""
+    cfg, spec, plan, claim = setup.cfg, setup.spec, setup.plan, setup.claim
+    ctx, private = parts.context, spec.private
+    tuning = None
+    if cfg.tuning and private:
+        from dpbench.training.tuning import record as search_record
+
+        tuning = search_record(spec, claim, cfg.tuning)
+    return PrivacySection(
+        claim.record(steps), mechanism_origin(spec.mechanism),
+        clip_norm=cfg.clip_norm if private else None,
+        normalize_clipping=cfg.normalize_clipping if private else None,
+        sensitivity=ctx.clipping.sensitivity if private else None,
+        noise_std_mean_gradient=getattr(parts.step, "noise_std", 0.0) / plan.batch_size if private else 0.0,
+        caveat=spec.caveat, stages=own_stages(type(parts.step)) if private else None,
+        step_class=f"{type(parts.step).__module__}.{type(parts.step).__qualname__}" if private else None,
+        step=parts.step.privacy_record() if private else {}, tuning=tuning)
 
 
 def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = None,
@@ -310,10 +315,6 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     if cfg.cuda_graphs:  # how the steps ran: captured, padded or eager (and why)
         timing["cuda_graphs"] = capture_record()
     record = run_record(setup, parts, trace, metrics, status, timing)
-    if cfg.tuning and spec.private:  # the search this candidate belongs to, and what it spends in all
-        from dpbench.training.tuning import record as search_record
-
-        record["privacy"]["tuning"] = search_record(spec, claim, cfg.tuning)
     if memorisation is not None:
         record["memorisation"] = memorisation
     return RunResult(metrics, record)

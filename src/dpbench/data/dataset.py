@@ -1,0 +1,41 @@
+"""What every dataset loader shares: its result (``Dataset``), its one error (``DataError``),
+and how a loader finds the directory that holds its files (``first_complete``). No loader
+lives here, so a module that needs only these (a corpus, a problem) depends on no other loader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+class DataError(RuntimeError):
+    """A dataset file is missing, corrupt, or not the official one."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A dataset's training and test splits as raw arrays, in their fixed order: ``x`` the inputs
+    (here images, uint8 (N, C, H, W); P4's are token ids, ``dpbench.problems.language``), ``y``
+    the labels (int64 (N,); zeros where a task has none)."""
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    source: str  # directory or file the data was read from
+
+
+def first_complete(candidates: list[Path], files: list[str]) -> tuple[Path | None, str]:
+    """The first candidate directory holding every one of ``files`` as a regular file, or None
+    and, one line per candidate, why it did not (for the error message)."""
+    report = []
+    for d in candidates:
+        missing = [f for f in files if not (d / f).is_file()]
+        if not missing:
+            return d, ""
+        why = "directory does not exist" if not d.is_dir() else "missing " + ", ".join(missing)
+        report.append(f"  {d}: {why}")
+    return None, "\n".join(report) or "  (nothing: no data_dir given and no system directory)"
