@@ -22,7 +22,7 @@ OPT = {"dpsgd": 0.0, "dpadamw": 0.05, "adamw": 0.20}
 # as configurations of one setting would choose one rate for both)
 LR_TERM = {"full": {0.01: 0.04, 0.1: 0.0}, "lora": {0.01: 0.0, 0.1: 0.06}, "last-block": {0.01: 0.0, 0.1: 0.02},
            "scratch": {0.01: 0.01, 0.1: 0.0}}
-TRAINED = {"scratch": 847_912, "full": 847_912, "lora": 152_616, "last-block": 203_688}
+TRAINED = {"scratch": 847_912, "full": 847_912, "lora": 152_616, "last-block": 203_688, "head": 5_160}
 
 
 def accuracy(opt, eps, mode, lr, seed):
@@ -361,7 +361,7 @@ def test_each_verdict_from_a_runs_table_whose_answers_are_known():
     data = claims_data(runs)
     verdicts = {n: [r["verdict"] for r in rows] for n, rows in data.items()}
     assert verdicts == {"1": ["holds"], "2a": ["direction only"], "2b": ["not supported"], "3": ["reversed"],
-                        "4a": ["–"], "4b": [], "5": [], "6a": [], "6b": [], "6c": []}
+                        "4a": ["–"], "4b": [], "5": [], "6a": [], "6b": [], "6c": [], "7": []}
     one = data["1"][0]
     half = stats_t2() * 0.01 / math.sqrt(3)
     assert (one["diff"], one["low"], one["high"]) == pytest.approx((0.20, 0.20 - half, 0.20 + half))
@@ -380,7 +380,7 @@ def test_each_verdict_from_a_runs_table_whose_answers_are_known():
                                f"+0.200 [+{0.2 - half:.3f}, +{0.2 + half:.3f}]", "+0.150", "3, paired", "holds"]]
     assert _rows(md, "4a")[0][6:8] == ["0.300", "0.210 [0.185, 0.235]"]  # one seed: no interval
     assert _rows(md, "4a")[0][-2:] == ["1, Welch", "–"]
-    for number in ("4b", "5", "6a", "6b", "6c"):
+    for number in ("4b", "5", "6a", "6b", "6c", "7"):
         (only,) = _rows(md, number)
         assert only[-1] == "not run" and set(only[1:-1]) == {"–"}
 
@@ -401,6 +401,24 @@ def test_the_dp_adamw_papers_mode_last_block_answers_claims_1_to_3_but_not_the_l
     assert got == {"1": [("last block", "not supported")], "2a": [("last block", "holds")],
                    "2b": [("last block", "reversed")], "3": [("last block", "holds")]}
     assert data["3"][0]["diff"] == pytest.approx(0.05) and data["2a"][0]["diff"] == pytest.approx(-0.10)
+
+
+def test_the_linear_probe_claim_on_p7_compares_head_with_full_per_optimizer():
+    """Claim 7 (Tramèr & Boneh 2021) on P7: an optimizer's chosen configuration in mode head minus
+    in mode full, paired by seed; claims 1-4 are tested on P7 when asked for it."""
+    from dpbench.reporting.figures.finetune_claims import claims_data
+
+    runs = _claim_runs({("dpsgd", 1.0, "head"): [0.50, 0.52, 0.51], ("dpsgd", 1.0, "full"): [0.30, 0.31, 0.32],
+                        ("dpadamw", 1.0, "head"): [0.40, 0.41, 0.42], ("dpadam", 1.0, "head"): [0.40, 0.42, 0.41]},
+                       "P7")
+    assert claims_data(runs)["7"] == []  # P6's claims: no P6 runs
+    data = claims_data(runs, problem="P7")
+    (seven,) = data["7"]
+    assert (seven["problem"], seven["mode"], seven["verdict"]) == ("P7", "head vs full", "holds")
+    assert seven["diff"] == pytest.approx(0.20) and seven["n"] == 3
+    assert [(r["mode"], r["verdict"]) for r in data["1"]] == [("head (linear probe)", "not supported")]
+    md = figures.build("finetune_claims", runs, problem="P7")
+    assert _rows(md, "7")[0][1:4] == ["P7", "1", "head vs full"]
 
 
 def stats_t2() -> float:

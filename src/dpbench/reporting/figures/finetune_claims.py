@@ -59,6 +59,8 @@ CLAIMS = (
     Claim("6a", "arXiv 2502.13313", "LoRA alone cuts memorisation (non-private)", -1),
     Claim("6b", "arXiv 2502.13313", "DP-SGD cuts memorisation", -1),
     Claim("6c", "arXiv 2502.13313", "LoRA alone cuts memorisation about as much as DP-SGD", 0),
+    Claim("7", "Tramèr & Boneh 2021", "a DP linear probe of good public features (mode head) beats DP "
+          "fine-tuning of the whole model (mode full)", 1),
 )
 
 
@@ -183,7 +185,7 @@ def _pretraining(chosen, claim, problem, labels, fmt) -> list[dict]:
     ref_full, ref_scratch = _reference(chosen, "full"), _reference(chosen, "scratch")
     if ref_full is None or ref_scratch is None:
         return rows
-    better = 1 if problem == "P6" else -1  # accuracy higher, perplexity lower
+    better = 1 if problem != "P5" else -1  # a classifier's accuracy higher, P5's perplexity lower
     c = Claim(claim.number, claim.paper, claim.text, better)
     inf = math.inf
     private = chosen[chosen["private"].astype(bool)]
@@ -228,22 +230,40 @@ def _exposure(chosen, claims, k, labels) -> dict[str, list[dict]]:
     return out
 
 
-def claims_data(runs: pd.DataFrame, select_by: str = "val", k: int = 25) -> dict[str, list[dict]]:
+def _probe(chosen, claim, problem, labels, fmt) -> list[dict]:
+    """Claim 7: per private optimizer and ε, its chosen configuration in mode head minus in full."""
+    rows = []
+    if chosen.empty:
+        return rows
+    private = chosen[chosen["private"].astype(bool)]
+    for eps in sorted(private["epsilon"].unique()):
+        for opt in dict.fromkeys(private.loc[private["epsilon"] == eps, "optimizer"]):
+            head, full = _config(chosen, opt, eps, "head"), _config(chosen, opt, eps, "full")
+            if head and full:
+                rows.append(_row(claim, problem, eps, "head vs full", f"{label(opt, labels)}, head",
+                                 f"{label(opt, labels)}, full", [(1, head)], [(1, full)], fmt))
+    return rows
+
+
+def claims_data(runs: pd.DataFrame, select_by: str = "val", k: int = 25,
+                problem: str = "P6") -> dict[str, list[dict]]:
     """Claim number -> its rows (``_row``'s dicts: the table's cells and the difference's diff,
-    low, high, n); an empty list: not run."""
+    low, high, n); an empty list: not run. ``problem``: the classifier the claims 1-5 and 7 are
+    tested on (P6, or P7 from the public encoder); P5's are always P5's."""
     labels = legend_labels(runs)
-    p6 = chosen_runs(runs, "P6", select_by=select_by)
+    p6 = chosen_runs(runs, problem, select_by=select_by)
     p5 = chosen_runs(runs, "P5", select_by=select_by)
     by = {c.number: c for c in CLAIMS}
-    trained = ("full", "last-block", "lora")  # last-block: the DP-AdamW paper's own mode
+    trained = ("full", "last-block", "lora", "head")  # last-block: the DP-AdamW paper's own mode
     out = {
-        "1": _pairs(p6, by["1"], [("dpadamw", "dpadam")], trained, labels, ".3f"),
-        "2a": _pairs(p6, by["2a"], [("dpadamw-bc", "dpadamw")], trained, labels, ".3f"),
-        "2b": _pairs(p6, by["2b"], [("dpadambc", "dpadam")], trained, labels, ".3f"),
-        "3": _pairs(p6, by["3"], [("dpdisk", "dpadamw")], ("full", "last-block"), labels, ".3f"),
-        "4a": _pairs(p6, by["4a"], [("dpdisk", "dpadamw")], ("lora",), labels, ".3f"),
-        "4b": _pairs(p6, by["4b"], [("dpdisk", "dpsgd")], ("lora",), labels, ".3f"),
-        "5": (_pretraining(p6, by["5"], "P6", labels, ".3f") + _pretraining(p5, by["5"], "P5", labels, ".2f")),
+        "1": _pairs(p6, by["1"], [("dpadamw", "dpadam")], trained, labels, ".3f", problem),
+        "2a": _pairs(p6, by["2a"], [("dpadamw-bc", "dpadamw")], trained, labels, ".3f", problem),
+        "2b": _pairs(p6, by["2b"], [("dpadambc", "dpadam")], trained, labels, ".3f", problem),
+        "3": _pairs(p6, by["3"], [("dpdisk", "dpadamw")], ("full", "last-block"), labels, ".3f", problem),
+        "4a": _pairs(p6, by["4a"], [("dpdisk", "dpadamw")], ("lora",), labels, ".3f", problem),
+        "4b": _pairs(p6, by["4b"], [("dpdisk", "dpsgd")], ("lora",), labels, ".3f", problem),
+        "5": (_pretraining(p6, by["5"], problem, labels, ".3f") + _pretraining(p5, by["5"], "P5", labels, ".2f")),
+        "7": _probe(p6, by["7"], problem, labels, ".3f"),
     }
     out.update(_exposure(p5, [by["6a"], by["6b"], by["6c"]], k, labels))
     return out
@@ -284,6 +304,7 @@ def draw_claims_table(data: dict[str, list[dict]], k: int = 25, select_by: str =
     return "\n".join(lines) + "\n"
 
 
-def finetune_claims(runs: pd.DataFrame, select_by: str = "val", k: int = 25, filters: dict | None = None) -> str:
+def finetune_claims(runs: pd.DataFrame, select_by: str = "val", k: int = 25, filters: dict | None = None,
+                    problem: str = "P6") -> str:
     runs = select_runs(runs, filters)
-    return draw_claims_table(claims_data(runs, select_by, k), k, select_by)
+    return draw_claims_table(claims_data(runs, select_by, k, problem), k, select_by)
