@@ -421,6 +421,19 @@ def test_the_linear_probe_claim_on_p7_compares_head_with_full_per_optimizer():
     assert _rows(md, "7")[0][1:4] == ["P7", "1", "head vs full"]
 
 
+def test_runs_from_two_public_checkpoints_are_never_pooled_as_seeds():
+    """The start's checkpoint is part of a configuration (its SHA-256 a configuration key): runs
+    of two checkpoints never average as seeds of one bar; each is its own configuration."""
+    runs = _claim_runs({("dpsgd", 1.0, "full"): [0.30, 0.31, 0.32, 0.90, 0.91, 0.92]})
+    other = runs["seed"] >= 3
+    runs.loc[other, "checkpoint_sha256"] = "cd" * 32
+    runs.loc[other, "seed"] -= 3  # seeds 0-2 of a second checkpoint
+    (r,) = figures.finetune_data(runs, "P6").itertuples()
+    # one checkpoint's three seeds (their validation scores tie: the first), never the six pooled (0.61)
+    assert r.n_seeds == 3 and r.value == pytest.approx(0.31)
+    assert r.n_configs == 4  # two rates x two checkpoints, chosen among (and paid for: ε_sel)
+
+
 def stats_t2() -> float:
     return 4.302652729749464  # t_{0.975, 2}
 
