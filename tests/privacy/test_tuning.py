@@ -572,11 +572,13 @@ def test_a_candidate_is_one_typed_value_parsed_in_one_place():
     candidate = Candidate.parse(given, drawn=True)
     assert candidate == Candidate(t.Tuning("negative_binomial", 3.0, 1.0), 4, 2)
     assert candidate.id_part == searches.id_part(tuple(sorted(given.items()))) == "-tunenb3x1-k4c2"
-    assert search(given) == candidate.search and Candidate.parse({"distribution": "poisson", "mean": 2}).repetitions is None
+    assert search(given) == candidate.search
+    assert Candidate.parse({"distribution": "poisson", "mean": 2}).repetitions is None  # a block's: not drawn
     for bad, words in (({**given, "k": 1}, "unknown key 'k'"), ({**given, "candidate": 4}, "got 4 of 4"),
                        ({**given, "distribution": "poisson"}, "a poisson search takes none"),
                        ({"distribution": "composition", "mean": 3, "repetitions": 2, "candidate": 0}, "not 2"),
-                       ({"distribution": "poisson", "mean": 0.5, "repetitions": 1, "candidate": 0}, "finite number >= 1")):
+                       ({"distribution": "poisson", "mean": 0.5, "repetitions": 1, "candidate": 0},
+                        "finite number >= 1")):
         with pytest.raises(ValueError, match=words):
             Candidate.parse(bad)
         with pytest.raises(ValueError, match=words):
