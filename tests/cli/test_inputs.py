@@ -90,7 +90,8 @@ def test_a_target_refuses_a_non_finite_epsilon_a_delta_outside_0_1_or_an_unknown
     for delta in (*NON_FINITE, 0.0, 1.0, 2.0):
         with pytest.raises(ValueError, match="delta must be in"):
             Target(1.0, delta, "rdp")
-    with pytest.raises(ValueError, match=r"^unknown accountant 'gdp'; choose one of prv, rdp$"):
+    with pytest.raises(ValueError, match=r"^unknown accountant 'gdp'; choose one of prv, rdp, rdp-integer-orders, "
+                                         r"analytic-gaussian$"):
         Target(1.0, 1e-5, "gdp")
 
 

@@ -4,6 +4,7 @@ Theorem 6, Poisson) computed here from the project's own RDP of the candidate, a
 composition in the same RDP accountant, sigma calibration, the reproducible draw of K and the
 candidates, the grid's expansion of a `tuning` block, and a tiny config run to its figure."""
 
+import json
 import math
 import subprocess
 
@@ -556,3 +557,31 @@ def test_a_mechanism_that_declares_nothing_shares_no_hyperparameter():
     with pytest.raises(ValueError, match="hyperparameter 'beta2' may change"):
         tt.check_search({"distribution": "poisson", "mean": 2}, plugin, 100, [{"beta2": 0.99}, {"beta2": 0.9}])
     tt.check_search({"distribution": "poisson", "mean": 2}, plugin, 100)  # a run: one setting, nothing to compare
+
+
+def test_a_candidate_is_one_typed_value_parsed_in_one_place():
+    """A run's ``tuning`` is read by ``Candidate.parse`` alone: the run's flag, the cell id's
+    part and the config check refuse a bad one in its words, and the id part names the search,
+    K and j."""
+    from dpbench.pipeline import searches
+    from dpbench.privacy.tuning import Candidate
+    from dpbench.training.settings import search_candidate
+    from dpbench.training.tuning import search
+
+    given = {"distribution": "negative_binomial", "mean": 3, "shape": 1.0, "repetitions": 4, "candidate": 2}
+    candidate = Candidate.parse(given, drawn=True)
+    assert candidate == Candidate(t.Tuning("negative_binomial", 3.0, 1.0), 4, 2)
+    assert candidate.id_part == searches.id_part(tuple(sorted(given.items()))) == "-tunenb3x1-k4c2"
+    assert search(given) == candidate.search
+    assert Candidate.parse({"distribution": "poisson", "mean": 2}).repetitions is None  # a block's: not drawn
+    for bad, words in (({**given, "k": 1}, "unknown key 'k'"), ({**given, "candidate": 4}, "got 4 of 4"),
+                       ({**given, "distribution": "poisson"}, "a poisson search takes none"),
+                       ({"distribution": "composition", "mean": 3, "repetitions": 2, "candidate": 0}, "not 2"),
+                       ({"distribution": "poisson", "mean": 0.5, "repetitions": 1, "candidate": 0},
+                        "finite number >= 1")):
+        with pytest.raises(ValueError, match=words):
+            Candidate.parse(bad)
+        with pytest.raises(ValueError, match=words):
+            search_candidate.parse(json.dumps(bad))
+    with pytest.raises(ValueError, match="candidate must be an index below repetitions, got None of None"):
+        Candidate.parse({"distribution": "poisson", "mean": 2}, drawn=True)  # a run's must be drawn

@@ -79,18 +79,33 @@ class AuditProblem:
 
 @dataclass(frozen=True)
 class Claim:
-    """What the harness promises for the audited run, read from the harness itself."""
+    """What the harness promises for the audited run: its own ``PrivacyClaim`` (``privacy``:
+    plan, sigma, delta, accountant, read from it, never restated; its profile is what the audit
+    tests), the epsilon it is audited at, and the release's sensitivities."""
 
-    epsilon: float
-    delta: float
-    noise_multiplier: float
-    plan: Plan
+    privacy: PrivacyClaim
+    epsilon: float  # the target asked for, or what the claim reports for a given sigma
     clip_sensitivity: float  # s: the norm bound of one clipped per-sample gradient
-    accountant: str
     strategy: np.ndarray | None = None  # C (T x T) of correlated-noise mechanisms: the release is C G + sigma s Z
     strategy_sensitivity: float | None = None  # sens(C) the noise is calibrated for
     clip_norm: float = 1.0  # C (normalised clipping: every clipped gradient has norm <= 1)
-    privacy: PrivacyClaim | None = None  # the harness's own claim (its profile is what the audit tests)
+
+    @property
+    def plan(self) -> Plan:
+        return self.privacy.plan
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.privacy.noise_multiplier
+
+    @property
+    def delta(self) -> float:
+        return self.privacy.delta
+
+    @property
+    def accountant(self) -> str:
+        """The accountant the run names (a mechanism may account with its own: its record says so)."""
+        return self.privacy.accountant.name
 
 
 @dataclass
@@ -194,15 +209,13 @@ def make_claim(spec: OptimizerSpec, epsilon: float | None, hyper: dict, problem:
         raise ValueError(f"{spec.name}: the mechanism plans {plan.steps} steps, the audit problem {problem.steps}")
     privacy = calibrate(spec, plan, target_epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta,
                         accountant=accountant)
-    sigma = privacy.noise_multiplier
     if noise_multiplier is not None:  # the claim is what the accountant reports for the given sigma
         epsilon = privacy.epsilon()
     strategy = sens = None
     if hasattr(spec.mechanism, "strategy_matrix"):
         strategy = np.asarray(spec.mechanism.strategy_matrix(plan), dtype=np.float64)
         sens = spec.mechanism.strategy_sensitivity(plan) if hasattr(spec.mechanism, "strategy_sensitivity") else None
-    return Claim(epsilon, delta, sigma, plan, Clipping(clip_norm).sensitivity, accountant, strategy, sens, clip_norm,
-                 privacy)
+    return Claim(privacy, epsilon, Clipping(clip_norm).sensitivity, strategy, sens, clip_norm)
 
 
 def _worst_batch(strategy: np.ndarray, batches: int) -> int:

@@ -47,7 +47,9 @@ class UnamplifiedGaussian(PoissonSubsampledGaussian):
         def eps(t: int) -> float:
             if t == 0:
                 return 0.0
-            return math.inf if sigma <= 0 else accounting.ANALYTIC_GAUSSIAN.release_epsilon(math.sqrt(t) / sigma, delta)
+            if sigma <= 0:
+                return math.inf
+            return accounting.ANALYTIC_GAUSSIAN.release_epsilon(math.sqrt(t) / sigma, delta)
 
         return Spent(eps(steps), eps(plan.steps), accounting.RDP.epsilon([(sigma, 1.0, steps)], delta), {
             "sampling": (f"Poisson at q = {plan.sample_rate:.6g}, not used for amplification: every step "

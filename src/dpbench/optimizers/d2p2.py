@@ -169,7 +169,8 @@ D2PSGD = OptimizerSpec(
     description="D2P-SGD: automatic clipping and decaying noise sigma/sqrt(k) / L, no projection",
     reference=REFERENCE + " Alg. 2 (D2P-SGD: no projection)",
     defaults={"auto_clip_gamma": 0.01},
-    mechanism=PoissonSubsampledGaussian(inverse_sqrt_schedule, "inverse-sqrt", BUCKET_REL, accountant=accounting.RDP_INTEGER),
+    mechanism=PoissonSubsampledGaussian(inverse_sqrt_schedule, "inverse-sqrt", BUCKET_REL,
+                                        accountant=accounting.RDP_INTEGER),
     cost_class="dpsgd",
 )
 

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from dpbench.privacy.tuning import Tuning, draw_candidates
+from dpbench.privacy.tuning import Candidate, draw_candidates
 
 
 def id_part(tuning: tuple[tuple[str, Any], ...]) -> str:
     """``-tune<search>-k<K>c<j>`` for candidate j of K (e.g. -tunenb3x1-k4c2), "" for a plain cell."""
-    if not tuning:
-        return ""
-    t = dict(tuning)
-    label = Tuning(t["distribution"], t["mean"], t.get("shape") or 1.0).label
-    return f"-tune{label}-k{t['repetitions']}c{t['candidate']}"
+    return Candidate.parse(dict(tuning), drawn=True).id_part if tuning else ""
 
 
 def candidates(search: dict[str, Any], seed: int, settings: Sequence[tuple[float, tuple]], names: Iterable[str],

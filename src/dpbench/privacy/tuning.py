@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -95,6 +95,50 @@ class Tuning:
     def record(self) -> dict:
         return {"distribution": self.distribution, "mean": float(self.mean),
                 "shape": float(self.shape) if self.distribution == "negative_binomial" else None}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A run's ``tuning`` setting, one typed value parsed by ``parse`` alone (the run's
+    ``--tuning``, a grid cell's id, its record and its checks read it through here): the search
+    (``Tuning``), K drawn and this candidate's index j (None in a grid block's search, checked
+    before its candidates are drawn), and the split the release is chosen on where given."""
+
+    search: Tuning
+    repetitions: int | None = None
+    candidate: int | None = None
+    select_by: str | None = None
+
+    KEYS = ("distribution", "mean", "shape", "select_by", "repetitions", "candidate")
+
+    @classmethod
+    def parse(cls, tuning: Mapping[str, Any], *, drawn: bool = False) -> Candidate:
+        """The candidate of a ``tuning`` object; ``drawn``: K and j must be given (a run's). A
+        bad one is a ValueError naming the first fault."""
+        if not isinstance(tuning, Mapping):
+            raise ValueError(f"expected an object with keys {', '.join(cls.KEYS)}, got {tuning!r}")
+        unknown = sorted(set(tuning) - set(cls.KEYS))
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r} (keys: {', '.join(cls.KEYS)})")
+        distribution = tuning.get("distribution")
+        if tuning.get("shape") is not None and distribution != "negative_binomial":
+            raise ValueError(f"shape is the negative binomial's eta; a {distribution} search takes none")
+        if tuning.get("mean") is None:
+            raise ValueError(f"a {distribution} search needs the mean number of candidates")
+        search = Tuning(distribution, tuning["mean"], tuning.get("shape") or 1.0)
+        k, j = tuning.get("repetitions"), tuning.get("candidate")
+        if drawn or k is not None or j is not None:
+            if not (type(k) is int and type(j) is int and 0 <= j < k):
+                raise ValueError(f"candidate must be an index below repetitions, got {j!r} of {k!r}")
+            if search.distribution == "composition" and k != search.mean:
+                raise ValueError(f"a composition runs each of its {search.mean:g} settings once, not {k} (repetitions "
+                                 "must equal mean: sigma is calibrated for the k composed)")
+        return cls(Tuning(search.distribution, float(search.mean), float(search.shape)), k, j, tuning.get("select_by"))
+
+    @property
+    def id_part(self) -> str:
+        """``-tune<search>-k<K>c<j>`` (e.g. -tunenb3x1-k4c2): the part of a cell id that names it."""
+        return f"-tune{self.search.label}-k{self.repetitions}c{self.candidate}"
 
 
 # -- accounting ------------------------------------------------------------------------------

@@ -126,24 +126,18 @@ def _hyperparameter(text_: str) -> tuple[str, object]:
 hyperparameter = ValueType("KEY=VALUE", _hyperparameter, lambda kv: isinstance(kv, tuple) and len(kv) == 2,
                            lambda kv: f"{kv[0]}={_hp_text(kv[1])}")
 
-TUNING_KEYS = {"distribution", "mean", "shape", "repetitions", "candidate"}
 
 
 def _tuning(text_: str) -> dict:
     """``--tuning``: a JSON object with the search's distribution, mean, shape, repetitions and
     candidate (dpbench.training.tuning), checked here so that a bad one stops before any work."""
-    from dpbench.privacy.tuning import Tuning
+    from dpbench.privacy.tuning import Candidate
 
     try:
         value = json.loads(text_)
     except json.JSONDecodeError:
         raise ValueError(f"expected a JSON object, got {text_!r}") from None
-    if not isinstance(value, dict) or not TUNING_KEYS - {"shape"} <= set(value) <= TUNING_KEYS:
-        raise ValueError(f"expected an object with keys {sorted(TUNING_KEYS)} (shape optional), got {text_!r}")
-    Tuning(value["distribution"], value["mean"], value.get("shape") or 1.0)
-    k, j = value["repetitions"], value["candidate"]
-    if not (isinstance(k, int) and isinstance(j, int) and 0 <= j < k):
-        raise ValueError(f"candidate must be an index below repetitions, got {j!r} of {k!r}")
+    Candidate.parse(value, drawn=True)  # the one parser of a candidate: its keys, search, K and j
     return value
 
 

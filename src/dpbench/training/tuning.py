@@ -26,16 +26,14 @@ from typing import Any, Callable, Mapping, Sequence
 from dpbench.mechanisms.base import Plan, PrivacyClaim, Target
 from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.privacy import accounting
-from dpbench.privacy.tuning import Tuning, candidate_noise_multiplier, procedure_epsilon
-
-SEARCH_KEYS = ("distribution", "mean", "shape", "select_by", "repetitions", "candidate")
+from dpbench.privacy.tuning import Candidate, Tuning, candidate_noise_multiplier, procedure_epsilon
 
 SOURCE_TUNED = "calibrated for the whole search"
 
 
-def search(tuning: dict[str, Any]) -> Tuning:
-    """The ``Tuning`` of a run's ``tuning`` setting (its distribution, mean and shape)."""
-    return Tuning(tuning["distribution"], float(tuning["mean"]), float(tuning.get("shape") or 1.0))
+def search(tuning: Mapping[str, Any]) -> Tuning:
+    """The ``Tuning`` of a run's ``tuning`` setting (its distribution, mean and shape: ``Candidate``)."""
+    return Candidate.parse(tuning).search
 
 
 def _owner(mechanism, name: str):
@@ -110,21 +108,7 @@ def check_search(tuning: dict[str, Any], spec: OptimizerSpec, validation_size: i
     run is one candidate and cannot see the others, so a search whose settings do not share one
     event is refused where the grid block is checked. Returns the ``Tuning``; raises ValueError
     with the reason."""
-    unknown = sorted(set(tuning) - set(SEARCH_KEYS))
-    if unknown:
-        raise ValueError(f"unknown key {unknown[0]!r} (keys: {', '.join(SEARCH_KEYS)})")
-    if tuning.get("shape") is not None and tuning.get("distribution") != "negative_binomial":
-        raise ValueError(f"shape is the negative binomial's eta; a {tuning.get('distribution')} search takes none")
-    if tuning.get("mean") is None:
-        raise ValueError(f"a {tuning.get('distribution')} search needs the mean number of candidates")
-    how = search(tuning)
-    if "repetitions" in tuning or "candidate" in tuning:
-        k, j = tuning.get("repetitions"), tuning.get("candidate")
-        if not (type(k) is int and type(j) is int and 0 <= j < k):
-            raise ValueError(f"candidate must be an index below repetitions, got {j!r} of {k!r}")
-        if how.distribution == "composition" and k != how.mean:
-            raise ValueError(f"a composition runs each of its {how.mean:g} settings once, not {k} (repetitions must "
-                             "equal mean: sigma is calibrated for the k composed)")
+    how = Candidate.parse(tuning).search  # the keys, the search, K and j (dpbench.privacy.tuning.Candidate)
     if not validation_size:
         raise ValueError("a search releases the candidate best on the validation split, and there is none "
                          "(validation_size is 0)")
@@ -190,8 +174,9 @@ def check_not_below_candidate(spec: OptimizerSpec, claim: PrivacyClaim, total: f
 def record(spec: OptimizerSpec, claim: PrivacyClaim, tuning: dict[str, Any]) -> dict[str, Any]:
     """What a candidate's run file says of its search: the distribution, mean and shape, K and
     this candidate's index, and the (epsilon, delta) of the whole search at this sigma."""
-    how = search(tuning)
-    return {**how.record(), "repetitions": int(tuning["repetitions"]), "candidate": int(tuning["candidate"]),
+    candidate = Candidate.parse(tuning, drawn=True)
+    how = candidate.search
+    return {**how.record(), "repetitions": candidate.repetitions, "candidate": candidate.candidate,
             "epsilon": search_epsilon(spec, claim, tuning), "delta": claim.delta,
             "accountant": (f"{claim.accountant.name} (k runs composed)" if how.distribution == "composition"
                            else "rdp (dp_accounting RepeatAndSelectDpEvent, Papernot & Steinke 2022)")}
