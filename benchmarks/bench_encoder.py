@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--probe-records", default="1400,3000,12979",
-                        help="training records the probe is fitted on (the first ones), comma-separated")
+                        help="training records the probe is fitted on, comma-separated (0: no probe)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.processor() or platform.machine()}, "
@@ -97,9 +97,11 @@ def main() -> None:
               f"{statistics.median(times) * 1e3:.0f} ms wall (range {min(times) * 1e3:.0f}-{max(times) * 1e3:.0f}), "
               f"{statistics.median(cpu) * 1e3:.0f} ms CPU, {args.repeats} repeats")
 
+    counts = sorted(int(n) for n in args.probe_records.split(",") if int(n) > 0)
+    if not counts:  # --probe-records 0: the lengths and timings only
+        return
     from sklearn.linear_model import LogisticRegressionCV
 
-    counts = sorted(int(n) for n in args.probe_records.split(","))
     # the training records in a seeded random order (the corpus's own order is file by file): the
     # probe on n records is fitted on the first n of it
     chosen = np.random.default_rng(0).permutation(len(train))[:counts[-1]]
