@@ -101,7 +101,7 @@ BUILT_IN = (
                "and fine-tuning mode", {"problem": "P5", "select_by": "val"}),
     # the papers' claims (DP-AdamW, DiSK, Li et al. 2022, Yu et al. 2022, arXiv 2502.13313) tested on P6 and P5
     FigureSpec("finetune_claims", finetune_claims, "The papers' fine-tuning claims tested: differences, intervals, "
-               "verdicts", {"select_by": "val"}, kind="table"),
+               "verdicts", {"select_by": "val", "problem": "P6"}, kind="table"),
 )
 FIGURES: Registry = Registry(GROUP, {spec.id: spec for spec in BUILT_IN})
 THESIS_FIGURES = [f for f in FIGURES.builtins if f.startswith("fig")]
