@@ -77,6 +77,15 @@ def test_bad_values_name_the_key(mutate, match):
         validate(cfg)
 
 
+@pytest.mark.parametrize("results_dir", ["", "  ", "/", "//", "/tmp/.."])
+def test_a_results_dir_at_the_filesystem_top_is_refused(results_dir):
+    """Outputs go under results_dir: empty or the root would write /runs, /logs, ... (as root)."""
+    cfg = {**copy.deepcopy(BASE), "results_dir": results_dir}
+    with pytest.raises(ConfigError, match=r"^config key results_dir: .*(empty|filesystem root)") as info:
+        validate(cfg)
+    assert "\n" not in str(info.value)
+
+
 def test_default_config_is_the_small_p2_experiment():
     cfg = load_config(REPO / "config" / "config.yaml")
     cells = expand(cfg)

@@ -229,3 +229,39 @@ def test_validation_split_is_held_out_and_selects_without_test(tiny_fmnist):
     assert r["best_val_accuracy"] == val.accuracy.max()
     assert r["test_accuracy_at_best_val"] == test.loc[best_epoch, "accuracy"]
     assert r["test_loss_at_best_val"] == test.loc[best_epoch, "loss"]
+
+
+class _RunsCode:
+    """Pickled as a call of os.system: what a crafted checkpoint would run when unpickled."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (self.command,)
+
+
+def test_a_checkpoint_whose_pickle_would_run_code_runs_nothing(tmp_path, capsys):
+    """A crafted checkpoint with a valid header (its SHA-256 is no key) whose pickle calls
+    os.system when loaded: refused as damaged in one line, moved aside, and nothing ran."""
+    import hashlib
+    import io
+
+    import torch
+
+    from dpbench.training.checkpoint import Checkpoint
+
+    cfg = RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=2, seed=1, epsilon=2.0)
+    ckpt, marker = tmp_path / "run.ckpt", tmp_path / "ran"
+    buffer = io.BytesIO()
+    torch.save({"step": 1, "payload": _RunsCode(f"touch {marker}")}, buffer)
+    payload = buffer.getvalue()
+    ckpt.write_bytes(Checkpoint.MAGIC + hashlib.sha256(payload).digest() + payload)
+    capsys.readouterr()
+    assert Checkpoint(ckpt, cfg).load() is None
+    err = capsys.readouterr().err
+    assert not marker.exists()
+    assert len(err.strip().splitlines()) == 1 and f"checkpoint {ckpt} is damaged" in err, err
+    assert "could run code" in err and not ckpt.exists()
