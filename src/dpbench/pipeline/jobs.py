@@ -25,6 +25,7 @@ import yaml
 
 from dpbench.pipeline import catalog
 from dpbench.pipeline.grid import Cell, ConfigError, expand, read_yaml, validate
+from dpbench.training import settings
 
 
 # where the committed study's public checkpoints lie, relative to the workflow's directory
@@ -328,7 +329,7 @@ def audit_names(audit: dict[str, Any], cells: list[Cell]) -> list[str]:
             for e in audited_epsilons(audit["epsilons"], cells) for s in seeds]
 
 
-MAX_AUDIT_SEED = 2**63 - 1
+MAX_AUDIT_SEED = settings.MAX_AUDIT_SEED
 
 
 def audit_job(name: str) -> tuple[str, float, int]:
