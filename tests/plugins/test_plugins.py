@@ -25,7 +25,7 @@ from dpbench.optimizers import OPTIMIZERS, get_optimizer
 from dpbench.pipeline import cluster, fingerprint
 from dpbench.pipeline.grid import ConfigError, expand, load_config
 from dpbench.cli import listing
-from dpbench.mechanisms.base import PlanRequest, Target
+from dpbench.mechanisms.base import PlanRequest, PrivacyClaim, Target
 from dpbench.plugins import PluginError
 from dpbench.privacy import accounting
 from dpbench.problems import PROBLEMS, get_problem
@@ -207,6 +207,23 @@ def test_a_run_and_its_tables_record_the_plugin_and_whose_mechanism(site, tiny_f
     assert by.loc["dpsgd-own", "optimizer_origin"] == "plugin own-mechanism 2.5"
     assert by.loc["dpsgd", "optimizer_origin"] == "built-in" and set(runs.problem_origin) == {"built-in"}
     assert set(zip(epochs.optimizer, epochs.mechanism_origin)) == {("dpsgd-own", "plugin"), ("dpsgd", "built-in")}
+
+
+@pytest.mark.parametrize("reported", ["-0.717", "float('nan')", "'0.5'", "True"])
+def test_a_plugin_mechanism_reporting_an_epsilon_that_is_no_epsilon_is_refused_naming_it(site, reported):
+    """A plugin's report returning a negative, NaN or non-number epsilon is refused when the run's
+    claim is asked (before anything is recorded or labelled), naming the mechanism."""
+    source = OWN_MECHANISM.replace("return Spent(done, planned, rdp,", f"return Spent({reported}, planned, rdp,")
+    install(site, "own-mechanism", "2.5", {"dpbench.optimizers": {"dpsgd-own": "ownmech:SPEC"}},
+            {"ownmech.py": source})
+    own = get_optimizer("dpsgd-own").mechanism
+    claim = PrivacyClaim(own, own.plan(PlanRequest(600, 60, 2)), 1.0, 1e-5, "rdp")
+    with pytest.raises(ValueError, match=r"^mechanism 'own-accounting': report returned epsilon_spent = .*; an "
+                                         r"epsilon is a number >= 0"):
+        claim.spent(2)
+    # the built-in DP-SGD's claim at the same plan passes the same check
+    dpsgd = get_optimizer("dpsgd").mechanism
+    assert PrivacyClaim(dpsgd, dpsgd.plan(PlanRequest(600, 60, 2)), 1.0, 1e-5, "rdp").spent(2).epsilon_spent > 0
 
 
 def test_dpbench_list_says_where_each_comes_from_and_whose_claim(site, capsys):
