@@ -243,6 +243,26 @@ def parse_options(items: Iterable[str]) -> dict:
     return options
 
 
+def check_names(figure_id: str, runs: pd.DataFrame, options: dict, where: str) -> None:
+    """Refuses an optimizer (``optimizers``) or fine-tuning mode (``modes``: ``lora`` takes
+    every rank) that the table ``where`` does not hold, naming the option and the closest name
+    it does: the figure would be drawn empty or without it."""
+    import difflib
+
+    from dpbench.reporting.figures.finetune import _base, mode_of
+
+    present = {"optimizers": set(runs["optimizer"].dropna()) if "optimizer" in runs else set()}
+    if "finetune" in runs:
+        modes = {m for m in mode_of(runs) if m is not None}
+        present["modes"] = modes | {_base(m) for m in modes}
+    for option, names in present.items():
+        for name in options.get(option) or ():
+            if name not in names:
+                close = difflib.get_close_matches(str(name), sorted(names), n=1, cutoff=0.5)
+                hint = f"did you mean {close[0]!r}?" if close else f"it holds: {', '.join(sorted(names)) or 'none'}"
+                raise ValueError(f"option {option} of figure {figure_id}: {name!r} is not in {where} ({hint})")
+
+
 def supported_labels(runs: pd.DataFrame) -> pd.DataFrame:
     """The runs table with ``private`` (and ``dp_guarantee``) kept only where the row's own
     numbers support it: epsilon finite and >= 0, delta in (0, 1), sigma > 0. ``dpbench
@@ -268,6 +288,7 @@ def plot(figure_id: str, runs_path: str | Path, out_stem: str | Path, **options)
     """Reads the aggregated runs table, draws figure `figure_id`, writes <out_stem>.png and
     .pdf (a table: <out_stem>.md); returns their paths."""
     runs = supported_labels(pd.read_parquet(runs_path))
+    check_names(figure_id, runs, options, str(runs_path))
     check_validation(figure_id, runs, options, str(runs_path))
     return save(build(figure_id, runs, **options), out_stem)
 
