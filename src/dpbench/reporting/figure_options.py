@@ -41,7 +41,8 @@ OPTION_TYPES: dict[str, tuple[Any, str]] = {
     "problem": (_name, "a problem id"),
     "x": (_name, "a column name"),
     "fmt": (_name, "a format, e.g. .2f"),
-    "filters": (lambda v: isinstance(v, dict), "filter.COLUMN=v1,v2 (a mapping of columns to values)"),
+    "filters": (lambda v: isinstance(v, dict) or v == "thesis",
+                "filter.COLUMN=v1,v2 (a mapping of columns to values) or thesis"),
 }
 
 
