@@ -100,6 +100,28 @@ class Jobs:
         """The checkpoint a fine-tuning cell starts from; None for the others (its scratch twin too)."""
         return self.pretrained_file(cell.recipe) if cell.fine_tunes else None
 
+    def check_pretrained(self) -> None:
+        """Each public checkpoint the jobs start from that is already made (checkpoint and
+        sidecar) is read once, when the workflow starts, and its SHA-256 checked against its
+        sidecar: a changed one stops the workflow in one line naming it, before Snakemake
+        reruns, and so deletes, the completed fine-tuning runs that read it (each job would
+        refuse the checkpoint only after its run file was gone)."""
+        import hashlib
+
+        for path in sorted({self.pretrained_of(cell) for cell in self.cells.values()} - {None}):
+            sidecar = Path(f"{path}.json")
+            if not (Path(path).is_file() and sidecar.is_file()):
+                continue  # not made yet (or a killed pretrain job's, which the rule makes again)
+            try:
+                recorded = json.loads(sidecar.read_text())["sha256"]
+            except (ValueError, KeyError, TypeError) as exc:
+                recorded = f"nothing readable ({type(exc).__name__})"
+            actual = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+            if actual != recorded:
+                raise ValueError(f"pretrained checkpoint {path} is damaged or swapped: its SHA-256 is {actual}, its "
+                                 f"sidecar {sidecar} records {recorded}; nothing was rerun and the completed runs "
+                                 "are kept: delete both files and the workflow pretrains it again")
+
     def recipe_of(self, name: str, key: str):
         """The recipe of the checkpoint ``<name>-<key>``: the one the config's fine-tuning cells
         read (``pretrain.fields`` may change the named recipe), else the named recipe where its
