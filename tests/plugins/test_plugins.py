@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from conftest import REPO, copy_repo, run_cell
-from dpbench import plugins
+from dpbench import cli, plugins
 from dpbench.optimizers import OPTIMIZERS, get_optimizer
 from dpbench.pipeline import cluster, fingerprint
 from dpbench.pipeline.grid import ConfigError, expand, load_config
@@ -536,3 +536,15 @@ def test_the_config_check_asks_the_jobs_interpreter_for_the_plugins_it_names(sit
                                           rf"interpreter {re.escape(sys.executable)} does not find"):
         check_plugins_visible(jobs, sys.executable, src, {**os.environ, "PYTHONPATH": ""})
     check_plugins_visible(jobs, sys.executable, src, {**os.environ, "PYTHONPATH": str(site)})  # the caller's kept
+
+
+def test_train_help_lists_the_registrys_problems_and_the_plugins(site, capsys):
+    """dpbench train --help names every problem of the registry: P1-P6 and the installed
+    plugins' (read from their entry points, nothing imported)."""
+    install(site, "fake-problem", "1.0", {"dpbench.problems": {"P2-fake": "fakeprob:SPEC"}},
+            {"fakeprob.py": PROBLEM.format(id="P2-fake")})
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--problem PROBLEM the problem: P1, P2, P3, P4, P5, P6; plugins': P2-fake (dpbench list)" in out
+    assert "fakeprob" not in sys.modules  # listed, not imported
