@@ -265,3 +265,34 @@ def test_a_checkpoint_whose_pickle_would_run_code_runs_nothing(tmp_path, capsys)
     assert not marker.exists()
     assert len(err.strip().splitlines()) == 1 and f"checkpoint {ckpt} is damaged" in err, err
     assert "could run code" in err and not ckpt.exists()
+
+
+BUILTINS = ["sgd", "dpsgd", "opacus-dpsgd", "adam", "adamw", "dpadam", "dpadambc", "dpadamw", "dpadamw-bc", "dpdice",
+            "dpdice-strict", "dpdisk", "d2p2sgd", "d2psgd", "dp2sgd", "dpmatrix-se", "dpmatrix-se-lambda",
+            "dpmatrix-me", "dpmatrix-me-lambda", "dpmatrix-band", "dpmatrix-band-amp", "dpmatrix-blt"]
+
+
+def test_the_builtins_list_above_is_the_registrys():
+    from dpbench.optimizers import OPTIMIZERS
+
+    assert BUILTINS == list(OPTIMIZERS.builtins)
+
+
+@pytest.mark.parametrize("optimizer", BUILTINS)
+def test_every_optimizers_checkpoint_is_tensors_and_plain_data(tiny_fmnist, tmp_path, optimizer):
+    """What each built-in optimizer's run checkpoints (model, optimizer and noise state, sampler,
+    RNGs, trace) loads with weights_only=True, as Checkpoint.load reads it (a state holding
+    anything else would be moved aside as damaged, and the run never resume)."""
+    from dpbench.optimizers import get_optimizer
+    from dpbench.training.checkpoint import Checkpoint
+
+    private = get_optimizer(optimizer).private
+    epochs = 1 if optimizer.startswith("dpmatrix-se") else 2  # the single-epoch mechanisms
+    cfg = RunConfig(problem="P2", optimizer=optimizer, lr=0.05, batch_size=60, epochs=epochs, seed=3,
+                    epsilon=8.0 if private else None, train_subset=120, test_subset=50, progress_every_s=1e9,
+                    cache_dir=str(tmp_path / "cache"))
+    ckpt = tmp_path / "run.ckpt"
+    run_cell(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)  # leaves its last checkpoint (the CLI deletes it)
+    state = Checkpoint(ckpt, cfg).load()
+    assert state is not None and ckpt.exists() and state["progress"]["step"] >= 1
+    assert set(state) >= {"model", "step_fn", "sampler", "loss_gen", "train_loss"}
