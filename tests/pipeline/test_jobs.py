@@ -212,4 +212,6 @@ def test_a_changed_public_checkpoint_stops_the_workflow_before_anything_is_rerun
     checkpoint.write_bytes(b"weightz")
     with pytest.raises(ValueError, match=rf"^pretrained checkpoint {path} is damaged or swapped: .*nothing was rerun"):
         jobs.check_pretrained()
-    assert "JOBS.check_pretrained()" in (REPO / "workflow" / "rules" / "common.smk").read_text()
+    # the workflow's jobs (common.smk's workflow_jobs) are refused the same way, before any rerun
+    with pytest.raises(ConfigError, match=rf"^pretrained checkpoint {path} is damaged or swapped"):
+        workflow_jobs(config, [], [], config)

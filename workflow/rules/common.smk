@@ -24,10 +24,6 @@ try:
                               None if CONDA else (PYTHON, os.path.relpath(SRC)))
 except ConfigError as exc:
     raise WorkflowError(str(exc))
-try:
-    JOBS.check_pretrained()  # a changed public checkpoint stops here, before any completed run is rerun
-except ValueError as exc:
-    raise WorkflowError(str(exc))
 CELLS, AUDIT, AUDITS, FIGURES = JOBS.cells, JOBS.audit, JOBS.audits, JOBS.figures
 RESULTS = config["results_dir"]
 AUDIT_TABLE = JOBS.audit_table

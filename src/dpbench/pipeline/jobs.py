@@ -103,8 +103,8 @@ class Jobs:
     def check_pretrained(self) -> None:
         """Each public checkpoint the jobs start from that is already made (checkpoint and
         sidecar) is read once, when the workflow starts, and its SHA-256 checked against its
-        sidecar: a changed one stops the workflow in one line naming it, before Snakemake
-        reruns, and so deletes, the completed fine-tuning runs that read it (each job would
+        sidecar (``workflow_jobs``): a changed one stops the workflow in one line naming it,
+        before Snakemake reruns, and so deletes, the completed fine-tuning runs that read it (each job would
         refuse the checkpoint only after its run file was gone)."""
         import hashlib
 
@@ -118,7 +118,8 @@ class Jobs:
                 recorded = f"nothing readable ({type(exc).__name__})"
             actual = hashlib.sha256(Path(path).read_bytes()).hexdigest()
             if actual != recorded:
-                raise ValueError(f"pretrained checkpoint {path} is damaged or swapped: its SHA-256 is {actual}, its "
+                # a ConfigError: common.smk stops the workflow with its one line, as for a config's
+                raise ConfigError(f"pretrained checkpoint {path} is damaged or swapped: its SHA-256 is {actual}, its "
                                  f"sidecar {sidecar} records {recorded}; nothing was rerun and the completed runs "
                                  "are kept: delete both files and the workflow pretrains it again")
 
@@ -285,9 +286,10 @@ def workflow_jobs(config: dict[str, Any], files: list[str | Path], configfiles,
         found = plan(config, own_audit(config, configfiles, given), figures_given)
         if runner is not None:
             check_plugins_visible(found, *runner)
-        return found
     except ConfigError as exc:
         raise naming_file(exc, files) from None
+    found.check_pretrained()  # before Snakemake decides what to rerun
+    return found
 
 
 def plan(config: dict[str, Any], audit: dict[str, Any] | None, figures_given: bool) -> Jobs:
