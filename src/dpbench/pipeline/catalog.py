@@ -60,7 +60,7 @@ class OptimizerFacts:
         """The facts of a registry's spec (a plugin's)."""
         from dpbench.reporting.results import NO_GUARANTEE
 
-        voided = (spec.caveat or "").startswith(NO_GUARANTEE) or (
+        voided = (getattr(spec, "caveat", None) or "").startswith(NO_GUARANTEE) or (
             "paper_sensitivity" if "paper_sensitivity" in spec.defaults else False)
         return cls(spec.name, spec.private, spec.build.__module__, dict(spec.defaults), spec.cost_class,
                    getattr(spec.mechanism, "files", None), voided)
