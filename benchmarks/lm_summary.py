@@ -4,7 +4,8 @@ and the exposure of the planted canaries per repetition count k, as a Markdown t
 Usage:  python benchmarks/lm_summary.py RUN.parquet [RUN.parquet ...]
         python benchmarks/lm_summary.py --over-seeds RUN.parquet [RUN.parquet ...]
 
-One row per run, or with ``--over-seeds`` one row per configuration (every setting of the run
+One row per run, with its mode (where its model started: ``full``, ``lora-r8``, ... for a run
+fine-tuned from a public checkpoint, ``scratch`` for its from-scratch twin, "—" for P4), or with ``--over-seeds`` one row per configuration (every setting of the run
 but its seed, and its σ) over its seeds, each seed given once: perplexity as mean ± std over
 the seeds (a diverged run or seed shows as "diverged"), exposure per k as the mean over every
 canary of every seed, the extracted ones counted. ε is "target / achieved", "— / achieved" for
@@ -22,6 +23,7 @@ from collections import defaultdict
 import numpy as np
 
 from dpbench.problems.catalog import CANARY_REPEATS as REPEATS
+from dpbench.reporting.aggregate import start_columns
 from dpbench.reporting.results import read_meta
 
 
@@ -53,12 +55,23 @@ def _perplexity(losses: list[float | None]) -> str:
         " / ".join(text)
 
 
+def mode(meta: dict) -> str:
+    """Where the run's model started (the runs table's ``finetune`` and ``lora_rank``): its
+    fine-tuning mode (``lora-r8`` with LoRA's rank), ``scratch`` for the from-scratch twin of a
+    problem that starts from a checkpoint, "—" for a problem that always trains from scratch
+    (P4) or a run file made before the start was recorded."""
+    start = start_columns(meta["config"]["problem"], meta.get("start"))
+    if start["finetune"] is None:
+        return "—"
+    return f"lora-r{start['lora_rank']}" if start["finetune"] == "lora" else str(start["finetune"])
+
+
 def summarise(metas: list[dict], detail: bool) -> str:
     """One table row for the runs of one configuration (one run unless over seeds)."""
     cfg = metas[0]["config"]
     canaries = [c for m in metas for c in m["memorisation"]["canaries"]]
     sigma = {round(m["privacy"]["noise_multiplier"], 4) for m in metas}
-    cells = [cfg["optimizer"], f"{cfg['lr']:g}", str(cfg["batch_size"]), str(cfg["epochs"])]
+    cells = [cfg["optimizer"], f"{cfg['lr']:g}", str(cfg["batch_size"]), str(cfg["epochs"]), mode(metas[0])]
     cells += [str(len(metas))] if not detail else []
     cells += [_epsilon([m["privacy"]["target_epsilon"] for m in metas], [m["privacy"]["epsilon"] for m in metas]),
               " / ".join(f"{s:.4g}" for s in sorted(sigma)),
@@ -124,7 +137,7 @@ def main(argv: list[str]) -> None:
     if space is None:
         sys.exit("lm_summary: no run measured its canaries (every run diverged)")
     rows = by_configuration(paths, metas) if over_seeds else [[meta] for meta in metas]
-    head = ["optimizer", "lr", "L", "epochs"] + (["seeds"] if over_seeds else [])
+    head = ["optimizer", "lr", "L", "epochs", "mode"] + (["seeds"] if over_seeds else [])
     head += ["target / achieved ε", "σ", "validation perplexity", "held-out perplexity"]
     head += [f"exposure k = {k} (bits, of {math.log2(space):.1f})" for k in REPEATS] + ["wall (min)"]
     right = {"lr", "L", "epochs", "seeds", "target / achieved ε", "σ", "validation perplexity",

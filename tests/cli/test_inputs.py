@@ -1,6 +1,7 @@
 """Inputs that fail loudly, and nothing lost: every bad value is refused before any work with
 a message naming the option, key or file, and no failure leaves a partial or stray file."""
 
+import argparse
 import contextlib
 import errno
 import math
@@ -495,12 +496,24 @@ def test_a_job_dies_with_the_workflow_process_that_started_it(tmp_path):
 
 
 @pytest.mark.parametrize("option,value", [("--epsilon", "inf"), ("--epsilon", "nan"), ("--delta", "2"),
-                                          ("--beta", "nan"), ("--beta", "1"), ("--seed", "-5"), ("--trials", "0")])
+                                          ("--beta", "nan"), ("--beta", "1"), ("--seed", "-5"), ("--trials", "0"),
+                                          ("--seed", str(2**63)), ("--seed", str(2**64))])
 def test_audit_refuses_bad_numbers_with_the_same_argument_types(tmp_path, capsys, option, value):
     argv = ["audit", "--optimizer", "dpsgd", "--epsilon", "1", "--trials", "20", "--out", str(tmp_path / "a.parquet"),
             option, value]
     code, err = cli_error(argv, capsys)
     assert code == 2 and f"argument {option}: expected" in err, err
+    assert not (tmp_path / "a.parquet").exists()  # refused before any trial
+
+
+def test_audit_seed_takes_the_configs_bound():
+    """dpbench audit --seed takes what the config's audit.seed takes: up to 2**63 - 1 (the int64 of its record)."""
+    from dpbench.cli.arguments import audit_seed
+    from dpbench.pipeline.jobs import MAX_AUDIT_SEED
+
+    assert audit_seed(str(2**63 - 1)) == MAX_AUDIT_SEED == 2**63 - 1
+    with pytest.raises(argparse.ArgumentTypeError, match="from 0 to 2\\*\\*63 - 1"):
+        audit_seed(str(2**63))
 
 
 # -- outputs are regular files or refused ------------------------------------------------------

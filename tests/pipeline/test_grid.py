@@ -77,6 +77,15 @@ def test_bad_values_name_the_key(mutate, match):
         validate(cfg)
 
 
+@pytest.mark.parametrize("results_dir", ["", "  ", "/", "//", "/tmp/.."])
+def test_a_results_dir_at_the_filesystem_top_is_refused(results_dir):
+    """Outputs go under results_dir: empty or the root would write /runs, /logs, ... (as root)."""
+    cfg = {**copy.deepcopy(BASE), "results_dir": results_dir}
+    with pytest.raises(ConfigError, match=r"^config key results_dir: .*(empty|filesystem root)") as info:
+        validate(cfg)
+    assert "\n" not in str(info.value)
+
+
 def test_default_config_is_the_small_p2_experiment():
     cfg = load_config(REPO / "config" / "config.yaml")
     cells = expand(cfg)
@@ -140,3 +149,28 @@ def test_config_readme_counts_the_training_runs_of_every_config_it_lists():
     assert {"config.yaml", "thesis.yaml", "lm.yaml", "lm-pilot.yaml"} <= {name for name, _ in rows}
     assert [(name, len(expand(load_config(REPO / "config" / name)))) for name, _ in rows] == \
         [(name, int(count)) for name, count in rows]
+
+
+def test_a_yaml_alias_bomb_is_refused_within_seconds(tmp_path):
+    """Nine levels of nine aliases (9^9 values from a few hundred bytes): refused naming the
+    file, in well under a second (the duplicate-key check walked every expansion for minutes);
+    a config's ordinary aliases still read, and a duplicate key under an alias is still found."""
+    import time
+
+    from dpbench.pipeline.configfile import read_yaml
+
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=rf"^config file {bomb}: expands through its aliases .* more than 1,000,000"):
+        read_yaml(bomb)
+    assert time.perf_counter() - t0 < 2.0
+    fine = tmp_path / "fine.yaml"
+    fine.write_text("base: &b {lr: 0.1, seeds: 2}\ngrid: [*b, *b, {<<: *b, lr: 1}]\n")
+    assert read_yaml(fine)["grid"] == [{"lr": 0.1, "seeds": 2}] * 2 + [{"lr": 1, "seeds": 2}]
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("base: &b {lr: 0.1, lr: 1}\ngrid: [*b]\n")
+    with pytest.raises(ConfigError, match=r"config key base\.lr: given twice"):
+        read_yaml(twice)

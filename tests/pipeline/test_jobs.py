@@ -189,3 +189,29 @@ def test_dpbench_grid_lists_the_cells_and_with_jobs_every_job(capsys):
     assert cli.main(["grid", "--jobs", str(REPO / "config" / "audit.yaml")]) == 0
     assert capsys.readouterr().out.splitlines()[-2:] == ["audit_table  results/audit/audits.parquet",
                                                          "plot_audit   results/figures/audit.png"]
+
+
+def test_a_changed_public_checkpoint_stops_the_workflow_before_anything_is_rerun(tmp_path):
+    """The workflow reads each made public checkpoint once when it starts (common.smk calls
+    Jobs.check_pretrained): one whose bytes no longer match its sidecar is refused in one line
+    naming it, before Snakemake would rerun (deleting) the completed fine-tuning runs."""
+    import hashlib
+    import json
+
+    config = yaml.safe_load((REPO / ".test" / "config" / "finetune.yaml").read_text())
+    config["results_dir"] = str(tmp_path / "results")
+    jobs = plan(validate(config), None, True)
+    (path,) = {jobs.pretrained_of(c) for c in jobs.cells.values()} - {None}
+    jobs.check_pretrained()  # not made yet: nothing to check
+    checkpoint = tmp_path / path
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"weights")
+    sidecar = checkpoint.with_name(checkpoint.name + ".json")
+    sidecar.write_text(json.dumps({"sha256": hashlib.sha256(b"weights").hexdigest()}))
+    jobs.check_pretrained()  # verified
+    checkpoint.write_bytes(b"weightz")
+    with pytest.raises(ValueError, match=rf"^pretrained checkpoint {path} is damaged or swapped: .*nothing was rerun"):
+        jobs.check_pretrained()
+    # the workflow's jobs (common.smk's workflow_jobs) are refused the same way, before any rerun
+    with pytest.raises(ConfigError, match=rf"^pretrained checkpoint {path} is damaged or swapped"):
+        workflow_jobs(config, [], [], config)

@@ -20,12 +20,12 @@ import pytest
 import yaml
 
 from conftest import REPO, copy_repo, run_cell
-from dpbench import plugins
+from dpbench import cli, plugins
 from dpbench.optimizers import OPTIMIZERS, get_optimizer
 from dpbench.pipeline import cluster, fingerprint
 from dpbench.pipeline.grid import ConfigError, expand, load_config
 from dpbench.cli import listing
-from dpbench.mechanisms.base import PlanRequest, Target
+from dpbench.mechanisms.base import PlanRequest, PrivacyClaim, Target
 from dpbench.plugins import PluginError
 from dpbench.privacy import accounting
 from dpbench.problems import PROBLEMS, get_problem
@@ -207,6 +207,23 @@ def test_a_run_and_its_tables_record_the_plugin_and_whose_mechanism(site, tiny_f
     assert by.loc["dpsgd-own", "optimizer_origin"] == "plugin own-mechanism 2.5"
     assert by.loc["dpsgd", "optimizer_origin"] == "built-in" and set(runs.problem_origin) == {"built-in"}
     assert set(zip(epochs.optimizer, epochs.mechanism_origin)) == {("dpsgd-own", "plugin"), ("dpsgd", "built-in")}
+
+
+@pytest.mark.parametrize("reported", ["-0.717", "float('nan')", "'0.5'", "True"])
+def test_a_plugin_mechanism_reporting_an_epsilon_that_is_no_epsilon_is_refused_naming_it(site, reported):
+    """A plugin's report returning a negative, NaN or non-number epsilon is refused when the run's
+    claim is asked (before anything is recorded or labelled), naming the mechanism."""
+    source = OWN_MECHANISM.replace("return Spent(done, planned, rdp,", f"return Spent({reported}, planned, rdp,")
+    install(site, "own-mechanism", "2.5", {"dpbench.optimizers": {"dpsgd-own": "ownmech:SPEC"}},
+            {"ownmech.py": source})
+    own = get_optimizer("dpsgd-own").mechanism
+    claim = PrivacyClaim(own, own.plan(PlanRequest(600, 60, 2)), 1.0, 1e-5, "rdp")
+    with pytest.raises(ValueError, match=r"^mechanism 'own-accounting': report returned epsilon_spent = .*; an "
+                                         r"epsilon is a number >= 0"):
+        claim.spent(2)
+    # the built-in DP-SGD's claim at the same plan passes the same check
+    dpsgd = get_optimizer("dpsgd").mechanism
+    assert PrivacyClaim(dpsgd, dpsgd.plan(PlanRequest(600, 60, 2)), 1.0, 1e-5, "rdp").spent(2).epsilon_spent > 0
 
 
 def test_dpbench_list_says_where_each_comes_from_and_whose_claim(site, capsys):
@@ -519,3 +536,15 @@ def test_the_config_check_asks_the_jobs_interpreter_for_the_plugins_it_names(sit
                                           rf"interpreter {re.escape(sys.executable)} does not find"):
         check_plugins_visible(jobs, sys.executable, src, {**os.environ, "PYTHONPATH": ""})
     check_plugins_visible(jobs, sys.executable, src, {**os.environ, "PYTHONPATH": str(site)})  # the caller's kept
+
+
+def test_train_help_lists_the_registrys_problems_and_the_plugins(site, capsys):
+    """dpbench train --help names every problem of the registry: P1-P6 and the installed
+    plugins' (read from their entry points, nothing imported)."""
+    install(site, "fake-problem", "1.0", {"dpbench.problems": {"P2-fake": "fakeprob:SPEC"}},
+            {"fakeprob.py": PROBLEM.format(id="P2-fake")})
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--problem PROBLEM the problem: P1, P2, P3, P4, P5, P6; plugins': P2-fake (dpbench list)" in out
+    assert "fakeprob" not in sys.modules  # listed, not imported

@@ -223,6 +223,32 @@ def test_the_figure_releases_the_candidate_best_on_validation():
     assert "| 1 | private | DP-SGD | 0.4500 | 1 | 1 | 1 | 3 | 0.99 | 1e-05 | 1 |" in tuning_table(runs, "P2")
 
 
+def test_a_sigma_given_search_is_shown_under_its_accounted_epsilon():
+    """A search given sigma (no target) is shown at the epsilon the whole search was accounted
+    to spend, beside a calibrated one at its target; alone, it is still drawn (before: dropped
+    beside a calibrated search, `error: optimizer` alone)."""
+    from dpbench.reporting.figures.tuning import tuning_data, tuning_figure, tuning_table
+
+    def row(run_id, val, test, target, total, distribution="negative_binomial"):
+        return {"run_id": run_id, "problem": "P2", "task": "classification", "optimizer": "dpsgd", "private": True,
+                "lr": 0.1, "batch_size": 32, "epochs": 1, "target_epsilon": target, "epsilon": 0.5, "delta": 1e-5,
+                "noise_multiplier": 2.0, "status": "completed", "best_test_accuracy": test, "best_test_loss": 1.0,
+                "best_val_accuracy": val, "test_accuracy_at_best_val": test, "tuning_distribution": distribution,
+                "tuning_epsilon": total, "hyperparameters": "{}"}
+
+    given = [row("g-c0-s0", 0.5, 0.51, math.nan, 2.5), row("g-c1-s0", 0.6, 0.62, math.nan, 2.5)]
+    calibrated = [row("t-c0-s0", 0.4, 0.41, 1.0, 0.99)]
+    d = tuning_data(pd.DataFrame(given + calibrated), "P2").set_index("epsilon")
+    assert sorted(d.index) == [1.0, 2.5]
+    assert d.loc[2.5, "value"] == 0.62 and d.loc[2.5, "total_epsilon"] == 2.5 and d.loc[2.5, "repetitions"] == 2
+    assert d.loc[1.0, "value"] == 0.41 and d.loc[1.0, "total_epsilon"] == 0.99
+    alone = pd.DataFrame(given)
+    assert tuning_data(alone, "P2")["epsilon"].tolist() == [2.5]
+    assert "| 2.5 |" in tuning_table(alone, "P2")
+    fig = tuning_figure(alone, "P2")
+    assert any("2.5" in ax.get_title() for ax in fig.axes)
+
+
 def test_the_table_gives_intervals_over_seed_indices_and_marks_ties():
     from dpbench.reporting.figures.tuning import tuning_data, tuning_figure, tuning_table
 

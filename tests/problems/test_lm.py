@@ -159,7 +159,7 @@ def test_lm_summary_tables_the_committed_runs(capsys):
     assert "| 1 / 0.998 | 0.8442 | 23.54 |" in lines[3] and "3.0 (3.5, 0.4, 5.2; 0 of 3 extracted)" in lines[3]
     summary.main(["--over-seeds", str(runs / "adamw-E2.parquet")])
     row = capsys.readouterr().out.splitlines()[2]
-    assert "| adamw | 0.003 | 64 | 2 | 1 | — | 0 | 7.58 |" in row and "15.7 (1 of 3 extracted)" in row
+    assert "| adamw | 0.003 | 64 | 2 | — | 1 | — | 0 | 7.58 |" in row and "15.7 (1 of 3 extracted)" in row
 
 
 def _with(meta: dict, **sections) -> dict:
@@ -206,11 +206,11 @@ def test_lm_summary_shows_a_given_sigmas_epsilon_and_keeps_sigmas_and_seeds_apar
     files = {"cal.parquet": calibrated, "given.parquet": given, "given-s1.parquet": seed1}
     summary.read_meta = lambda path: files[path]
     summary.main(["given.parquet"])
-    assert "| dpsgd | 1 | 64 | 2 | — / 25.100 | 0.3 |" in capsys.readouterr().out.splitlines()[2]
+    assert "| dpsgd | 1 | 64 | 2 | — | — / 25.100 | 0.3 |" in capsys.readouterr().out.splitlines()[2]
     summary.main(["--over-seeds", "cal.parquet", "given.parquet", "given-s1.parquet"])
     rows = capsys.readouterr().out.splitlines()[2:]
-    assert len(rows) == 2 and rows[0].startswith("| dpsgd | 1 | 64 | 2 | 1 | 1 / 0.998 | 0.8442 |")
-    assert rows[1].startswith("| dpsgd | 1 | 64 | 2 | 2 | — / 25.100 | 0.3 |") and "(0 of 6 extracted)" in rows[1]
+    assert len(rows) == 2 and rows[0].startswith("| dpsgd | 1 | 64 | 2 | — | 1 | 1 / 0.998 | 0.8442 |")
+    assert rows[1].startswith("| dpsgd | 1 | 64 | 2 | — | 2 | — / 25.100 | 0.3 |") and "(0 of 6 extracted)" in rows[1]
     for twice in (["given.parquet", "given.parquet"], ["given.parquet", "cal.parquet", "given-s1.parquet",
                                                         "given-s1.parquet"]):
         with pytest.raises(SystemExit, match=f"lm_summary: {twice[-1]} and {twice[-1]} are the same configuration "
@@ -277,3 +277,23 @@ def test_a_diverged_run_is_aggregated_plotted_and_ranked_as_diverged(tmp_path):
     matplotlib.pyplot.close(fig)
     table = figures.lm_ranking_table(runs)
     assert "| 2 | SGD (non-private) | diverged |" in table and "| 1 | AdamW (non-private) | 10.39 |" in table, table
+
+
+def test_lm_summary_shows_each_runs_mode(capsys):
+    """Each row says where its model started: a P5 run fine-tuned with LoRA at rank 8, its
+    from-scratch twin, and a P4 run (always from scratch) are lora-r8, scratch and —."""
+    summary = _lm_summary()
+    p4 = read_meta(REPO / "benchmarks" / "results" / "lm" / "dpsgd-eps1-E2.parquet")
+    lora = _with(p4, config={"problem": "P5", "finetune": "lora", "lora_rank": 8})
+    lora["start"] = {"kind": "public checkpoint", "mode": "lora", "lora_rank": 8, "trainable_parameters": 1000}
+    scratch = _with(p4, config={"problem": "P5"})
+    scratch["start"] = {"kind": "scratch", "mode": None, "lora_rank": None, "trainable_parameters": 876034}
+    files = {"lora.parquet": lora, "scratch.parquet": scratch, "p4.parquet": p4}
+    summary.read_meta = lambda path: files[path]
+    try:
+        summary.main(list(files))
+    finally:
+        summary.read_meta = read_meta
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| optimizer | lr | L | epochs | mode |")
+    assert [line.split(" | ")[4] for line in lines[2:]] == ["lora-r8", "scratch", "—"]

@@ -504,3 +504,30 @@ def test_a_perplexity_that_blew_up_is_printed_in_three_significant_digits():
     assert number(-math.exp(35), ".2f") == "-1.59e+15"
     assert number(13.684, ".2f") == "13.68" and number(99999.0, ".2f") == "99999.00"
     assert number(0.1234, ".3f") == "0.123"
+
+
+@pytest.mark.parametrize("option,match", [
+    ("non_private=maybe", "option non_private of figure finetune_table: expected true or false, got 'maybe'"),
+    ("epsilons=1,abc", "option epsilons of figure finetune_table: expected finite positive numbers"),
+    ("epsilons=1,-2", "option epsilons of figure finetune_table: expected finite positive numbers"),
+    ("k=abc", "option k of figure finetune_table: expected a positive integer, got 'abc'"),
+    ("optimizers=dpadamx", "option optimizers of figure finetune_table: 'dpadamx' is not in .*did you mean 'dpadamw'"),
+    ("modes=lorra", "option modes of figure finetune_table: 'lorra' is not in .*did you mean 'lora'"),
+])
+def test_dpbench_plot_refuses_an_option_value_of_the_wrong_type_or_an_unknown_name(tmp_path, capsys, option, match):
+    """Figure options are typed and checked before drawing: one line naming the option (today a
+    traceback, a message naming no option, claims silently "not run", or an empty figure)."""
+    import re
+
+    from dpbench import cli
+
+    p6_runs().to_parquet(tmp_path / "runs.parquet")
+    code = cli.main(["plot", "finetune_table", "--runs", str(tmp_path / "runs.parquet"), "--out",
+                     str(tmp_path / "t"), "--option", option])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and len(err.splitlines()) == 1 and re.search(match, err), err
+    assert not (tmp_path / "t.md").exists()
+    # the same option values, well formed, draw the table
+    assert cli.main(["plot", "finetune_table", "--runs", str(tmp_path / "runs.parquet"), "--out", str(tmp_path / "t"),
+                     "--option", "non_private=false", "--option", "epsilons=1", "--option", "k=6",
+                     "--option", "optimizers=dpadamw", "--option", "modes=lora"]) == 0

@@ -112,3 +112,25 @@ def test_lm_figures_group_by_sigma_and_privacy():
         out = figures.build(figure_id, pd.concat([base, pd.DataFrame(_lm("sigma0", noiseless, 3.2))]))
         if not isinstance(out, str):
             figures.plt.close(out)
+
+
+@pytest.mark.parametrize("edit", [{"epsilon": -1.0}, {"epsilon": np.nan}, {"delta": 1.0}, {"noise_multiplier": 0.0}])
+def test_a_runs_table_edited_to_numbers_that_deny_privacy_draws_no_private_bar(tmp_path, edit):
+    """A runs table edited after dpbench aggregate (ε = -1, δ = 1, δ NaN, σ = 0 beside a finite ε,
+    the row still marked private at target 1, the best accuracy of all): fig5_1 shows it under no
+    ε (it drew a DP-SGD bar at ε 1 from it), and dpbench plot reads it as not private."""
+    base = classification_runs().assign(delta=1e-5, noise_multiplier=1.0)
+    edited = {"target_epsilon": 1.0, "epsilon": 0.9, "delta": 1e-5, "noise_multiplier": 1.1, "private": True,
+              "dp_guarantee": True, **edit}
+    runs = pd.concat([base, pd.DataFrame(_classification("edited", edited, 0.99))], ignore_index=True)
+    best = figures.best_per_setting(runs)
+    assert not best["run_id"].str.startswith("P1/dpsgd/edited").any()
+    pd.testing.assert_frame_equal(best, figures.best_per_setting(base))
+    labelled = figures.supported_labels(runs).set_index("run_id")
+    assert not labelled.filter(like="edited", axis=0)["private"].any()
+    assert not labelled.filter(like="edited", axis=0)["dp_guarantee"].any()
+    assert labelled.drop(labelled.filter(like="edited", axis=0).index)["private"].equals(
+        base.set_index("run_id")["private"].astype(bool))
+    runs.to_parquet(tmp_path / "runs.parquet")
+    figures.plot("fig5_1", tmp_path / "runs.parquet", tmp_path / "fig")  # draws from the supported labels
+    assert (tmp_path / "fig.png").exists()

@@ -155,3 +155,86 @@ def test_runs_table_says_where_each_run_started(tmp_path):
     assert runs.loc["p4", "start"] == "scratch" and pd.isna(runs.loc["p4", "finetune"])
     assert runs.loc["old", cols].isna().all()
     assert str(runs["trainable_parameters"].dtype) == "Int64"
+
+
+LM_RUN = ("benchmarks", "results", "lm", "study", "runs", "P4", "dpsgd", "L64-E1-eps1-lr1-s0.parquet")
+
+
+def _edited(tmp_path, name, edit):
+    """The committed DP-SGD run at epsilon 1 (P4) with its metadata edited by ``edit``."""
+    import copy
+
+    from conftest import REPO
+
+    metrics, meta = results.read_run(REPO.joinpath(*LM_RUN))
+    meta = copy.deepcopy(meta)
+    edit(meta)
+    return results.write_run(tmp_path / f"{name}.parquet", metrics, meta)
+
+
+def _set(section, key, value):
+    return lambda meta: meta[section].__setitem__(key, value)
+
+
+@pytest.mark.parametrize("edit,field", [
+    (_set("privacy", "epsilon", -1.0), "privacy.epsilon: -1.0"),
+    (_set("privacy", "epsilon", math.nan), "privacy.epsilon: nan"),
+    (_set("privacy", "epsilon", True), "privacy.epsilon: True"),
+    (_set("privacy", "epsilon", "0.5"), "privacy.epsilon: '0.5'"),
+    (lambda m: m["privacy"].pop("epsilon"), "privacy.epsilon: None"),
+    (_set("privacy", "delta", 1.0), "privacy.delta: 1.0"),
+    (_set("privacy", "delta", math.nan), "privacy.delta: nan"),
+    (_set("privacy", "noise_multiplier", 0.0), "privacy.noise_multiplier: 0.0, no noise, yet epsilon"),
+    (_set("config", "batch_size", 10**30), "config.batch_size: 1000000000000000000000000000000"),
+    (lambda m: m.pop("result"), "result: missing"),
+    (lambda m: m["result"].pop("best_test_loss"), "missing key 'best_test_loss'"),
+])
+def test_aggregate_refuses_a_run_file_whose_record_no_run_writes(tmp_path, capsys, edit, field):
+    """An edited or damaged record (a negative, NaN or non-number epsilon; delta outside (0, 1); a
+    finite epsilon without noise; a 10^30 batch size; a missing key) is refused by dpbench
+    aggregate in one line naming the file and the key, never labelled private nor a traceback."""
+    from dpbench import cli
+
+    path = _edited(tmp_path, "edited", edit)
+    assert cli.main(["aggregate", str(path), "--out-runs", str(tmp_path / "r.parquet"),
+                     "--out-epochs", str(tmp_path / "e.parquet")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"dpbench aggregate: error: run file {path} is damaged or edited (") and field in err, err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "r.parquet").exists()
+
+
+def test_aggregate_refuses_metadata_that_is_a_json_list(tmp_path, capsys):
+    from dpbench import cli
+
+    path = _edited(tmp_path, "listed", lambda m: None)
+    table = pq.read_table(path)
+    pq.write_table(table.replace_schema_metadata({results.META_KEY: b"[1, 2]"}), path)
+    assert cli.main(["aggregate", str(path), "--out-runs", str(tmp_path / "r.parquet"),
+                     "--out-epochs", str(tmp_path / "e.parquet")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "is damaged or edited (the metadata is a JSON list, not an object)" in err and len(err.splitlines()) == 1
+
+
+def test_a_builtin_optimizer_is_labelled_by_the_registry_not_by_its_file(tmp_path):
+    """A run file edited to say sgd is private, or one of DP-Dice with its caveat cut, is
+    labelled by the registry (dpbench aggregate passes the catalog's built-in facts): not
+    private; private without a DP guarantee. The unedited DP-SGD run keeps both labels."""
+    from dpbench import cli
+
+    def as_optimizer(name, caveat=None):
+        def edit(meta):
+            meta["config"]["optimizer"] = name
+            meta["privacy"]["caveat"] = caveat
+        return edit
+
+    paths = [_edited(tmp_path, "sgd", as_optimizer("sgd")), _edited(tmp_path, "dpdice", as_optimizer("dpdice")),
+             _edited(tmp_path, "dpsgd", lambda m: None),
+             _edited(tmp_path, "paper", lambda m: (as_optimizer("d2p2sgd")(m), m["optimizer"].__setitem__(
+                 "hyperparameters", {"paper_sensitivity": True})))]
+    assert cli.main(["aggregate", *map(str, paths), "--out-runs", str(tmp_path / "r.parquet"),
+                     "--out-epochs", str(tmp_path / "e.parquet")]) == 0
+    runs = pd.read_parquet(tmp_path / "r.parquet").set_index("optimizer")
+    assert not runs.loc["sgd", "private"] and not runs.loc["sgd", "dp_guarantee"]
+    assert runs.loc["dpdice", "private"] and not runs.loc["dpdice", "dp_guarantee"]
+    assert runs.loc["d2p2sgd", "private"] and not runs.loc["d2p2sgd", "dp_guarantee"]
+    assert runs.loc["dpsgd", "private"] and runs.loc["dpsgd", "dp_guarantee"]

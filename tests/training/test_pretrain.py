@@ -229,6 +229,19 @@ def test_recipes_name_p4s_model_and_keys_follow_the_content():
         from_json({"d_model": 30})
 
 
+def test_a_recipe_refuses_records_true_and_a_context_no_memory_holds():
+    """records: true is no record count (bool is an int to Python); a context whose attention
+    weights alone exceed this machine's memory is refused before any array is allocated (a
+    1.46 TiB allocation traceback before)."""
+    with pytest.raises(ValueError, match="records must be a positive integer or null, got True"):
+        from_json({"records": True})
+    with pytest.raises(ValueError, match=r"^recipe custom: context 10000000 needs about [\d,.]+ GiB per training "
+                                         r"step .* more than this machine's [\d,.]+ GiB of memory: lower context"):
+        get_recipe(json.dumps({"context": 10_000_000}))
+    real = RECIPES["wordnet-lm"]
+    assert real.step_bytes == 4 * 64 * 4 * 4 * 128 ** 2  # 64 MiB: the committed recipe passes
+
+
 # --------------------------------------------------------------------------- pretraining
 
 
@@ -350,3 +363,69 @@ def test_the_workflow_names_the_checkpoint_by_recipe_key_and_code(repo_copy):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"pretrain --recipe tiny --expect {RECIPES['tiny'].key}-{CODE} --out {target}" in proc.stdout
     assert "OMP_NUM_THREADS=1 " in proc.stdout
+
+
+class _RunsCode:
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def _plant(path: Path, data: bytes, sidecar: dict) -> None:
+    """``data`` as a checkpoint with a sidecar whose SHA-256 matches it (a sidecar is no key)."""
+    path.write_bytes(data)
+    Path(f"{path}.json").write_text(json.dumps({**sidecar, "sha256": hashlib.sha256(data).hexdigest()}))
+
+
+def test_load_refuses_files_that_are_no_checkpoint_in_one_line(data_dir, tmp_path):
+    """Bytes that are no checkpoint, a pickle that would run code, a sidecar without model_dims:
+    each refused in one line naming the file (an UnpicklingError traceback, `error: model_dims`
+    before), and nothing runs."""
+    import io
+
+    good = tmp_path / "good.pt"
+    pt.pretrain(small_recipe(data_dir, steps=3), good, data_dir[0], code=CODE)
+    record = json.loads(Path(f"{good}.json").read_text())
+    cases = {"noise.pt": (bytes(range(256)) * 40, r"is no checkpoint torch can read as tensors")}
+    payload = _RunsCode()
+    payload.marker = tmp_path / "ran"
+    buffer = io.BytesIO()
+    torch.save({"weight": payload}, buffer)
+    cases["code.pt"] = (buffer.getvalue(), r"is no checkpoint torch can read as tensors")
+    for name, (data, match) in cases.items():
+        _plant(tmp_path / name, data, record)
+        with pytest.raises(ValueError, match=rf"^pretrained checkpoint {tmp_path / name} {match}") as info:
+            pt.load_pretrained(tmp_path / name)
+        assert "\n" not in str(info.value)
+    assert not payload.marker.exists()
+    no_dims = tmp_path / "nodims.pt"
+    _plant(no_dims, good.read_bytes(), {k: v for k, v in record.items() if k != "model_dims"})
+    with pytest.raises(ValueError, match=rf"sidecar {no_dims}\.json of pretrained checkpoint {no_dims} is "
+                                         r"damaged: its model_dims None is not an object of positive integers"):
+        pt.load_pretrained(no_dims)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "/dev/zero"])
+def test_train_pretrained_names_a_fifo_a_directory_or_a_device(tmp_path, capsys, kind):
+    """--pretrained on a FIFO, a directory or /dev/zero is named as what it is ("does not exist"
+    before; a FIFO would block the read), in one line naming the flag."""
+    import os
+
+    from dpbench.cli import main
+
+    path = "/dev/zero" if kind == "/dev/zero" else tmp_path / "start.pt"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    argv = ["train", "--problem", "P6", "--optimizer", "dpsgd", "--lr", "0.1", "--batch-size", "10", "--epochs", "1",
+            "--seed", "0", "--epsilon", "1", "--pretrained", str(path), "--finetune", "full", "--out", str(tmp_path / "run.parquet")]
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    what = {"fifo": "a FIFO", "directory": "a directory", "/dev/zero": "a character device"}[kind]
+    assert code != 0 and len(err.splitlines()) == 1, err
+    assert f"argument --pretrained: pretrained checkpoint {path} is {what}, not a file" in err, err

@@ -256,3 +256,70 @@ def test_the_privacy_section_is_written_whole_and_refuses_a_key_given_twice():
     for step in ({"clip_norm": 2.0}, {"epsilon": 0.0}, {"noise_schedule": "x"}):
         with pytest.raises(ValueError, match=f"the privacy section's key {next(iter(step))!r} is given twice"):
             dataclasses.replace(section, step=step).run_file()
+
+
+class _RunsCode:
+    """Pickled as a call of os.system: what a crafted checkpoint would run when unpickled."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (self.command,)
+
+
+def test_a_checkpoint_whose_pickle_would_run_code_runs_nothing(tmp_path, capsys):
+    """A crafted checkpoint with a valid header (its SHA-256 is no key) whose pickle calls
+    os.system when loaded: refused as damaged in one line, moved aside, and nothing ran."""
+    import hashlib
+    import io
+
+    import torch
+
+    from dpbench.training.checkpoint import Checkpoint
+
+    cfg = RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=60, epochs=2, seed=1, epsilon=2.0)
+    ckpt, marker = tmp_path / "run.ckpt", tmp_path / "ran"
+    buffer = io.BytesIO()
+    torch.save({"step": 1, "payload": _RunsCode(f"touch {marker}")}, buffer)
+    payload = buffer.getvalue()
+    ckpt.write_bytes(Checkpoint.MAGIC + hashlib.sha256(payload).digest() + payload)
+    capsys.readouterr()
+    assert Checkpoint(ckpt, cfg).load() is None
+    err = capsys.readouterr().err
+    assert not marker.exists()
+    assert len(err.strip().splitlines()) == 1 and f"checkpoint {ckpt} is damaged" in err, err
+    assert "could run code" in err and not ckpt.exists()
+
+
+BUILTINS = ["sgd", "dpsgd", "opacus-dpsgd", "adam", "adamw", "dpadam", "dpadambc", "dpadamw", "dpadamw-bc", "dpdice",
+            "dpdice-strict", "dpdisk", "d2p2sgd", "d2psgd", "dp2sgd", "dpmatrix-se", "dpmatrix-se-lambda",
+            "dpmatrix-me", "dpmatrix-me-lambda", "dpmatrix-band", "dpmatrix-band-amp", "dpmatrix-blt"]
+
+
+def test_the_builtins_list_above_is_the_registrys():
+    from dpbench.optimizers import OPTIMIZERS
+
+    assert BUILTINS == list(OPTIMIZERS.builtins)
+
+
+@pytest.mark.parametrize("optimizer", BUILTINS)
+def test_every_optimizers_checkpoint_is_tensors_and_plain_data(tiny_fmnist, tmp_path, optimizer):
+    """What each built-in optimizer's run checkpoints (model, optimizer and noise state, sampler,
+    RNGs, trace) loads with weights_only=True, as Checkpoint.load reads it (a state holding
+    anything else would be moved aside as damaged, and the run never resume)."""
+    from dpbench.optimizers import get_optimizer
+    from dpbench.training.checkpoint import Checkpoint
+
+    private = get_optimizer(optimizer).private
+    epochs = 1 if optimizer.startswith("dpmatrix-se") else 2  # the single-epoch mechanisms
+    cfg = RunConfig(problem="P2", optimizer=optimizer, lr=0.05, batch_size=60, epochs=epochs, seed=3,
+                    epsilon=8.0 if private else None, train_subset=120, test_subset=50, progress_every_s=1e9,
+                    cache_dir=str(tmp_path / "cache"))
+    ckpt = tmp_path / "run.ckpt"
+    run_cell(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)  # leaves its last checkpoint (the CLI deletes it)
+    state = Checkpoint(ckpt, cfg).load()
+    assert state is not None and ckpt.exists() and state["progress"]["step"] >= 1
+    assert set(state) >= {"model", "step_fn", "sampler", "loss_gen", "train_loss"}

@@ -35,6 +35,7 @@ nonnegative_float = argument_type(settings.nonnegative_float)  # a noise multipl
 probability = argument_type(settings.probability)  # delta
 positive_int = argument_type(settings.positive_int)
 nonnegative_int = argument_type(settings.nonnegative_int)  # a seed
+audit_seed = argument_type(settings.audit_seed)  # an audit's seed: an int64 in its record
 hyperparameter = argument_type(settings.hyperparameter)  # --hp KEY=VALUE
 
 

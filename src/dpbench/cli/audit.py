@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from dpbench import log
-from dpbench.cli.arguments import (check_output, hyperparameter, nonnegative_int, positive_float, positive_int,
+from dpbench.cli.arguments import (audit_seed, check_output, hyperparameter, positive_float, positive_int,
                                    probability)
 
 _LOG = log.get(__name__)
@@ -29,7 +29,8 @@ def add_parsers(sub) -> None:
     au.add_argument("--delta", type=probability, default=accounting.DELTA)
     au.add_argument("--accountant", default=accounting.DEFAULT_ACCOUNTANT, choices=accounting.ACCOUNTANTS,
                     help="the accountant sigma is calibrated with and whose privacy profile is tested")
-    au.add_argument("--seed", type=nonnegative_int, default=0)
+    au.add_argument("--seed", type=audit_seed, default=0, help="the audit's seed, at most 2**63 - 1 (its record's "
+                    "int64 column, as the config's audit.seed)")
     au.add_argument("--out", help="output .parquet (written atomically)")
     au.add_argument("--cache-dir", help="where matrix factorizations are cached (as for dpbench train)")
     au.add_argument("--threads", type=positive_int, help="torch CPU threads")

@@ -51,7 +51,10 @@ def add_parsers(sub) -> None:
 def cmd_aggregate(args) -> int:
     from dpbench.reporting.aggregate import aggregate_runs
 
-    aggregate_runs(args.runs, args.out_runs, args.out_epochs, audits=args.audits)
+    from dpbench.pipeline import catalog
+
+    # the built-ins' privacy from the registry (torch-free), never from what a file says of it
+    aggregate_runs(args.runs, args.out_runs, args.out_epochs, audits=args.audits, builtins=catalog.OPTIMIZERS)
     return 0
 
 

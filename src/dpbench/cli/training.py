@@ -23,6 +23,8 @@ def add_parsers(sub) -> None:
     add_settings({"cell": t.add_argument_group("a grid cell's own settings"),
                   "train": t.add_argument_group("the settings a workflow config's train: section holds"),
                   "command": t.add_argument_group("the settings of where the run is made")}, RunConfig)
+    problem = next(a for a in t._actions if a.dest == "problem")
+    problem.help = problem_help()
     o = t.add_argument_group("this invocation (not settings of the run)")
     o.add_argument("--out", required=True, help="output .parquet file (written atomically)")
     o.add_argument("--run-id", help="name recorded in the run (default: the output file's stem)")
@@ -117,6 +119,18 @@ def load_public_start(cfg):
         return PublicEncoder.load(cfg.pretrained_dir or f.pretrained)
     except EncoderError as exc:
         raise ValueError(f"argument {flag}: {exc}") from None
+
+
+def problem_help() -> str:
+    """--problem's help: the problems of the registry, its built-ins (their torch-free facts)
+    and the installed plugins' (their entry points' names; nothing is imported)."""
+    from dpbench.plugins import entry_points
+    from dpbench.problems.catalog import FACTS
+
+    # the group of dpbench.problems.registry.GROUP, named here so that --help imports no torch
+    plugins = [ep.name for ep in entry_points("dpbench.problems") if ep.name not in FACTS]
+    return ("the problem: " + ", ".join(FACTS) + (f"; plugins': {', '.join(plugins)}" if plugins else "")
+            + " (dpbench list)")
 
 
 def load_public_checkpoint(path: str):

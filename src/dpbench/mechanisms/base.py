@@ -22,6 +22,7 @@ file's ``epsilon``).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -294,6 +295,13 @@ class PrivacyClaim:
         if not isinstance(spent, Spent):
             raise TypeError(f"mechanism {self.mechanism.name!r}: report must return a Spent, "
                             f"got {type(spent).__name__}")
+        for name in ("epsilon_spent", "epsilon_planned", "epsilon_rdp"):
+            value = getattr(spent, name)
+            # a label is only as good as the number: a plugin's negative, NaN or non-number
+            # epsilon would be recorded and labelled private (infinity is allowed: no guarantee)
+            if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and value >= 0):
+                raise ValueError(f"mechanism {self.mechanism.name!r}: report returned {name} = {value!r}; an "
+                                 "epsilon is a number >= 0 (infinite where nothing is guaranteed)")
         return spent
 
     def epsilon(self, steps: int | None = None) -> float:

@@ -47,6 +47,15 @@ class OptimizerFacts:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     cost_class: str | None = None
     files: DenseFiles | StreamedFiles | Any = None
+    # where its runs' (epsilon, delta) is no DP guarantee: True (always: its caveat says so), the
+    # name of a hyperparameter voiding it where true (D2P2's paper_sensitivity), or False
+    no_guarantee: bool | str = False
+
+    def guarantees(self, hyperparameters: Mapping[str, Any]) -> bool:
+        """Whether a private run of it with ``hyperparameters`` has the (epsilon, delta) it records."""
+        if isinstance(self.no_guarantee, str):
+            return self.private and not hyperparameters.get(self.no_guarantee, False)
+        return self.private and not self.no_guarantee
 
     def hyperparameters(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
         """The defaults overridden by ``given``, checked as ``OptimizerSpec.hyperparameters``."""
@@ -55,8 +64,12 @@ class OptimizerFacts:
     @classmethod
     def of(cls, spec) -> OptimizerFacts:
         """The facts of a registry's spec (a plugin's)."""
+        from dpbench.reporting.results import NO_GUARANTEE
+
+        voided = (getattr(spec, "caveat", None) or "").startswith(NO_GUARANTEE) or (
+            "paper_sensitivity" if "paper_sensitivity" in spec.defaults else False)
         return cls(spec.name, spec.private, spec.build.__module__, dict(spec.defaults), spec.cost_class,
-                   getattr(spec.mechanism, "files", None))
+                   getattr(spec.mechanism, "files", None), voided)
 
 
 _ADAM = {"beta1": 0.9, "beta2": 0.999}
@@ -73,12 +86,12 @@ OPTIMIZERS: dict[str, OptimizerFacts] = {f.name: f for f in (
     OptimizerFacts("dpadambc", True, _OPT + "adam", {**_ADAM, "zeta": 1e-08}, "dpadambc"),
     OptimizerFacts("dpadamw", True, _OPT + "adam", {**_ADAM, "eps0": 1e-08, "weight_decay": 1e-05}, "dpadambc"),
     OptimizerFacts("dpadamw-bc", True, _OPT + "adam", {**_ADAM, "gamma": 1e-08, "weight_decay": 1e-05}, "dpadambc"),
-    OptimizerFacts("dpdice", True, _OPT + "dice", {"c2": 1.0}, "dpdice"),
+    OptimizerFacts("dpdice", True, _OPT + "dice", {"c2": 1.0}, "dpdice", no_guarantee=True),
     OptimizerFacts("dpdice-strict", True, _OPT + "dice_strict", {"c2": 1.0}, "dpdice"),
     OptimizerFacts("dpdisk", True, _OPT + "disk", {"kappa": 0.7, "gamma": 0.5}, "dpdisk"),
-    OptimizerFacts("d2p2sgd", True, _OPT + "d2p2", _D2P2),
+    OptimizerFacts("d2p2sgd", True, _OPT + "d2p2", _D2P2, no_guarantee="paper_sensitivity"),
     OptimizerFacts("d2psgd", True, _OPT + "d2p2", {"auto_clip_gamma": 0.01}, "dpsgd"),
-    OptimizerFacts("dp2sgd", True, _OPT + "d2p2", _D2P2),
+    OptimizerFacts("dp2sgd", True, _OPT + "d2p2", _D2P2, no_guarantee="paper_sensitivity"),
     OptimizerFacts("dpmatrix-se", True, _OPT + "dpmatrix", {}, "dpmatrix-se", DenseFiles("se")),
     OptimizerFacts("dpmatrix-se-lambda", True, _OPT + "dpmatrix", {"tau": None}, "dpmatrix-se",
                    DenseFiles("se-lambda")),

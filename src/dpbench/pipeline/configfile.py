@@ -42,7 +42,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: YAML syntax error: {str(exc).splitlines()[0]}") from None
     if node is None:
         return {}
-    _refuse_duplicate_keys(node, "", path)
+    _refuse_alias_bomb(node, path)
+    _refuse_duplicate_keys(node, "", path, set())
     config = yaml.safe_load(text)
     if not isinstance(config, dict):
         raise ConfigError(f"config file {path}: the top level must be a mapping of config keys, "
@@ -50,7 +51,36 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return config
 
 
-def _refuse_duplicate_keys(node, where: str, path: Path) -> None:
+# A config expands to far fewer values than this; aliases (*name) nested in aliases grow
+# exponentially (nine levels of nine: 9^9 values from a few hundred bytes), and every check
+# after reading walks the expanded values.
+MAX_VALUES = 1_000_000
+
+
+def _refuse_alias_bomb(root, path: Path) -> None:
+    """The number of values the document expands to, each node counted once per reference,
+    computed once per node (so in time linear in the file): more than ``MAX_VALUES`` is
+    refused naming the file, before anything walks the expansion."""
+    sizes: dict[int, int] = {}
+
+    def size(node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = 1  # a recursive alias counts once
+        children = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
+                    else node.value if isinstance(node, yaml.SequenceNode) else [])
+        sizes[id(node)] = total = min(1 + sum(size(child) for child in children), MAX_VALUES + 1)
+        return total
+
+    if size(root) > MAX_VALUES:
+        raise ConfigError(f"config file {path}: expands through its aliases (*name) to more than {MAX_VALUES:,} "
+                          "values; a config needs far fewer: write it without nested aliases")
+
+
+def _refuse_duplicate_keys(node, where: str, path: Path, seen_nodes: set[int]) -> None:
+    if id(node) in seen_nodes:  # an alias of a node already checked
+        return
+    seen_nodes.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
         for key_node, value_node in node.value:
@@ -61,10 +91,10 @@ def _refuse_duplicate_keys(node, where: str, path: Path) -> None:
                 raise ConfigError(f"config key {here}: given twice (lines {seen[key]} and {line}); YAML would "
                                   f"silently keep the last value: keep one ({path})")
             seen[key] = line
-            _refuse_duplicate_keys(value_node, here, path)
+            _refuse_duplicate_keys(value_node, here, path, seen_nodes)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _refuse_duplicate_keys(item, f"{where}.{i}" if where else str(i), path)
+            _refuse_duplicate_keys(item, f"{where}.{i}" if where else str(i), path, seen_nodes)
 
 
 def configfiles_of(snakemake_args: list[str]) -> list[str]:

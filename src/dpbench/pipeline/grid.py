@@ -223,12 +223,25 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     errors = sorted(validator_cls(schema).iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
         raise _schema_error(errors[0])
+    check_results_dir(config["results_dir"])
     check_figure_ids(config)
     if (config.get("pretrain") or {}).get("recipe") is not None:
         pretrain_recipe(config, None)
     cells = expand(config)  # semantic checks: optimizer names, hyperparameter names, data sizes, batch sizes
     check_figures(config, cells)
     return config
+
+
+def check_results_dir(results_dir: str) -> None:
+    """Every output goes under ``results_dir``: an empty one would put them at the filesystem's
+    top (``/runs``, ``/logs``, ...; the workflow runs as root on many machines), as would the
+    root itself: both refused."""
+    if not results_dir.strip():
+        raise ConfigError("config key results_dir: empty; every output would be written at the filesystem's "
+                          "top (/runs, /logs, ...): give a directory, e.g. results")
+    if Path(results_dir).resolve() == Path(Path(results_dir).resolve().anchor):
+        raise ConfigError(f"config key results_dir: {results_dir!r} is the filesystem root; every output would "
+                          "be written at its top (/runs, /logs, ...): give a directory below it, e.g. results")
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -25,6 +25,7 @@ import yaml
 
 from dpbench.pipeline import catalog
 from dpbench.pipeline.grid import Cell, ConfigError, expand, read_yaml, validate
+from dpbench.training import settings
 
 
 # where the committed study's public checkpoints lie, relative to the workflow's directory
@@ -100,6 +101,29 @@ class Jobs:
         from dpbench.training.recipes import Recipe
 
         return self.pretrained_file(cell.recipe) if cell.fine_tunes and isinstance(cell.recipe, Recipe) else None
+
+    def check_pretrained(self) -> None:
+        """Each public checkpoint the jobs start from that is already made (checkpoint and
+        sidecar) is read once, when the workflow starts, and its SHA-256 checked against its
+        sidecar (``workflow_jobs``): a changed one stops the workflow in one line naming it,
+        before Snakemake reruns, and so deletes, the completed fine-tuning runs that read it (each job would
+        refuse the checkpoint only after its run file was gone)."""
+        import hashlib
+
+        for path in sorted({self.pretrained_of(cell) for cell in self.cells.values()} - {None}):
+            sidecar = Path(f"{path}.json")
+            if not (Path(path).is_file() and sidecar.is_file()):
+                continue  # not made yet (or a killed pretrain job's, which the rule makes again)
+            try:
+                recorded = json.loads(sidecar.read_text())["sha256"]
+            except (ValueError, KeyError, TypeError) as exc:
+                recorded = f"nothing readable ({type(exc).__name__})"
+            actual = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+            if actual != recorded:
+                # a ConfigError: common.smk stops the workflow with its one line, as for a config's
+                raise ConfigError(f"pretrained checkpoint {path} is damaged or swapped: its SHA-256 is {actual}, its "
+                                 f"sidecar {sidecar} records {recorded}; nothing was rerun and the completed runs "
+                                 "are kept: delete both files and the workflow pretrains it again")
 
     def recipe_of(self, name: str, key: str):
         """The recipe of the checkpoint ``<name>-<key>``: the one the config's fine-tuning cells
@@ -266,9 +290,10 @@ def workflow_jobs(config: dict[str, Any], files: list[str | Path], configfiles,
         found = plan(config, own_audit(config, configfiles, given), figures_given)
         if runner is not None:
             check_plugins_visible(found, *runner)
-        return found
     except ConfigError as exc:
         raise naming_file(exc, files) from None
+    found.check_pretrained()  # before Snakemake decides what to rerun
+    return found
 
 
 def plan(config: dict[str, Any], audit: dict[str, Any] | None, figures_given: bool) -> Jobs:
@@ -332,7 +357,7 @@ def audit_names(audit: dict[str, Any], cells: list[Cell]) -> list[str]:
             for e in audited_epsilons(audit["epsilons"], cells) for s in seeds]
 
 
-MAX_AUDIT_SEED = 2**63 - 1
+MAX_AUDIT_SEED = settings.MAX_AUDIT_SEED
 
 
 def audit_job(name: str) -> tuple[str, float, int]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
@@ -35,7 +36,7 @@ import pandas as pd
 from dpbench.problems.catalog import CANARY_REPEATS, FACTS, task_facts
 from dpbench.problems.modes import SCRATCH, option_settings
 from dpbench.reporting.audits import violations
-from dpbench.reporting.results import dp_guarantee, is_private, read_run
+from dpbench.reporting.results import DamagedFileError, dp_guarantee, is_private, read_run, record_error
 
 # RunConfig's train settings that a grid block may set per block (pipeline.grid.BLOCK_SETTINGS)
 DATA_KEYS = ("train_subset", "test_subset", "validation_size", "max_steps")
@@ -68,18 +69,20 @@ def _json_or_none(value) -> str | None:
     return None if value is None else json.dumps(value)
 
 
-def run_row(run_id: str, path: Path, meta: dict) -> dict:
+def run_row(run_id: str, path: Path, meta: dict, builtins: Mapping[str, Any] | None = None) -> dict:
+    """The runs table's row of one run file; ``builtins``: as for ``aggregate_runs``."""
     cfg, priv, res, timing = meta["config"], meta["privacy"], meta["result"], meta["timing"]
+    builtin = (builtins or {}).get(cfg["optimizer"])
     return {
         "run_id": run_id,
         "problem": cfg["problem"],
         "dataset": meta["problem"]["dataset"],
         "task": meta["problem"]["task"],
         "optimizer": cfg["optimizer"],
-        "private": is_private(meta),
+        "private": is_private(meta, builtin),
         # the recorded (epsilon, delta) holds (False for non-private runs and for those whose
         # privacy.caveat says "not a valid DP guarantee"); caveat: that text, or None
-        "dp_guarantee": dp_guarantee(meta),
+        "dp_guarantee": dp_guarantee(meta, builtin),
         "caveat": meta["privacy"].get("caveat"),
         # "plugin" where sigma and epsilon come from a plugin's own mechanism (its privacy claim,
         # not dpbench's); origins: "built-in" or "plugin <distribution> <version>" (runs made
@@ -200,18 +203,33 @@ def epoch_rows(run_id: str, metrics: pd.DataFrame) -> pd.DataFrame:
 
 
 def aggregate_runs(paths: list[str | Path], out_runs: str | Path, out_epochs: str | Path,
-                   audits: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                   audits: str | Path | None = None,
+                   builtins: Mapping[str, Any] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The runs and per-epoch tables of ``paths``; with ``audits`` (the table of ``dpbench
     audits``), the runs table's ``audit_violation``: True where an audit of the run's optimizer
-    refuted its claim, False where its audits found none, missing where it was not audited."""
+    refuted its claim, False where its audits found none, missing where it was not audited.
+    ``builtins``: the built-in optimizers' facts (``dpbench.pipeline.catalog.OPTIMIZERS``, as
+    ``dpbench aggregate`` gives them): a run of one is labelled by the registry's ``private`` and
+    caveat, never by what its file says. A run file whose record no run writes
+    (``results.record_error``: a missing key, an epsilon that is no number >= 0, a delta outside
+    (0, 1), ...) is refused in one line naming the file and the key."""
     from dpbench.reporting.results import write_table
 
     paths = [Path(p) for p in paths]
     rows, epochs = [], []
     for path in paths:
         metrics, meta = read_run(path)
+        error = record_error(meta)
+        if error is not None:
+            raise DamagedFileError(f"run file {path} is damaged or edited ({error}); delete it and run the "
+                                   "workflow again, which retrains that cell")
         run_id = meta.get("run_id", path.stem)
-        rows.append(run_row(run_id, path, meta))
+        try:
+            rows.append(run_row(run_id, path, meta, builtins))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a key the checks above do not cover
+            what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
+            raise DamagedFileError(f"run file {path} is damaged or edited ({what}); delete it and run the "
+                                   "workflow again, which retrains that cell") from None
         epochs.append(epoch_rows(run_id, metrics))
     runs = pd.DataFrame(rows)
     for column in (*option_settings(), "trainable_parameters"):  # integers, missing where not recorded

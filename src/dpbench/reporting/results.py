@@ -52,22 +52,68 @@ NOT_PRIVATE = {
 NO_GUARANTEE = "not a valid DP guarantee"
 
 
-def is_private(meta: dict[str, Any]) -> bool:
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def record_error(meta: Any) -> str | None:
+    """What in a run file's metadata no run writes (a damaged or edited file), as "<key>: <what>",
+    or None: a key of the record missing or of the wrong type, a number out of its range, or a
+    privacy section that contradicts itself (an epsilon that is no number, negative or NaN; a
+    delta outside (0, 1); a finite epsilon with sigma <= 0). A label is only as good as the
+    record's numbers: such a file is refused, never labelled (``aggregate``)."""
+    if not isinstance(meta, dict):
+        return f"the metadata is a JSON {type(meta).__name__}, not an object"
+    for section in ("config", "privacy", "result", "timing", "optimizer", "problem", "data", "environment"):
+        if not isinstance(meta.get(section), dict):
+            return f"{section}: missing" if section not in meta else f"{section}: not an object"
+    cfg, priv = meta["config"], meta["privacy"]
+    for key in ("problem", "optimizer"):
+        if not isinstance(cfg.get(key), str):
+            return f"config.{key}: {cfg.get(key)!r} is not a name"
+    for key in ("batch_size", "epochs", "seed"):
+        if not (_number(cfg.get(key)) and float(cfg[key]).is_integer() and 0 <= cfg[key] < 2**63):
+            return f"config.{key}: {cfg.get(key)!r} is not an integer from 0 to 2**63 - 1"
+    if not isinstance(meta["optimizer"].get("private"), bool):
+        return f"optimizer.private: {meta['optimizer'].get('private')!r} is not true or false"
+    epsilon, delta, sigma = priv.get("epsilon"), priv.get("delta"), priv.get("noise_multiplier")
+    if not (_number(epsilon) and epsilon >= 0):  # NaN fails >= 0
+        return f"privacy.epsilon: {epsilon!r} is not a number >= 0 (infinite where nothing is guaranteed)"
+    if not (_number(sigma) and sigma >= 0):
+        return f"privacy.noise_multiplier: {sigma!r} is not a number >= 0"
+    if meta["optimizer"]["private"] and math.isfinite(epsilon):
+        if not (_number(delta) and 0 < delta < 1):
+            return f"privacy.delta: {delta!r} is not in (0, 1), yet epsilon {epsilon} is finite"
+        if sigma <= 0:
+            return f"privacy.noise_multiplier: {sigma!r}, no noise, yet epsilon {epsilon} is finite"
+    target = priv.get("target_epsilon")
+    if target is not None and not (_number(target) and 0 < target < math.inf):
+        return f"privacy.target_epsilon: {target!r} is not a finite positive number"
+    return None
+
+
+def is_private(meta: dict[str, Any], builtin: Any = None) -> bool:
     """Whether a run is private at the epsilon it carries: trained by a private optimizer, to a
     finite achieved epsilon (a private optimizer given sigma = 0, ``--noise-multiplier 0``,
     records epsilon = inf: not private, whatever its optimizer), at most its target where it had
     one (``accounting.meets_target``: a run that exceeded its target is not labelled private at
-    it, nor anywhere)."""
+    it, nor anywhere). ``builtin``: the facts of a built-in optimizer of that name
+    (``dpbench.pipeline.catalog.OptimizerFacts``), whose ``private`` is taken over the file's
+    (an edited file cannot make ``sgd`` private)."""
     epsilon, target = meta["privacy"].get("epsilon"), meta["privacy"].get("target_epsilon")
-    return (bool(meta["optimizer"]["private"]) and epsilon is not None and math.isfinite(epsilon)
+    private = builtin.private if builtin is not None else meta["optimizer"]["private"]
+    return (private is True and _number(epsilon) and math.isfinite(epsilon) and epsilon >= 0
             and (target is None or meets_target(epsilon, target)))
 
 
-def dp_guarantee(meta: dict[str, Any]) -> bool:
+def dp_guarantee(meta: dict[str, Any], builtin: Any = None) -> bool:
     """Whether a run's recorded (epsilon, delta) holds: private (its target met, where it had one),
-    and no caveat voiding it."""
+    and no caveat voiding it: the file's, or for a built-in optimizer (``builtin``, as for
+    ``is_private``) the registry's (``guarantees``: a file whose DP-Dice caveat was cut still
+    has none)."""
     caveat = meta["privacy"].get("caveat") or ""
-    return is_private(meta) and not caveat.startswith(NO_GUARANTEE)
+    return (is_private(meta, builtin) and not (isinstance(caveat, str) and caveat.startswith(NO_GUARANTEE))
+            and (builtin is None or builtin.guarantees(meta["optimizer"].get("hyperparameters") or {})))
 
 
 def _git_commit() -> str | None:

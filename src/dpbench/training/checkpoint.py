@@ -8,6 +8,7 @@ import hashlib
 import io
 import math
 import os
+import pickle
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -86,7 +87,9 @@ class Checkpoint:
     optimizer and noise state, sampler and loss RNGs, and the trace so far. Written
     atomically (temporary name, fsync, rename) with a SHA-256 of its payload, verified on
     load: a damaged checkpoint (truncated, zeroed, bytes changed) is moved aside with a
-    message naming it and the run starts afresh, never resumes from it. A checkpoint of
+    message naming it and the run starts afresh, never resumes from it. It is read with
+    ``weights_only=True`` (tensors and plain data): a crafted file whose pickle would run code
+    (``__reduce__``) is refused as damaged and runs nothing. A checkpoint of
     another configuration, or made by other code (``code_key``, e.g.
     ``fingerprint.optimizer_fingerprint``), is ignored with a message, never reused. A failed
     write (a full disk) removes its temporary file and stops the run naming the file.
@@ -112,7 +115,9 @@ class Checkpoint:
         digest, payload = raw[head:head + 32], raw[head + 32:]
         if hashlib.sha256(payload).digest() != digest:
             raise ValueError("its SHA-256 does not match its contents")
-        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+        # tensors and plain data only: its SHA-256 header is no key (anyone who can write the file
+        # can write a matching header), so a pickle that would run code is refused, never run
+        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
 
     def load(self) -> dict | None:
         if self.path is None:
@@ -123,6 +128,8 @@ class Checkpoint:
         try:
             state = self._read()
         except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it is not resumed from
+            if isinstance(exc, pickle.UnpicklingError):  # torch's message is many lines
+                exc = "it holds objects other than tensors and plain data, which could run code when loaded"
             aside = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
             os.replace(self.path, aside)
             _LOG.warning(f"checkpoint {self.path} is damaged ({exc}); moved it to {aside}, starting afresh")

@@ -50,11 +50,11 @@ import torch
 import torch.nn.functional as F
 
 from dpbench.data import fortunes, overlap
-from dpbench.files import atomic_write, remove_stale_partials
+from dpbench.files import atomic_write, remove_stale_partials, special_kind
 import dpbench.problems.tokenizer as tokenizer
 from dpbench.problems.transformer import TransformerLM
 from dpbench.seeds import stream_seeds
-from dpbench.training.recipes import CORPORA, Recipe
+from dpbench.training.recipes import CORPORA, RECIPES, Recipe
 
 PRIVACY = "public data only; spends no privacy of the private records"
 EVAL_BATCH = 256
@@ -296,6 +296,11 @@ def load_pretrained(path, expected: Recipe | None = None, code: str | None = Non
     naming the file otherwise."""
     path = Path(path)
     sidecar = Path(f"{path}.json")
+    for file, what in ((path, "pretrained checkpoint"), (sidecar, f"sidecar of pretrained checkpoint {path}:")):
+        kind = special_kind(file)  # a FIFO would block the read, /dev/zero never end it
+        if kind is not None:
+            raise ValueError(f"{what} {file} is {kind}, not a file (dpbench pretrain makes a checkpoint and its "
+                             "sidecar .json)")
     if not path.is_file():
         raise ValueError(f"pretrained checkpoint {path} does not exist (dpbench pretrain makes it)")
     if not sidecar.is_file():
@@ -305,6 +310,11 @@ def load_pretrained(path, expected: Recipe | None = None, code: str | None = Non
         recorded = record["sha256"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"sidecar {sidecar} of pretrained checkpoint {path} is unreadable ({exc})") from None
+    dims = record.get("model_dims")
+    if not (isinstance(dims, dict) and set(dims) == set(MODEL_DIMS)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in dims.values())):
+        raise ValueError(f"sidecar {sidecar} of pretrained checkpoint {path} is damaged: its model_dims "
+                         f"{_short(dims)} is not an object of positive integers {', '.join(MODEL_DIMS)}")
     data = path.read_bytes()
     actual = hashlib.sha256(data).hexdigest()
     if actual != recorded:
@@ -317,8 +327,25 @@ def load_pretrained(path, expected: Recipe | None = None, code: str | None = Non
     if code is not None and record.get("code") != code:
         raise ValueError(f"pretrained checkpoint {path} was made by other code (fingerprint "
                          f"{record.get('code')}, now {code}): pretrain again")
-    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    return Pretrained(state, dict(record["model_dims"]), record)
+    try:  # tensors and plain data only: a pickle that would run code is refused, never run
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - bytes torch cannot read as tensors are no checkpoint
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"pretrained checkpoint {path} is no checkpoint torch can read as tensors "
+                         f"({type(exc).__name__}: {reason[:120]})") from None
+    if not (isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values())):
+        raise ValueError(f"pretrained checkpoint {path} is no checkpoint: it holds a {type(state).__name__}, "
+                         "not a state dict of tensors")
+    return Pretrained(state, dict(dims), record)
+
+
+# the sidecar's model_dims: TransformerLM's keyword arguments (Recipe.model_dims)
+MODEL_DIMS = tuple(RECIPES["tiny"].model_dims)
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def build_pretrained_lm(path, expected: Recipe | None = None, code: str | None = None) -> TransformerLM:

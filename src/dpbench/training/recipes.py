@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, fields
 from typing import Mapping
 
@@ -67,7 +68,7 @@ class Recipe:
                 raise ValueError(f"recipe {self.name}: {key} must be a positive integer, got {value!r}")
         for key in ("records", "validation_records"):
             value = getattr(self, key)
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"recipe {self.name}: {key} must be a positive integer or null, got {value!r}")
         for key in ("lr", "final_lr_fraction", "weight_decay"):
             value = getattr(self, key)
@@ -86,6 +87,20 @@ class Recipe:
             if not ok:
                 raise ValueError(f"recipe {self.name}: {key} must be {rule}, got {getattr(self, key)!r}")
 
+        need, have = self.step_bytes, physical_memory()
+        if have is not None and need > have:
+            raise ValueError(f"recipe {self.name}: context {self.context} needs about {need / 2**30:,.1f} GiB per "
+                             f"training step (batch_size x n_layers x n_heads x context^2 attention weights, "
+                             f"float32, kept for the backward pass), more than this machine's "
+                             f"{have / 2**30:,.1f} GiB of memory: lower context or batch_size")
+
+    @property
+    def step_bytes(self) -> int:
+        """A lower bound on the memory of one training step: the attention weights of every layer
+        and head, batch_size x context^2 float32 each, kept for the backward pass (what grows
+        fastest with the context)."""
+        return 4 * self.batch_size * self.n_layers * self.n_heads * self.context ** 2
+
     @property
     def model_dims(self) -> dict:
         """The keyword arguments of ``TransformerLM`` (vocabulary: the byte tokenizer's 258)."""
@@ -103,6 +118,14 @@ class Recipe:
         same thing share a key."""
         content = {k: v for k, v in self.to_json().items() if k != "name"}
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 RECIPES: dict[str, Recipe] = {

@@ -84,6 +84,8 @@ nonnegative_float = _number(float, lambda x: x >= 0, "a finite number >= 0")  # 
 probability = _number(float, lambda x: 0 < x < 1, "a finite number in (0, 1)")  # delta
 positive_int = _number(int, lambda n: n > 0, "a positive integer")
 nonnegative_int = _number(int, lambda n: n >= 0, "an integer >= 0")  # a seed: SeedSequence takes no negative entropy
+MAX_AUDIT_SEED = 2**63 - 1  # the largest seed an audit's record holds (an int64 column)
+audit_seed = _number(int, lambda n: 0 <= n <= MAX_AUDIT_SEED, "an integer from 0 to 2**63 - 1")  # an audit's seed
 text = ValueType("a text", str, lambda v: isinstance(v, str))
 path = ValueType("a path", str, lambda v: isinstance(v, (str, os.PathLike)))
 switch = ValueType("true or false", lambda t: t, lambda v: isinstance(v, bool))  # its flag flips the default

@@ -35,6 +35,7 @@ from pathlib import Path  # noqa: E402
 from typing import Iterable  # noqa: E402
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -242,10 +243,52 @@ def parse_options(items: Iterable[str]) -> dict:
     return options
 
 
+def check_names(figure_id: str, runs: pd.DataFrame, options: dict, where: str) -> None:
+    """Refuses an optimizer (``optimizers``) or fine-tuning mode (``modes``: ``lora`` takes
+    every rank) that the table ``where`` does not hold, naming the option and the closest name
+    it does: the figure would be drawn empty or without it."""
+    import difflib
+
+    from dpbench.reporting.figures.finetune import _base, mode_of
+
+    present = {"optimizers": set(runs["optimizer"].dropna()) if "optimizer" in runs else set()}
+    if "finetune" in runs:
+        modes = {m for m in mode_of(runs) if m is not None}
+        present["modes"] = modes | {_base(m) for m in modes}
+    for option, names in present.items():
+        for name in options.get(option) or ():
+            if name not in names:
+                close = difflib.get_close_matches(str(name), sorted(names), n=1, cutoff=0.5)
+                hint = f"did you mean {close[0]!r}?" if close else f"it holds: {', '.join(sorted(names)) or 'none'}"
+                raise ValueError(f"option {option} of figure {figure_id}: {name!r} is not in {where} ({hint})")
+
+
+def supported_labels(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs table with ``private`` (and ``dp_guarantee``) kept only where the row's own
+    numbers support it: epsilon finite and >= 0, delta in (0, 1), sigma > 0. ``dpbench
+    aggregate`` refuses run files that contradict themselves; this holds a table edited after
+    it to the same rule, so that no figure draws a run under a private label its numbers deny
+    (such a row is drawn as not private)."""
+    if "private" not in runs or not len(runs):
+        return runs
+    numbers = {c: pd.to_numeric(runs[c], errors="coerce").astype(float) if c in runs else pd.Series(np.nan, runs.index)
+               for c in ("epsilon", "delta", "noise_multiplier")}
+    supported = (np.isfinite(numbers["epsilon"]) & (numbers["epsilon"] >= 0) & (numbers["delta"] > 0)
+                 & (numbers["delta"] < 1) & (numbers["noise_multiplier"] > 0))
+    if "delta" not in runs or "noise_multiplier" not in runs:  # a table of another shape: the epsilon alone
+        supported = np.isfinite(numbers["epsilon"]) & (numbers["epsilon"] >= 0)
+    runs = runs.copy()
+    runs["private"] = runs["private"].astype(bool) & supported
+    if "dp_guarantee" in runs:
+        runs["dp_guarantee"] = runs["dp_guarantee"].astype(bool) & runs["private"]
+    return runs
+
+
 def plot(figure_id: str, runs_path: str | Path, out_stem: str | Path, **options) -> tuple[Path, ...]:
     """Reads the aggregated runs table, draws figure `figure_id`, writes <out_stem>.png and
     .pdf (a table: <out_stem>.md); returns their paths."""
-    runs = pd.read_parquet(runs_path)
+    runs = supported_labels(pd.read_parquet(runs_path))
+    check_names(figure_id, runs, options, str(runs_path))
     check_validation(figure_id, runs, options, str(runs_path))
     return save(build(figure_id, runs, **options), out_stem)
 

@@ -107,12 +107,24 @@ def scored(runs: pd.DataFrame, select_by: str = "test") -> pd.DataFrame:
 def privacy_epsilon(runs: pd.DataFrame) -> pd.Series:
     """The ε each run of a runs table is shown under: its target where its achieved ε meets it,
     its achieved ε where it had no target (σ given), ∞ where its achieved ε is not finite (not
-    private: a non-private optimizer, or σ = 0); NaN where its achieved ε exceeds its target."""
+    private: a non-private optimizer, or σ = 0); NaN where its achieved ε exceeds its target, and
+    where its numbers do not support a finite ε (an edited table: ε negative or NaN, δ outside
+    (0, 1), σ <= 0): such a run is shown under no ε."""
     achieved = runs["epsilon"].astype(float)
     target = runs["target_epsilon"].astype(float)
     met = np.array([meets_target(e, t) for e, t in zip(achieved, target)], dtype=bool)
     label = np.where(target.isna(), achieved, np.where(met, target, np.nan))
-    return pd.Series(np.where(np.isfinite(achieved), label, np.inf), index=runs.index, dtype=float)
+    supported = ~(achieved < 0)
+    if "private" in runs:  # a row labelled private with no epsilon (NaN) is shown under none
+        supported &= ~(runs["private"].astype(bool) & achieved.isna())
+    # (a missing delta or sigma, NaN, contradicts nothing: dpbench aggregate refuses a private run without one)
+    if "delta" in runs:
+        delta = pd.to_numeric(runs["delta"], errors="coerce").astype(float)
+        supported &= ~np.isfinite(achieved) | ~((delta <= 0) | (delta >= 1))
+    if "noise_multiplier" in runs:
+        supported &= ~np.isfinite(achieved) | ~(pd.to_numeric(runs["noise_multiplier"], errors="coerce") <= 0)
+    label = np.where(supported, label, np.nan)
+    return pd.Series(np.where(np.isfinite(achieved) | ~supported, label, np.inf), index=runs.index, dtype=float)
 
 
 def by_privacy(runs: pd.DataFrame) -> pd.DataFrame:
