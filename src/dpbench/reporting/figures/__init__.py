@@ -249,12 +249,12 @@ def check_names(figure_id: str, runs: pd.DataFrame, options: dict, where: str) -
     it does: the figure would be drawn empty or without it."""
     import difflib
 
-    from dpbench.reporting.figures.finetune import _base, mode_of
+    from dpbench.reporting.figures.finetune import mode_name, mode_of
 
     present = {"optimizers": set(runs["optimizer"].dropna()) if "optimizer" in runs else set()}
     if "finetune" in runs:
         modes = {m for m in mode_of(runs) if m is not None}
-        present["modes"] = modes | {_base(m) for m in modes}
+        present["modes"] = modes | {mode_name(m) for m in modes}
     for option, names in present.items():
         for name in options.get(option) or ():
             if name not in names:
