@@ -329,3 +329,20 @@ def minilm_dir() -> Path:
         if importlib.util.find_spec(entry.module) is None:
             pytest.skip(f"needs the package {entry.package}: {entry.install} (or scripts/setup.sh)")
         raise e
+
+
+def assert_moves_exactly_the_trained(model, before: dict, label: str, key_bias: str, private: bool) -> None:
+    """After steps from ``before`` ({name: tensor}): every trainable parameter of ``model``
+    changed and every frozen one is bit for bit the same. The attention key projection's bias
+    (names ending ``key_bias``) adds one constant to every score of a query, which the softmax
+    ignores: without noise its gradient is zero in exact arithmetic, so a non-private step may
+    leave it or move it by round-off, and it is not asserted either way."""
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    moot = set() if private else {n for n in trained if n.endswith(key_bias)}
+    for n, p in model.named_parameters():
+        if n in moot:
+            continue
+        if n in trained:
+            assert not torch.equal(p, before[n]), f"{label}: trainable {n} did not change"
+        else:
+            assert torch.equal(p, before[n]), f"{label}: frozen {n} changed"

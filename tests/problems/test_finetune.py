@@ -28,7 +28,7 @@ from dpbench.training.harness import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-from conftest import stand_in_checkpoint  # noqa: E402
+from conftest import assert_moves_exactly_the_trained, stand_in_checkpoint  # noqa: E402
 
 TINY = {"vocab_size": 258, "context": 16, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_mlp": 32}
 MODES = [Full(), LastBlock(), LoRA(4), Bias(), Head()]
@@ -307,19 +307,7 @@ def test_a_step_changes_exactly_the_trainable_parameters(name, finetune, cache_d
     assert d == trainable_parameters(TINY, None, finetune)
     for _ in range(2):  # two steps: LoRA's A has a zero gradient while B is still 0
         step(x, torch.zeros(x.shape[0], dtype=torch.int64))
-    trained = trainable_names(model)
-    # The key projection's bias has a zero gradient in exact arithmetic (it adds one constant to
-    # every score of a query, which the softmax ignores): without noise it stays as it was, or
-    # moves by Adam's normalisation of round-off; it is trainable, so not asserted either way.
-    moot = set() if OPTIMIZERS[name].private else {
-        n for n in trained if n.endswith("attn.k.bias")}
-    for n, p in model.named_parameters():
-        if n in moot:
-            continue
-        if n in trained:
-            assert not torch.equal(p, before[n]), f"{name} {finetune.name}: trainable {n} did not change"
-        else:
-            assert torch.equal(p, before[n]), f"{name} {finetune.name}: frozen {n} changed"
+    assert_moves_exactly_the_trained(model, before, f"{name} {finetune.name}", "attn.k.bias", OPTIMIZERS[name].private)
     with torch.no_grad():
         assert not torch.equal(model(x), out_before)  # the updates reach the model's output
     # d of the mechanisms is the trainable count

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import assert_moves_exactly_the_trained
 from dpbench.optimizers import OPTIMIZERS
 from dpbench.privacy.clipping import Clipping
 from dpbench.privacy.per_sample import Tape
@@ -144,17 +145,7 @@ def test_a_step_changes_exactly_the_trainable_parameters(start, name, mode, tmp_
     x, y = tokens(start), torch.arange(6) % 40
     for _ in range(2):  # LoRA's A has a zero gradient while B is still 0
         step(x, y)
-    names = trained(model)
-    # the key projection's bias adds one constant to every score of a query, which the softmax
-    # ignores: without noise its gradient is zero in exact arithmetic
-    moot = set() if spec.private else {n for n in names if n.endswith("attention.self.key.bias")}
-    for n, p in model.named_parameters():
-        if n in moot:
-            continue
-        if n in names:
-            assert not torch.equal(p, before[n]), f"{name} {mode.name}: trainable {n} did not change"
-        else:
-            assert torch.equal(p, before[n]), f"{name} {mode.name}: frozen {n} changed"
+    assert_moves_exactly_the_trained(model, before, f"{name} {mode.name}", "attention.self.key.bias", spec.private)
     assert sum(p.numel() for p in ctx.params) == facts("P7").trainable(start.model_dims, mode)
 
 
