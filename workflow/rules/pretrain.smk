@@ -39,5 +39,5 @@ rule pretrain:
     conda:
         ENVS["train"]
     shell:
-        cluster.BLAS_THREADS + "{params.dpbench} pretrain --recipe {params.recipe} --expect {wildcards.pretrain_key} "
+        "{BLAS_THREADS}{params.dpbench} pretrain --recipe {params.recipe} --expect {wildcards.pretrain_key} "
         "--out {output.model:q} --reuse {params.reuse} --data-dir {params.data_dir} > {log:q} 2>&1"
