@@ -9,7 +9,6 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from snakemake.utils import min_version
 
 from dpbench.pipeline import cluster, fingerprint, jobs, watch
-BLAS_THREADS = cluster.BLAS_THREADS  # the BLAS-threads prefix of the factorize, noise and pretrain commands
 from dpbench.pipeline.grid import ConfigError
 
 min_version("9.0")

@@ -22,6 +22,7 @@ rule factorize:
         f"{RESULTS}/benchmarks/matrix/{{factorization}}/factorize.tsv"
     params:
         dpbench=DPBENCH,
+        blas=cluster.BLAS_THREADS,
         code=MATRIX_CODE,
     threads: 1
     resources:
@@ -30,7 +31,7 @@ rule factorize:
     conda:
         ENVS["matrix"]
     shell:
-        "{BLAS_THREADS}{params.dpbench} factorize --key {wildcards.factorization} --out {output.npz:q} "
+        "{params.blas}{params.dpbench} factorize --key {wildcards.factorization} --out {output.npz:q} "
         "--report {output.report:q} > {log:q} 2>&1"
 
 
@@ -46,6 +47,7 @@ rule noise:
         f"{RESULTS}/benchmarks/matrix/{{factorization}}/noise-d{{dim}}-seed{{noise_seed}}.tsv"
     params:
         dpbench=DPBENCH,
+        blas=cluster.BLAS_THREADS,
         code=MATRIX_CODE,
     threads: 1
     resources:
@@ -54,7 +56,7 @@ rule noise:
     conda:
         ENVS["matrix"]
     shell:
-        "{BLAS_THREADS}{params.dpbench} noise --factorization {input:q} --dim {wildcards.dim} "
+        "{params.blas}{params.dpbench} noise --factorization {input:q} --dim {wildcards.dim} "
         "--seed {wildcards.noise_seed} --out {output.noise:q} > {log:q} 2>&1"
 
 
@@ -67,6 +69,7 @@ rule factorize_streamed:
         f"{RESULTS}/benchmarks/streaming/{{streamed_key}}.tsv"
     params:
         dpbench=DPBENCH,
+        blas=cluster.BLAS_THREADS,
         code=STREAMED_CODE,
     threads: 1
     resources:
@@ -77,5 +80,5 @@ rule factorize_streamed:
         # mechanisms' module (torch) with training
         ENVS["train"]
     shell:
-        "{BLAS_THREADS}{params.dpbench} factorize --key {wildcards.streamed_key} --out {output:q} "
+        "{params.blas}{params.dpbench} factorize --key {wildcards.streamed_key} --out {output:q} "
         "> {log:q} 2>&1"

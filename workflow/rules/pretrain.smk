@@ -29,6 +29,7 @@ rule pretrain:
         f"{RESULTS}/benchmarks/pretrain/{{recipe}}-{{pretrain_key}}.tsv"
     params:
         dpbench=DPBENCH,
+        blas=cluster.BLAS_THREADS,
         data_dir=DATA_DIR,
         recipe=pretrain_recipe,
         reuse=PRETRAINED_DIR,
@@ -39,5 +40,5 @@ rule pretrain:
     conda:
         ENVS["train"]
     shell:
-        "{BLAS_THREADS}{params.dpbench} pretrain --recipe {params.recipe} --expect {wildcards.pretrain_key} "
+        "{params.blas}{params.dpbench} pretrain --recipe {params.recipe} --expect {wildcards.pretrain_key} "
         "--out {output.model:q} --reuse {params.reuse} --data-dir {params.data_dir} > {log:q} 2>&1"
