@@ -22,7 +22,7 @@ rule factorize:
         f"{RESULTS}/benchmarks/matrix/{{factorization}}/factorize.tsv"
     params:
         dpbench=DPBENCH,
-        blas=cluster.BLAS_THREADS,
+        blas=lambda wildcards, threads: cluster.BLAS_THREADS.format(threads=threads),
         code=MATRIX_CODE,
     threads: 1
     resources:
@@ -47,7 +47,7 @@ rule noise:
         f"{RESULTS}/benchmarks/matrix/{{factorization}}/noise-d{{dim}}-seed{{noise_seed}}.tsv"
     params:
         dpbench=DPBENCH,
-        blas=cluster.BLAS_THREADS,
+        blas=lambda wildcards, threads: cluster.BLAS_THREADS.format(threads=threads),
         code=MATRIX_CODE,
     threads: 1
     resources:
@@ -69,7 +69,7 @@ rule factorize_streamed:
         f"{RESULTS}/benchmarks/streaming/{{streamed_key}}.tsv"
     params:
         dpbench=DPBENCH,
-        blas=cluster.BLAS_THREADS,
+        blas=lambda wildcards, threads: cluster.BLAS_THREADS.format(threads=threads),
         code=STREAMED_CODE,
     threads: 1
     resources:

@@ -29,7 +29,7 @@ rule pretrain:
         f"{RESULTS}/benchmarks/pretrain/{{recipe}}-{{pretrain_key}}.tsv"
     params:
         dpbench=DPBENCH,
-        blas=cluster.BLAS_THREADS,
+        blas=lambda wildcards, threads: cluster.BLAS_THREADS.format(threads=threads),
         data_dir=DATA_DIR,
         recipe=pretrain_recipe,
         reuse=PRETRAINED_DIR,
