@@ -107,13 +107,16 @@ def starts_of(config: dict[str, Any], block: dict[str, Any], where: str,
     arch = facts(problem).architecture(recipe.model_dims if recipe else None)
     out = []
     for start in modes.starts(names, given):
-        if start.public and arch is not None:
+        if start.public:
             try:
                 start.mode.check(arch)
             except ValueError as exc:
-                key = next((k for s_, k in OPTION_KEYS.items() if s_ in str(exc)), "finetune")
-                values = given.get(next((s_ for s_, k in OPTION_KEYS.items() if k == key), ""), None) or []
-                index = next((i for i, v in enumerate(values) if f"={v} " in str(exc)), None)
+                # the mode's option that does not fit (LoRA's rank), by its block key and its index there
+                key, index = "finetune", None
+                for field_, setting in start.mode.options.items():
+                    key = OPTION_KEYS[setting]
+                    if given.get(setting) is not None:
+                        index = list(given[setting]).index(getattr(start.mode, field_))
                 raise ConfigError(f"config key {where}.{key}{'' if index is None else f'.{index}'}: {exc} "
                                   f"({f'recipe {recipe.name}' if recipe else facts(problem).pretrained})") from None
         out.append((start, recipe if start.public else None))

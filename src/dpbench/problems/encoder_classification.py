@@ -41,7 +41,7 @@ from torch import nn
 
 import dpbench.problems.catalog as catalog
 from dpbench.data import fortunes
-from dpbench.data.image_datasets import Dataset
+from dpbench.data.dataset import Dataset
 import dpbench.problems.encoders as encoders
 from dpbench.problems.modes import Head, Mode
 from dpbench.problems.spec import Problem
@@ -64,24 +64,25 @@ class PublicEncoder:
     """A loaded public encoder (module docstring)."""
 
     directory: Path
-    entry: encoders.CataloguedEncoder | None
-    hashes: dict[str, str]
+    provenance: dict  # encoders.provenance: the catalog entry (None for a user's directory), every file's SHA-256
     loaded: object = field(repr=False)
 
     @classmethod
     def load(cls, name_or_dir: str | Path) -> "PublicEncoder":
         """The catalogued encoder of that name (located and verified) or the encoder directory
-        at that path (checked; its files' hashes recorded)."""
+        at that path (checked); its files hashed once, for the check and the record."""
         entry = encoders.CATALOG.get(str(name_or_dir))
-        directory = encoders.locate(entry.name) if entry else encoders.check_directory(name_or_dir)
-        hashes = encoders.file_hashes(directory)
+        directory = encoders.package_directory(entry.name) if entry else encoders.check_directory(name_or_dir)
+        record = encoders.provenance(directory, entry)
+        if entry:
+            encoders.verify(entry, directory, record["files"])
         em = _encoder_model()
         loaded = em.load_encoder(directory)
         try:  # every layer known to the per-sample engine, before any data is read
             em.check_encoder(em.EncoderClassifier.from_loaded(loaded, 1))
         except TypeError as exc:
             raise encoders.EncoderError(f"{directory}: {exc}") from None
-        return cls(Path(directory), entry, hashes, loaded)
+        return cls(Path(directory), record, loaded)
 
     @property
     def model_dims(self) -> dict:
@@ -92,7 +93,7 @@ class PublicEncoder:
     @property
     def sha256(self) -> str:
         """One hash of the whole start: SHA-256 of its files' names and hashes (sorted JSON)."""
-        return hashlib.sha256(json.dumps(self.hashes, sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(json.dumps(self.provenance["files"], sort_keys=True).encode()).hexdigest()
 
     @property
     def path(self) -> str:
@@ -102,7 +103,7 @@ class PublicEncoder:
 
     def start_facts(self) -> dict:
         """What the run records of the encoder besides the common start fields."""
-        return {"encoder": None if self.entry is None else self.entry.record(), "encoder_files": dict(self.hashes),
+        return {"encoder": self.provenance["catalog"], "encoder_files": dict(self.provenance["files"]),
                 "model_dims": self.model_dims,
                 "pooling": dataclasses.asdict(self.loaded.pooling), "max_tokens": self.max_tokens}
 

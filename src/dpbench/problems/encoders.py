@@ -124,6 +124,14 @@ def provenance(directory: str | Path, entry: CataloguedEncoder | None = None) ->
 def locate(name: str) -> Path:
     """The verified directory of the catalogued encoder ``name``: its package found without
     importing its code, its version the catalog's, every catalogued file's SHA-256 upstream's."""
+    directory = package_directory(name)
+    verify(CATALOG[name], directory)
+    return directory
+
+
+def package_directory(name: str) -> Path:
+    """The directory of the catalogued encoder ``name`` in its installed package, not yet verified
+    (``verify``): the package found without importing its code, its version the catalog's."""
     try:
         entry = CATALOG[name]
     except KeyError:
@@ -141,20 +149,19 @@ def locate(name: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise EncoderError(f"encoder {name}: the package {entry.package} has no module {entry.module}; "
                            f"reinstall it: {entry.install} --force-reinstall")
-    directory = Path(list(spec.submodule_search_locations)[0]) / entry.folder
-    verify(entry, directory)
-    return directory
+    return Path(list(spec.submodule_search_locations)[0]) / entry.folder
 
 
-def verify(entry: CataloguedEncoder, directory: str | Path) -> None:
+def verify(entry: CataloguedEncoder, directory: str | Path, hashes: Mapping[str, str] | None = None) -> None:
     """Refuses, in one line naming the file and both hashes, a catalogued file of ``directory``
-    that is missing or whose SHA-256 is not upstream's."""
+    that is missing or whose SHA-256 is not upstream's; ``hashes`` (``file_hashes`` of the
+    directory, where the caller has them) saves reading the files again."""
     for relative, expected in entry.sha256.items():
         path = Path(directory) / relative
         if not path.is_file():
             raise EncoderError(f"{path}: missing ({entry.name} needs it, SHA-256 {expected}); "
                                f"reinstall: {entry.install} --force-reinstall")
-        got = sha256(path)
+        got = hashes[relative] if hashes is not None and relative in hashes else sha256(path)
         if got != expected:
             raise EncoderError(f"{path}: SHA-256 {got} is not {expected}, the one {entry.upstream} publishes at "
                                f"revision {entry.revision}; the file is damaged or not upstream's: "

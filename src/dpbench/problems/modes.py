@@ -301,10 +301,5 @@ def starts(names: list[str], options: dict[str, list] | None = None) -> list[Sta
     return out
 
 
-def label_order() -> tuple[str, ...]:
-    """The modes' names in registry order, then the twin: the order tables and figures use."""
-    return (*MODES, SCRATCH)
-
-
 __all__ = ["Mode", "MODES", "register_mode", "parse", "Start", "start_of", "starts", "SCRATCH", "LORA_ALPHA",
            "DEFAULT_LORA_RANK", "Full", "LastBlock", "LoRA", "Bias", "Head"]
