@@ -53,6 +53,7 @@ def cmd_train(args) -> int:
     check_output(args.checkpoint or f"{args.out}.ckpt", "--checkpoint" if args.checkpoint else "--out (its checkpoint)")
     import torch
 
+    from dpbench.machine import keep_freed_memory
     from dpbench.pipeline.fingerprint import optimizer_fingerprint, problem_fingerprint
     from dpbench.optimizers import get_optimizer
     from dpbench.reporting.results import write_run
@@ -80,6 +81,7 @@ def cmd_train(args) -> int:
             raise ValueError(exc.as_given(lambda name: flag_of(RunConfig, name), "argument ")) from None
     if args.threads:
         torch.set_num_threads(args.threads)
+    keep_freed_memory()  # each step reuses the last one's buffers (no page faults; numbers unchanged)
     checkpoint = args.checkpoint or f"{args.out}.ckpt"
     # a resume file of a run from another public checkpoint is stale too
     code_key = optimizer_fingerprint(spec.name) + problem_fingerprint(cfg.problem)
