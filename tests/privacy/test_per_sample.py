@@ -108,6 +108,36 @@ def test_problem_models(problem_id, device):
     torch.testing.assert_close(psg.inner(psg2), expected, rtol=1e-4, atol=1e-6)
 
 
+def test_bias_only_layers_keep_no_input(device):
+    """A layer whose weight is frozen (bias-only fine-tuning) has gradients that are gy's alone: the
+    tape keeps a (B, 0) stand-in, not its input (which a non-private backward frees after the
+    forward pass), and the per-sample gradients are still exact."""
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.LayerNorm(8), nn.Linear(8, 3)).double().to(device)
+    for frozen in (model[0].weight, model[2].weight):
+        frozen.requires_grad_(False)
+    x = torch.randn(B, 5, 6, dtype=torch.float64, device=device)
+    loss_batch = lambda x: model(x).tanh().sum((1, 2))  # noqa: E731
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+
+    def loss_one(p, x):
+        frozen = {n: v for n, v in model.named_parameters() if not v.requires_grad}
+        return functional_call(model, {**frozen, **p}, (x[None],)).tanh().sum()
+
+    ref = vmap(grad(loss_one), in_dims=(None, 0))({n: dict(model.named_parameters())[n].detach() for n in names}, x)
+    tape = Tape(model)
+    with tape:
+        losses = loss_batch(x)
+    psg = tape.per_sample_gradients(losses)
+    kept = {type(layer.module).__name__ + str(i): tuple(layer.x.shape) for i, layer in enumerate(psg.layers)}
+    assert kept == {"Linear0": (B, 0), "LayerNorm1": (B, 0), "Linear2": (B, 5, 8)}
+    ref_norms = torch.sqrt(sum(v.flatten(1).pow(2).sum(1) for v in ref.values()))
+    torch.testing.assert_close(psg.norms(), ref_norms, rtol=1e-9, atol=1e-12)
+    coef = torch.rand(B, dtype=torch.float64, device=device)
+    by_name = {id(p): n for n, p in model.named_parameters()}
+    for p, w in psg.weighted_sum(coef).items():
+        torch.testing.assert_close(w, torch.einsum("b,b...->...", coef, ref[by_name[id(p)]]), rtol=1e-9, atol=1e-12)
+
+
 def test_refuses_unsupported_layers():
     model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
     with pytest.raises(UnsupportedLayerError, match="BatchNorm1d"):

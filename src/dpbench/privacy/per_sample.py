@@ -275,12 +275,16 @@ class Tape:
 
     def __init__(self, model: nn.Module):
         self.layers = trainable_layers(model)
+        self._reads_input = {m: LAYER_GRADS[type(m)].reads_input(m) for m in self.layers}
         self._records: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
         self._handles: list = []
 
     def _hook(self, module, inputs, output):
         # .data: the input outside autograd, as detach() gives it, without dispatching an operator
-        self._records.append((module, inputs[0].data, output))
+        x = inputs[0].data
+        if not self._reads_input[module]:  # its rule needs gy alone: x is not kept past the forward pass
+            x = x.new_empty((x.shape[0], 0))
+        self._records.append((module, x, output))
 
     def __enter__(self) -> "Tape":
         self._records = []

@@ -75,6 +75,15 @@ class LayerGrads:
         """Why the options of this layer put it beyond its rule, or None."""
         return None
 
+    @staticmethod
+    def reads_input(module: nn.Module) -> bool:
+        """Whether the rule reads the layer's input x (True: the tape keeps it until the step is
+        done). A rule whose trained parameters' gradients are the output gradient's alone (a bias
+        under a frozen weight) says False, and the tape keeps a (B, 0) stand-in instead: a
+        bias-only fine-tuning then holds no layer's input past the forward pass, as a non-private
+        backward would not."""
+        return True
+
     @cached_property
     def per_sample(self) -> dict[nn.Parameter, torch.Tensor]:
         """Per-sample gradients of each of the layer's parameters, (B, *parameter.shape)."""
@@ -201,6 +210,10 @@ class FactorGrads(LayerGrads):
     that is cheaper, a weighted sum as one native call. A subclass gives ``factors``, ``_positions`` and
     ``_native_weighted_sum``. A frozen weight or bias gets nothing (a frozen weight: the base class's forms)."""
     partly_frozen = True
+
+    @staticmethod
+    def reads_input(module: nn.Module) -> bool:
+        return module.weight.requires_grad  # a frozen weight: the bias's gradient is gy summed over positions
 
     @cached_property
     def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -483,6 +496,10 @@ class EmbeddingGrads(FactorGrads):
 class LayerNormGrads(LayerGrads):
     """Affine ``nn.LayerNorm``: weight and bias gradients materialised (each one output row), if trained."""
     partly_frozen = True
+
+    @staticmethod
+    def reads_input(module: nn.Module) -> bool:
+        return module.weight.requires_grad  # a frozen weight: the bias's gradient is gy summed over positions
 
     @cached_property
     def per_sample(self) -> dict[nn.Parameter, torch.Tensor]:
