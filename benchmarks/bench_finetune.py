@@ -109,16 +109,24 @@ def _ratio_range(values) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
+def round_robin(steps: dict, batches) -> dict:
+    """{config: [seconds per step]}: each of ``steps`` ({config: step(x, y)}) run once untimed on
+    the first batch, then on every later batch in turn, the configurations alternating step by
+    step (so a busy shared machine slows them alike)."""
+    for step in steps.values():  # one untimed step each
+        step(*batches[0])
+    times = {c: [] for c in steps}
+    for x, y in batches[1:]:
+        for c, step in steps.items():
+            t0 = time.perf_counter()
+            step(x, y)
+            times[c].append(time.perf_counter() - t0)
+    return times
+
+
 def time_steps(configs: list[tuple[str, str]], batches, ckpt, L: int, n_train: int) -> dict:
     steps = {c: build_step(*c, L, n_train, ckpt) for c in configs}
-    for c, (step, _) in steps.items():  # one untimed step each
-        step(*batches[0])
-    times = {c: [] for c in configs}
-    for x, y in batches[1:]:
-        for c in configs:
-            t0 = time.perf_counter()
-            steps[c][0](x, y)
-            times[c].append(time.perf_counter() - t0)
+    times = round_robin({c: step for c, (step, _) in steps.items()}, batches)
     params = {c: (trainable_count(m), sum(p.numel() for p in m.parameters())) for c, (_, m) in steps.items()}
     return {"times": times, "params": params}
 
@@ -127,13 +135,20 @@ def memory_child(mode: str, name: str, L: int) -> None:
     """In a fresh process: print JSON {before, peak} resident kB around two steps."""
     x, y, _ = records(2 * L, seed=1)
     step, _ = build_step(mode, name, L, 12_979, checkpoint())
+    print(json.dumps(step_memory(step, [(x[i * L:(i + 1) * L], y[i * L:(i + 1) * L]) for i in range(2)])))
+
+
+def step_memory(step, batches) -> dict:
+    """{before_kb, peak_kb}: the resident size just before ``step`` runs on each of ``batches``
+    and the peak resident size over them (VmHWM, reset first through /proc/self/clear_refs,
+    Linux). Meaningful in a fresh process that has run nothing else (``in_fresh_process``)."""
     gc.collect()
     with open("/proc/self/clear_refs", "w") as f:  # resets the peak (VmHWM) to the current resident size
         f.write("5")
     before = _status_kb("VmRSS")
-    for i in range(2):
-        step(x[i * L:(i + 1) * L], y[i * L:(i + 1) * L])
-    print(json.dumps({"before_kb": before, "peak_kb": _status_kb("VmHWM")}))
+    for x, y in batches:
+        step(x, y)
+    return {"before_kb": before, "peak_kb": _status_kb("VmHWM")}
 
 
 def _status_kb(key: str) -> int:
@@ -143,8 +158,13 @@ def _status_kb(key: str) -> int:
 
 
 def memory(mode: str, name: str, L: int, threads: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--memory-child", f"{mode},{name}", "--batch-size", str(L),
-                          "--threads", str(threads)], capture_output=True, text=True, check=True)
+    return in_fresh_process(__file__, ["--memory-child", f"{mode},{name}", "--batch-size", str(L),
+                                       "--threads", str(threads)])
+
+
+def in_fresh_process(script: str, args: list[str]) -> dict:
+    """The JSON that ``python script *args`` prints on its last line (a fresh interpreter)."""
+    out = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
