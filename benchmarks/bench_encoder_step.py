@@ -25,7 +25,7 @@ two steps less the resident size before them; the DP step's excess is that over 
 non-private step's.
 
 Usage:  python benchmarks/bench_encoder_step.py [--steps 5] [--batch-size 32] [--threads 2]
-        [--modes full,last-block,lora,bias,head]
+        [--modes full,last-block,lora,bias,head] [--memory sgd,dpsgd] [--memory-repeats 3]
 Prints Markdown for benchmarks/results/encoder/speed.md and docs/encoders.md.
 """
 
@@ -233,6 +233,17 @@ def memory_child(spec: str, batches_file: str) -> None:
     print(json.dumps(_ft.step_memory(step, batches)))
 
 
+def _commit() -> str:
+    """The checkout's commit, marked where its files differ from it."""
+    import subprocess
+
+    def git(*a):
+        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + (" (with uncommitted changes)" if dirty else "")
+
+
 def _ms(v) -> str:
     return f"{1e3 * statistics.median(v):.0f} | {_ft._range([1e3 * s for s in v])}"
 
@@ -242,6 +253,7 @@ def report(t: dict, params: dict, mem: dict, paths: list[dict], feature: tuple[f
     load = os.getloadavg()
     lines = [f"# P7's DP step: speed and memory (all-MiniLM-L6-v2, L = {L})", "",
              f"- command: `{' '.join(['python', 'benchmarks/bench_encoder_step.py', *sys.argv[1:]])}`",
+             f"- code: {_commit()}",
              f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; CPU: {_ft._cpu()} "
              f"({os.cpu_count()} cores visible), torch {torch.__version__}, {args.threads} thread(s)",
              f"- load average at the start: {args.load_at_start}; at the end: {load[0]:.2f}, {load[1]:.2f}, "
@@ -268,22 +280,25 @@ def report(t: dict, params: dict, mem: dict, paths: list[dict], feature: tuple[f
                       f"step: non-private {saved}, DP-SGD {saved_dp}. One-off feature cost: "
                       f"{1e3 * feature[0]:.1f} ms per record (each record alone, {feature[1]} records), paid "
                       "once per record over a run."]
-    lines += ["", "Memory of one step (each in a fresh process: peak resident set size over two steps less the "
+    lines += ["", f"Memory of one step ({args.memory_repeats} fresh processes each: peak resident set size over two "
+              "steps less the "
               "resident size just before them; VmHWM reset through /proc/self/clear_refs):", "",
-              "| mode | step | resident before (MB) | added by the step (MB) | vs the non-private step's | "
-              "DP's excess (MB) | of it, held: layer inputs + output gradients + step buffers (MB) |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for (mode, name), m in mem.items():
-        added = (m["peak_kb"] - m["before_kb"]) / 1024
-        base = mem.get((mode, "sgd-uncached" if name.endswith("uncached") else "sgd"))
-        base_added = None if base is None else (base["peak_kb"] - base["before_kb"]) / 1024
-        ratio = "" if base is None else f"{added / base_added:.2f}"
-        excess = f"{added - base_added:.0f}" if name.startswith("dpsgd") and base is not None else ""
+              "| mode | step | resident before (MB) | added by the step (MB), median (range) | vs the non-private "
+              "step's, median (range) | DP's excess (MB), median | of it, held: layer inputs + output gradients + "
+              "step buffers (MB) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    added = {c: [(r["peak_kb"] - r["before_kb"]) / 1024 for r in runs] for c, runs in mem.items()}
+    for (mode, name), runs in mem.items():
+        base = added.get((mode, "sgd-uncached" if name.endswith("uncached") else "sgd"))
+        mine = added[(mode, name)]
+        ratio = "" if base is None else _ft._ratio_range([a / statistics.median(base) for a in mine])
+        excess = (f"{statistics.median(mine) - statistics.median(base):.0f}"
+                  if name.startswith("dpsgd") and base is not None else "")
         h = kept.get(mode) if name == "dpsgd" else None
         parts = "" if h is None else (f"{h['x']:.0f} + {h['gy']:.0f} + {h['buffers']:.0f} = "
                                       f"{h['x'] + h['gy'] + h['buffers']:.0f}")
-        lines.append(f"| {mode} | {LABELS[name]} | {m['before_kb'] / 1024:.0f} | {added:.0f} | {ratio} | {excess} | "
-                     f"{parts} |")
+        before = statistics.median(r["before_kb"] for r in runs) / 1024
+        lines.append(f"| {mode} | {LABELS[name]} | {before:.0f} | {statistics.median(mine):.0f} ({min(mine):.0f}-"
+                     f"{max(mine):.0f}) | {ratio} | {excess} | {parts} |")
     lines += ["", "Held: a non-private backward frees each layer's input as it passes the layer and never "
               "keeps an output gradient; the book-keeping DP step keeps both for every trained layer until the "
               "last norm is known (the layer inputs are the forward's own tensors, kept longer), then writes the "
@@ -315,6 +330,7 @@ def main() -> None:
     parser.add_argument("--memory", default="sgd,dpsgd", help="steps whose memory is measured in each mode")
     parser.add_argument("--default-malloc", action="store_true",
                         help="leave glibc's malloc as it is (a run keeps its freed memory: machine.keep_freed_memory)")
+    parser.add_argument("--memory-repeats", type=int, default=3, help="fresh processes per measured (mode, step)")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batches", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -353,9 +369,10 @@ def main() -> None:
         torch.save(batches[:2], Path(tmp) / "batches.pt")
         for mode in chosen:
             for name in args.memory.split(",") + (["sgd-uncached", "dpsgd-uncached"] if mode == "head" else []):
-                mem[(mode, name)] = _ft.in_fresh_process(__file__, [
+                mem[(mode, name)] = [_ft.in_fresh_process(__file__, [
                     "--memory-child", f"{mode},{name}", "--batches", str(Path(tmp) / "batches.pt"),
                     "--threads", str(args.threads), *(["--default-malloc"] if args.default_malloc else [])])
+                    for _ in range(args.memory_repeats)]
     paths = engine_paths(start, "full", *batches[0])
     kept = {mode: held(start, mode, *batches[0]) for mode in chosen if mode != "head"}
     print(report(times, params, mem, paths, feature, args, L, started, kept))
