@@ -108,10 +108,11 @@ def test_problem_models(problem_id, device):
     torch.testing.assert_close(psg.inner(psg2), expected, rtol=1e-4, atol=1e-6)
 
 
-def test_bias_only_layers_keep_no_input(device):
+def test_bias_only_layers_keep_no_input_and_only_their_bias_gradients(device):
     """A layer whose weight is frozen (bias-only fine-tuning) has gradients that are gy's alone: the
     tape keeps a (B, 0) stand-in, not its input (which a non-private backward frees after the
-    forward pass), and the per-sample gradients are still exact."""
+    forward pass), and of gy only its sum over positions, taken as the backward pass reaches the
+    layer; the per-sample gradients are still exact."""
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.LayerNorm(8), nn.Linear(8, 3)).double().to(device)
     for frozen in (model[0].weight, model[2].weight):
         frozen.requires_grad_(False)
@@ -128,8 +129,10 @@ def test_bias_only_layers_keep_no_input(device):
     with tape:
         losses = loss_batch(x)
     psg = tape.per_sample_gradients(losses)
-    kept = {type(layer.module).__name__ + str(i): tuple(layer.x.shape) for i, layer in enumerate(psg.layers)}
-    assert kept == {"Linear0": (B, 0), "LayerNorm1": (B, 0), "Linear2": (B, 5, 8)}
+    kept = {type(layer.module).__name__ + str(i): (tuple(layer.x.shape), tuple(layer.gy.shape))
+            for i, layer in enumerate(psg.layers)}
+    # bias-only layers: no input, and of gy only its sum over the 5 positions (taken during the pass)
+    assert kept == {"Linear0": ((B, 0), (B, 8)), "LayerNorm1": ((B, 0), (B, 8)), "Linear2": ((B, 5, 8), (B, 5, 3))}
     ref_norms = torch.sqrt(sum(v.flatten(1).pow(2).sum(1) for v in ref.values()))
     torch.testing.assert_close(psg.norms(), ref_norms, rtol=1e-9, atol=1e-12)
     coef = torch.rand(B, dtype=torch.float64, device=device)

@@ -262,6 +262,11 @@ def _layer_sum(values: list[torch.Tensor]) -> torch.Tensor:
     return functools.reduce(operator.add, values)
 
 
+def _keep_part(parts: dict, module: nn.Module, part, gy: torch.Tensor) -> None:
+    """A tensor hook: record ``part(gy)`` as ``module``'s kept output gradient (gy unchanged)."""
+    parts[module] = part(gy)
+
+
 class Tape:
     """Records the inputs and outputs of every trainable layer during one forward pass.
 
@@ -271,12 +276,20 @@ class Tape:
         with tape:
             losses = per_sample_loss(model, x, y)   # shape (B,)
         grads = tape.per_sample_gradients(losses)
+
+    A layer whose rule keeps only part of its output gradient (``LayerGrads.output_grad_part``: a
+    bias-only layer, its sum over positions) gets a tensor hook on its output in the forward pass
+    and keeps nothing else: neither its input (``reads_input``) nor its output, which the backward
+    pass may then free as a non-private one does, and autograd is asked for the layer's trained
+    parameters rather than its output, so its whole gy is never captured.
     """
 
     def __init__(self, model: nn.Module):
         self.layers = trainable_layers(model)
         self._reads_input = {m: LAYER_GRADS[type(m)].reads_input(m) for m in self.layers}
-        self._records: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
+        self._part = {m: LAYER_GRADS[type(m)].output_grad_part(m) for m in self.layers}
+        self._records: list[tuple[nn.Module, torch.Tensor, torch.Tensor | None]] = []
+        self._parts: dict[nn.Module, torch.Tensor] = {}
         self._handles: list = []
 
     def _hook(self, module, inputs, output):
@@ -284,10 +297,14 @@ class Tape:
         x = inputs[0].data
         if not self._reads_input[module]:  # its rule needs gy alone: x is not kept past the forward pass
             x = x.new_empty((x.shape[0], 0))
+        part = self._part[module]
+        if part is not None and output.requires_grad:  # its part of gy comes from the hook; output not kept
+            output.register_hook(functools.partial(_keep_part, self._parts, module, part))
+            output = None
         self._records.append((module, x, output))
 
     def __enter__(self) -> "Tape":
-        self._records = []
+        self._records, self._parts = [], {}
         self._handles = [m.register_forward_hook(self._hook) for m in self.layers]
         return self
 
@@ -297,12 +314,29 @@ class Tape:
         self._handles = []
 
     def per_sample_gradients(self, losses: torch.Tensor) -> PerSampleGradients:
-        """Backpropagates sum(losses) to the recorded layer outputs."""
+        """Backpropagates sum(losses) to the recorded layer outputs (and to the trained parameters
+        of the layers that keep part of gy, whose hooks take it on the way)."""
         records, self._records = self._records, []
+        parts, self._parts = self._parts, {}
         used = [m for m, _, _ in records]
         if len(used) != len(set(map(id, used))):
             raise UnsupportedLayerError("a trainable layer was called more than once in one forward pass")
         if len(used) != len(self.layers):
             raise UnsupportedLayerError("some trainable layers were not used in the forward pass")
-        grads = torch.autograd.grad(losses.sum(), [out for _, _, out in records])
-        return PerSampleGradients([layer_grads(m, x, gy) for (m, x, _), gy in zip(records, grads)])
+        wanted, own = [], {}
+        for m, _, out in records:
+            if out is None:
+                own[m] = [p for p in m.parameters(recurse=False) if p.requires_grad]
+                wanted.extend(own[m])
+            else:
+                wanted.append(out)
+        grads = iter(torch.autograd.grad(losses.sum(), wanted))
+        layers = []
+        for m, x, out in records:
+            if out is None:
+                for _ in own[m]:  # the parameters' summed gradients: not used
+                    next(grads)
+                layers.append(layer_grads(m, x, parts.pop(m)))
+            else:
+                layers.append(layer_grads(m, x, next(grads)))
+        return PerSampleGradients(layers)

@@ -39,6 +39,7 @@ positions p (tokens of a sequence, pixels of an image):
 
 from __future__ import annotations
 
+import functools
 import math
 from functools import cached_property
 from typing import Callable
@@ -83,6 +84,15 @@ class LayerGrads:
         bias-only fine-tuning then holds no layer's input past the forward pass, as a non-private
         backward would not."""
         return True
+
+    @staticmethod
+    def output_grad_part(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """What the rule keeps of the layer's output gradient, as a function of it applied when the
+        backward pass reaches the layer (its result is the rule's ``gy``); None: the whole of gy,
+        captured at the end of the pass. A bias-only rule keeps gy summed over positions,
+        (B, *bias): its per-sample bias gradients, the same floats it would form later from the
+        whole gy, which is then not held until the last layer's norm is known."""
+        return None
 
     @cached_property
     def per_sample(self) -> dict[nn.Parameter, torch.Tensor]:
@@ -342,6 +352,10 @@ def _sum_over_positions(module: nn.Module, gy: torch.Tensor) -> torch.Tensor:
 class LinearGrads(FactorGrads):
     """``nn.Linear`` on (B, ..., d_in): A = x, G = gy at each of the P positions."""
 
+    @staticmethod
+    def output_grad_part(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        return None if module.weight.requires_grad else functools.partial(_sum_over_positions, module)
+
     @cached_property
     def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
         x, gy, B = self.x, self.gy, self.batch_size
@@ -500,6 +514,10 @@ class LayerNormGrads(LayerGrads):
     @staticmethod
     def reads_input(module: nn.Module) -> bool:
         return module.weight.requires_grad  # a frozen weight: the bias's gradient is gy summed over positions
+
+    @staticmethod
+    def output_grad_part(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        return None if module.weight.requires_grad else functools.partial(_sum_over_positions, module)
 
     @cached_property
     def per_sample(self) -> dict[nn.Parameter, torch.Tensor]:
