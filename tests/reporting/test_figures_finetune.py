@@ -375,6 +375,9 @@ def test_each_verdict_from_a_runs_table_whose_answers_are_known():
     md = figures.build("finetune_claims", runs)
     assert md.startswith("# The papers' claims on private fine-tuning, tested")
     assert "1M-parameter" in md and "QNLI" in md and "ε_sel" in md and "paired by seed" in md
+    # the scale sentence names the problem's model: P7's public encoder, not P6's small transformer
+    p7 = figures.draw_claims_table({}, problem="P7")
+    assert "all-MiniLM-L6-v2, a 22.6M-parameter" in p7 and "P7 the test accuracy" in p7 and "1M-parameter" not in p7
     assert _rows(md, "1") == [["1 (Chooi et al. 2025): DP-AdamW beats DP-Adam by more than 15 points at every ε",
                                "P6", "1", "full", "DP-AdamW", "DP-Adam", "0.310 [0.285, 0.335]", "0.110 [0.085, 0.135]",
                                f"+0.200 [+{0.2 - half:.3f}, +{0.2 + half:.3f}]", "+0.150", "3, paired", "holds"]]

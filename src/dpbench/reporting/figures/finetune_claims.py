@@ -272,14 +272,21 @@ def claims_data(runs: pd.DataFrame, select_by: str = "val", k: int = 25,
 HEAD = ["claim", "problem", "ε", "mode", "A", "B", "A value", "B value", "A − B", "claimed", "seeds", "verdict"]
 
 
-def draw_claims_table(data: dict[str, list[dict]], k: int = 25, select_by: str = "val") -> str:
+# the model a classifier's claims were tested on, for the reading paragraph's scale sentence
+SCALE = {"P6": "a ~1M-parameter transformer pretrained here on WordNet's glosses",
+         "P7": "all-MiniLM-L6-v2, a 22.6M-parameter public BERT encoder,"}
+
+
+def draw_claims_table(data: dict[str, list[dict]], k: int = 25, select_by: str = "val", problem: str = "P6") -> str:
     """``claims_data`` as Markdown: the reading paragraph, then one table, a row per claim tested
-    (problem, ε, mode), "not run" for a claim without runs."""
+    (problem, ε, mode), "not run" for a claim without runs. ``problem``: the classifier of
+    claims 1-5 and 7 (its model named in the paragraph's scale sentence)."""
     split = "the validation split" if select_by == "val" else "the TEST split (optimistic)"
     lines = ["# The papers' claims on private fine-tuning, tested", "",
              "Each row tests one paper's claim at one ε and fine-tuning mode by a difference A − B of two "
              "configurations, each the one with the best mean score over its seeds on " + split + " among that "
-             "mode's runs alone (as in finetune_table): P6 the test accuracy (a fraction: 15 points is 0.150), P5 "
+             f"mode's runs alone (as in finetune_table): {problem} the test accuracy (a fraction: 15 points is "
+             "0.150), P5 "
              f"the test perplexity (lower is better) or the exposure (bits) of the canaries inserted k = {k} times "
              "(claim 6; a measurement of memorisation, not a private release). A value: mean over seeds [95 % t "
              "interval]; A − B: mean [95 % interval], paired by seed where A and B have the same seeds (runs of "
@@ -289,9 +296,9 @@ def draw_claims_table(data: dict[str, list[dict]], k: int = 25, select_by: str =
              "supported (contains 0), reversed (excludes 0 on the other side); for claim 6c, of no difference, "
              "no difference found (contains 0; not a proof of equality) or differs; – with fewer than two seeds "
              "or a diverged configuration. The papers fine-tune BERT-, RoBERTa- or GPT-2-sized models for "
-             "epochs on QNLI and GLUE; this study fine-tunes a ~1M-parameter transformer for a few dozen to a few "
-             "hundred steps on ~1,400 records, so a verdict here is about this scale only. The choice of each configuration "
-             "spent privacy of its own (ε_sel in finetune_table), which the ε here does not include.", "",
+             f"epochs on QNLI and GLUE; this study fine-tunes {SCALE.get(problem, problem + ' from its start')} "
+             "for a few dozen to a few hundred steps on ~1,400 records, so a verdict here is about this scale only. "
+             "The choice of each configuration spent privacy of its own (ε_sel in finetune_table), which the ε here does not include.", "",
              "| " + " | ".join(HEAD) + " |",
              "| " + " | ".join("---" if h in ("claim", "mode", "A", "B", "verdict") else "---:" for h in HEAD) + " |"]
     for claim in CLAIMS:
@@ -307,4 +314,4 @@ def draw_claims_table(data: dict[str, list[dict]], k: int = 25, select_by: str =
 def finetune_claims(runs: pd.DataFrame, select_by: str = "val", k: int = 25, filters: dict | None = None,
                     problem: str = "P6") -> str:
     runs = select_runs(runs, filters)
-    return draw_claims_table(claims_data(runs, select_by, k, problem), k, select_by)
+    return draw_claims_table(claims_data(runs, select_by, k, problem), k, select_by, problem)
