@@ -32,9 +32,7 @@ Prints Markdown for benchmarks/results/encoder/speed.md and docs/encoders.md.
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
-import importlib.util
 import json
 import os
 import statistics
@@ -58,17 +56,7 @@ from dpbench.problems import get_problem, modes
 from dpbench.problems.encoder_classification import PublicEncoder
 from dpbench.training.harness import build_model
 
-
-def _sibling(name: str):
-    """benchmarks/<name>.py, imported by its file (benchmarks/ is not a package)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().with_name(f"{name}.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-_ft = _sibling("bench_finetune")
+import bench_finetune as _ft  # a sibling script: a script's own folder is first on sys.path
 
 ENCODER = "all-MiniLM-L6-v2"
 N_TRAIN = 12_979  # P6's (and P7's) training records: the plan's sample rate
