@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dpbench.mechanisms import projection
+from dpbench.mechanisms import projected_gaussian, projection
 from dpbench.mechanisms.noise import ProjectionNoise
 from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian, inverse_sqrt_schedule
 from dpbench.optimizers.base import SGD, Context, DPStep
@@ -80,7 +80,7 @@ class ProjectedStep(DPStep):
             noise = ctx.noise
             if not isinstance(noise, ProjectionNoise):
                 raise TypeError("a projected step needs its mechanism's noise source "
-                                "(projection.RandomProjectionGaussian.noise), which carries the plan's projection")
+                                "(projected_gaussian.RandomProjectionGaussian.noise), which carries the plan's projection")
             given = ctx.hyperparameters.get("projection", noise.kind)
             if given != noise.kind:
                 raise ValueError(f"projection {given!r} differs from the privacy plan's {noise.kind!r}: "
@@ -144,7 +144,7 @@ def _build(ctx: Context, decay: bool, projected: bool) -> ProjectedStep:
                          float(h["projection_rate"]) if projected else None)
 
 
-PROJECTION_DEFAULTS = {"auto_clip_gamma": 0.01, "projection_rate": 0.7, **projection.PLAN_HYPERPARAMETERS}
+PROJECTION_DEFAULTS = {"auto_clip_gamma": 0.01, "projection_rate": 0.7, **projected_gaussian.PLAN_HYPERPARAMETERS}
 # sigma_k varies by at most 0.3% within an accounted segment: the bucketed epsilon is within
 # about 0.6% of the exact per-step composition (an upper bound), at a few seconds of calibration
 BUCKET_REL = 0.003
@@ -158,7 +158,7 @@ D2P2SGD = OptimizerSpec(
                 "or the paper's Gaussian A_k/sqrt(p)), noise sigma/sqrt(k) * s_P / L in the projected space",
     reference=REFERENCE + " Alg. 1",
     defaults=PROJECTION_DEFAULTS,
-    mechanism=projection.RandomProjectionGaussian(inverse_sqrt_schedule, "inverse-sqrt", BUCKET_REL,
+    mechanism=projected_gaussian.RandomProjectionGaussian(inverse_sqrt_schedule, "inverse-sqrt", BUCKET_REL,
                                                   accountant=accounting.RDP_INTEGER),
 )
 
@@ -182,5 +182,5 @@ DP2SGD = OptimizerSpec(
                 "in the projected space",
     reference=REFERENCE + " Alg. 3 (DP2-SGD: static noise)",
     defaults=PROJECTION_DEFAULTS,
-    mechanism=projection.RandomProjectionGaussian(),
+    mechanism=projected_gaussian.RandomProjectionGaussian(),
 )
