@@ -465,7 +465,7 @@ def test_prv_profile_with_delta_fail():
 def _mechanism(kind: str):
     from dpbench.mechanisms.dense_matrix import MatrixMechanism
     from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian, inverse_sqrt_schedule
-    from dpbench.mechanisms.projection import RandomProjectionGaussian
+    from dpbench.mechanisms.projected_gaussian import RandomProjectionGaussian
 
     return {"dpsgd": PoissonSubsampledGaussian(),
             "d2p2": RandomProjectionGaussian(inverse_sqrt_schedule, "inverse-sqrt", 0.05,

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpbench.mechanisms import projection as proj
+from dpbench.mechanisms import projected_gaussian, projection as proj
 from dpbench.mechanisms.base import PlanRequest
 from dpbench.privacy.clipping import Clipping
 from dpbench.optimizers import get_optimizer
@@ -137,7 +137,7 @@ def test_gaussian_projection_is_isotropic_and_its_norm_bound_holds():
         acc += P @ P.t()
     torch.testing.assert_close(acc / n, torch.eye(d, dtype=F64), atol=0.06, rtol=0)
     d, p = 300, 210
-    t = proj.gaussian_tail(1, 1e-6)
+    t = projected_gaussian.gaussian_tail(1, 1e-6)
     assert 2 * math.exp(-t * t / 2) == pytest.approx(1e-6)
     s = proj.sensitivity_factor("gaussian", d, p, t)
     assert s == pytest.approx(1 + math.sqrt(d / p) + t / math.sqrt(p))
@@ -186,7 +186,7 @@ def test_gaussian_projection_draws_what_it_always_drew():
 
 # -- both ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", proj.KINDS)
+@pytest.mark.parametrize("kind", projected_gaussian.KINDS)
 def test_projection_is_determined_by_its_seed(kind):
     torch.manual_seed(0)
     a = proj.matrix(kind, 11, 40, 25)
@@ -235,7 +235,7 @@ def test_released_noise_is_the_calibrated_draw(kind, widths):
     step, ctx, plan = projected_step("d2p2sgd", model, kind)
     k = round(0.7 * d)
     s_p = (math.sqrt(d / k) if kind == "srht" else
-           1 + math.sqrt(d / k) + proj.gaussian_tail(plan.steps, DELTA / 10) / math.sqrt(k))
+           1 + math.sqrt(d / k) + projected_gaussian.gaussian_tail(plan.steps, DELTA / 10) / math.sqrt(k))
     assert step.dimension == d and step.projection_dim == k and step.factor == pytest.approx(s_p, rel=1e-12)
     gen = torch.Generator()
     gen.set_state(ctx.noise.generator.get_state())
@@ -259,7 +259,7 @@ def test_released_noise_is_the_calibrated_draw(kind, widths):
     assert step.privacy_record()["projection_sensitivity_factor"] == step.factor
 
 
-@pytest.mark.parametrize("kind", proj.KINDS)
+@pytest.mark.parametrize("kind", projected_gaussian.KINDS)
 def test_each_lane_has_its_own_projection_and_noise(kind):
     lanes = 3
     torch.manual_seed(0)
@@ -282,7 +282,7 @@ def test_each_lane_has_its_own_projection_and_noise(kind):
 
 
 @pytest.mark.parametrize("name", ["d2p2sgd", "dp2sgd"])
-@pytest.mark.parametrize("kind", proj.KINDS)
+@pytest.mark.parametrize("kind", projected_gaussian.KINDS)
 def test_resume_is_exact(name, kind):
     def fresh():
         torch.manual_seed(0)
@@ -336,7 +336,7 @@ def test_plan_is_not_mutable_after_construction():
         request.hyperparameters["projection"] = "srht"
     mech = get_optimizer("d2p2sgd").mechanism
     plan = mech.plan(request)
-    assert isinstance(plan, proj.ProjectionPlan) and plan.projection == "gaussian" and plan.tail_t > 0
+    assert isinstance(plan, projected_gaussian.ProjectionPlan) and plan.projection == "gaussian" and plan.tail_t > 0
     for name, value in (("steps", 11), ("delta_fail", 0.5), ("projection", "srht")):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(plan, name, value)

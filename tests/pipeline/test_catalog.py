@@ -1,8 +1,9 @@
-"""The torch-free catalog of optimizers and figures (dpbench.pipeline.catalog): each entry equal
-to its registry spec, the jobs of the committed configs built without torch or matplotlib, and
-a mechanism's declared files and a figure's declared table read where the workflow once
-named closed sets."""
+"""The torch-free catalog of optimizers and figures (dpbench.pipeline.catalog): the optimizers'
+facts read from the (torch-free) registry's one declaration each, the jobs of every committed
+config built without torch or matplotlib, and a mechanism's declared files and a figure's
+declared table read where the workflow once named closed sets."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -19,17 +20,39 @@ from dpbench.pipeline.grid import Cell, ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_optimizer_facts_equal_the_registry_specs():
+def test_the_optimizer_facts_are_the_registry_declarations():
+    """No second list: the catalog's facts are read from the registry's one declaration per
+    built-in, in its order; a build named by import string resolves to a function of the
+    module the code fingerprint reads, and the matrix mechanisms declare their files."""
     from dpbench.optimizers import OPTIMIZERS
+    from dpbench.optimizers.spec import Imported
 
     assert list(catalog.OPTIMIZERS) == list(OPTIMIZERS.builtins)
     for name, spec in OPTIMIZERS.builtins.items():
         assert catalog.OPTIMIZERS[name] == catalog.OptimizerFacts.of(spec), name
-    # the matrix mechanisms declare their files; the others none
+        assert isinstance(spec.build, Imported), name  # torch only when a run builds the step
+        module = importlib.import_module(spec.build.__module__)
+        assert callable(getattr(module, spec.build.__name__)), name
+        assert catalog.optimizer_spec(name) is spec
     declared = {n: type(f.files).__name__ for n, f in catalog.OPTIMIZERS.items() if f.files is not None}
     assert declared == {**{n: "DenseFiles" for n in ("dpmatrix-se", "dpmatrix-se-lambda", "dpmatrix-me",
                                                       "dpmatrix-me-lambda")},
                         **{n: "StreamedFiles" for n in ("dpmatrix-band", "dpmatrix-band-amp", "dpmatrix-blt")}}
+    assert [n for n, f in catalog.OPTIMIZERS.items() if f.no_guarantee] == ["dpdice", "d2p2sgd", "dp2sgd"]
+    with pytest.raises(ValueError, match="not an import string"):
+        Imported("dpbench.optimizers.sgd")
+
+
+def test_a_built_in_is_declared_once():
+    """Each built-in's declaration is the registry's ``OptimizerSpec(...)`` of its name (what its
+    code fingerprint hashes), and no optimizer module declares a spec of its own."""
+    from dpbench.optimizers import OPTIMIZERS
+    from dpbench.pipeline import fingerprint
+
+    for name in OPTIMIZERS.builtins:
+        assert f'name="{name}"' in fingerprint.declaration(name)
+    package = ROOT / "src" / "dpbench" / "optimizers"
+    assert [p.name for p in package.glob("*.py") if "OptimizerSpec(" in p.read_text()] == ["__init__.py"]
 
 
 def test_figure_facts_equal_the_registry_specs():
@@ -165,9 +188,30 @@ print(json.dumps(sorted(m for m in ("torch", "matplotlib", "pandas") if m in sys
 
 
 def test_the_jobs_of_the_committed_configs_build_without_torch_or_matplotlib():
+    """Every committed config, its searches (tuning-*.yaml: the config check accounts them with
+    the optimizer's mechanism) included, in one process."""
+    configs = sorted(p.relative_to(ROOT).as_posix() for p in [*ROOT.glob("config/*.yaml"),
+                                                               *ROOT.glob(".test/config/*.yaml")])
+    assert {"config/thesis.yaml", "config/tuning-lm.yaml", "config/tuning-setup2.yaml"} <= set(configs)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"),
                                                                      os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-c", _BUILD, "config/thesis.yaml", "config/finetune.yaml"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-c", _BUILD, *configs], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_optimizer_registry_imports_no_torch():
+    """The registry (every built-in's declaration and mechanism) and a search's config check."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    code = ("import sys\n"
+            "from dpbench.optimizers import OPTIMIZERS\n"
+            "from dpbench.training.tuning import check_search\n"
+            "for spec in OPTIMIZERS.builtins.values():\n"
+            "    spec.mechanism.name\n"
+            "check_search({'distribution': 'composition', 'mean': 2}, OPTIMIZERS.builtins['dpmatrix-band'], 100, [{}])\n"
+            "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "False"

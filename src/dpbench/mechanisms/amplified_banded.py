@@ -12,16 +12,19 @@ is DP-SGD exactly. Adjacency: add/remove (each example's group drawn independent
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dpbench.mechanisms import cyclic_poisson
 from dpbench.mechanisms.base import AuditSpec, PlanRequest, PrivacyClaim, Spent, Target
-from dpbench.mechanisms.noise import BandedNoise
-from dpbench.mechanisms.sampling import CyclicPoissonSampler
 from dpbench.mechanisms.files import StreamedFiles
 from dpbench.mechanisms.streamed import StreamedPlan, StreamedMechanism
 from dpbench.privacy import accounting, pld, profiles
+
+if TYPE_CHECKING:  # annotations only: a mechanism is declared and accounted without torch (the workflow)
+    from dpbench.mechanisms.noise import BandedNoise
+    from dpbench.mechanisms.sampling import CyclicPoissonSampler
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,8 +116,10 @@ class AmplifiedBandedMechanism(StreamedMechanism):
     def sampler(self, plan: AmplifiedBandedPlan, n_train: int, seed: int, device, lanes: int = 1):
         """Cyclic Poisson over lanes n_train examples: with independent groups and inclusions,
         that is ``lanes`` independent samplers, one per lane (sampling.py)."""
+        from dpbench.mechanisms.sampling import CyclicPoissonSampler  # torch: only where a run draws
         return CyclicPoissonSampler(lanes * n_train, plan.bands, plan.sample_rate, seed, device)
 
     def noise(self, plan: AmplifiedBandedPlan, seed: int, device) -> BandedNoise:
+        from dpbench.mechanisms.noise import BandedNoise  # torch: only where a run draws
         fact = plan.factorization
         return BandedNoise(fact.coef, fact.scale(), seed, device)

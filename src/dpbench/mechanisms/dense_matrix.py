@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dpbench import log
 from dpbench.matrix.dense_factorization import Factorization
@@ -29,9 +30,11 @@ from dpbench.matrix.store.noise_files import NoiseFile
 from dpbench.matrix.sensitivity import prefix_sensitivity
 from dpbench.mechanisms.files import DenseFiles
 from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest, PrivacyClaim, Spent, Target, one_release_spent
-from dpbench.mechanisms.noise import CorrelatedNoise
-from dpbench.mechanisms.sampling import FixedBatchSampler
 from dpbench.privacy import accounting, profiles
+
+if TYPE_CHECKING:  # annotations only: a mechanism is declared and accounted without torch (the workflow)
+    from dpbench.mechanisms.noise import CorrelatedNoise
+    from dpbench.mechanisms.sampling import FixedBatchSampler
 
 _LOG = log.get(__name__)
 
@@ -125,9 +128,11 @@ class MatrixMechanism:
         })
 
     def sampler(self, plan: DenseMatrixPlan, n_train: int, seed: int, device, lanes: int = 1) -> FixedBatchSampler:
+        from dpbench.mechanisms.sampling import FixedBatchSampler  # torch: only where a run draws
         return FixedBatchSampler(n_train, plan.batch_size, seed, device, lanes)
 
     def noise(self, plan: DenseMatrixPlan, seed: int, device) -> CorrelatedNoise:
+        from dpbench.mechanisms.noise import CorrelatedNoise  # torch: only where a run draws
         fact = plan.factorization
 
         def resolve(dim: int) -> NoiseFile:

@@ -70,7 +70,7 @@ class GaussianNoise:
 
 class ProjectionNoise(GaussianNoise):
     """I.i.d. N(0, 1) noise plus the projection's public constants fixed by the plan
-    (projection.ProjectionPlan): which projection, the Gaussian bound's tail t, and whether
+    (projected_gaussian.ProjectionPlan): which projection, the Gaussian bound's tail t, and whether
     the paper's (invalid) setting is on."""
 
     def __init__(self, seed: int, device, kind: str, tail_t: float | None, paper_sensitivity: bool):

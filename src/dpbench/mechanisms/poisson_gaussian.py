@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest, PrivacyClaim, Spent, Target
-from dpbench.mechanisms.noise import GaussianNoise
-from dpbench.mechanisms.sampling import PoissonSampler
 from dpbench.privacy import accounting, profiles
+
+if TYPE_CHECKING:  # annotations only: a mechanism is declared and accounted without torch (the workflow)
+    from dpbench.mechanisms.noise import GaussianNoise
+    from dpbench.mechanisms.sampling import PoissonSampler
 
 
 def geometric_buckets(steps: int, factor: Callable[[int], float], rel: float = 0.01) -> list[tuple[float, int]]:
@@ -133,11 +135,13 @@ class PoissonSubsampledGaussian:
         return Spent(done, planned, rdp, facts, self.accountant, "rdp" if own else None)
 
     def sampler(self, plan: Plan, n_train: int, seed: int, device, lanes: int = 1) -> PoissonSampler:
+        from dpbench.mechanisms.sampling import PoissonSampler  # torch: only where a run draws
         # each example is drawn independently: one sampler over all lanes' examples is already
         # `lanes` independent Poisson samplers
         return PoissonSampler(lanes * n_train, plan.sample_rate, seed, device)
 
     def noise(self, plan: Plan, seed: int, device) -> GaussianNoise:
+        from dpbench.mechanisms.noise import GaussianNoise  # torch: only where a run draws
         return GaussianNoise(seed, device)
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -49,9 +50,11 @@ from dpbench.matrix.store.streamed_files import StreamedFactorization
 from dpbench.mechanisms import cyclic_poisson
 from dpbench.mechanisms.base import AuditSpec, Plan, PlanRequest, PrivacyClaim, Spent, Target, one_release_spent
 from dpbench.mechanisms.files import StreamedFiles
-from dpbench.mechanisms.noise import BandedNoise, BLTNoise
-from dpbench.mechanisms.sampling import FixedBatchSampler
 from dpbench.privacy import accounting, profiles
+
+if TYPE_CHECKING:  # annotations only: a mechanism is declared and accounted without torch (the workflow)
+    from dpbench.mechanisms.noise import BandedNoise, BLTNoise
+    from dpbench.mechanisms.sampling import FixedBatchSampler
 
 _LOG = log.get(__name__)
 
@@ -182,6 +185,7 @@ class _FixedOrderMechanism(StreamedMechanism):
     def sampler(self, plan: FixedOrderPlan, n_train: int, seed: int, device, lanes: int = 1):
         """Fixed epoch order; with ``lanes`` > 1, one independent schedule per lane of n_train
         examples (lane-major indices)."""
+        from dpbench.mechanisms.sampling import FixedBatchSampler  # torch: only where a run draws
         return FixedBatchSampler(n_train, plan.batch_size, seed, device, lanes)
 
 
@@ -203,6 +207,7 @@ class BandedMechanism(_FixedOrderMechanism):
                 "coefficients": [float(c) for c in fact.coef], **fact.report}
 
     def noise(self, plan: FixedOrderPlan, seed: int, device) -> BandedNoise:
+        from dpbench.mechanisms.noise import BandedNoise  # torch: only where a run draws
         fact = plan.factorization
         return BandedNoise(fact.coef, fact.scale(), seed, device)
 
@@ -226,5 +231,6 @@ class BLTMechanism(_FixedOrderMechanism):
                 "omega": fact.omega.tolist(), "omega_hat": fact.omega_hat.tolist(), **report}
 
     def noise(self, plan: FixedOrderPlan, seed: int, device) -> BLTNoise:
+        from dpbench.mechanisms.noise import BLTNoise  # torch: only where a run draws
         fact = plan.factorization
         return BLTNoise(fact.theta, fact.omega, plan.steps, seed, device)

@@ -36,7 +36,6 @@ from __future__ import annotations
 import torch
 
 from dpbench.optimizers.base import Context, DPStep, NonPrivateStep
-from dpbench.optimizers.spec import OptimizerSpec
 
 
 class Adam:
@@ -110,69 +109,28 @@ def _dp_adam(ctx: Context, floor_key: str | None = None, **rule) -> DPStep:
     return step
 
 
-BETAS = {"beta1": 0.9, "beta2": 0.999}
+def adam(ctx: Context) -> NonPrivateStep:
+    h = ctx.hyperparameters
+    return NonPrivateStep(ctx, Adam(ctx.lr, **_betas(h), eps_out=float(h["eps"])))
 
-ADAM = OptimizerSpec(
-    name="adam",
-    build=lambda ctx: NonPrivateStep(ctx, Adam(ctx.lr, **_betas(ctx.hyperparameters),
-                                               eps_out=float(ctx.hyperparameters["eps"]))),
-    private=False,
-    description="non-private Adam on the same Poisson batches (no clipping, no noise)",
-    reference="Kingma & Ba 2015",
-    defaults={**BETAS, "eps": 1e-8},
-    cost_class="sgd",
-)
 
-ADAMW = OptimizerSpec(
-    name="adamw",
-    build=lambda ctx: NonPrivateStep(ctx, Adam(ctx.lr, **_betas(ctx.hyperparameters),
-                                               eps_out=float(ctx.hyperparameters["eps"]),
-                                               weight_decay=float(ctx.hyperparameters["weight_decay"]))),
-    private=False,
-    description="non-private AdamW on the same Poisson batches: decoupled weight decay, "
-                "m^ / (sqrt(v^) + eps) + lambda theta (no clipping, no noise)",
-    reference="Loshchilov & Hutter 2019 (arXiv:1711.05101), Alg. 2",
-    defaults={**BETAS, "eps": 1e-8, "weight_decay": 1e-5},  # weight decay as dpadamw's
-)
+def adamw(ctx: Context) -> NonPrivateStep:
+    h = ctx.hyperparameters
+    return NonPrivateStep(ctx, Adam(ctx.lr, **_betas(h), eps_out=float(h["eps"]), weight_decay=float(h["weight_decay"])))
 
-DPADAM = OptimizerSpec(
-    name="dpadam",
-    build=lambda ctx: _dp_adam(ctx, eps_out=float(ctx.hyperparameters["eps"])),
-    private=True,
-    description="DP-Adam: DP-SGD's privatised gradient into Adam, m^ / (sqrt(v^) + eps)",
-    reference="Kingma & Ba 2015 on DP-SGD's gradient; Tang et al. 2024 (DP-Adam); thesis Sec. 2.2.2",
-    defaults={**BETAS, "eps": 1e-8},
-    cost_class="dpadambc",
-)
 
-DPADAMBC = OptimizerSpec(
-    name="dpadambc",
-    build=lambda ctx: _dp_adam(ctx, "zeta"),
-    private=True,
-    description="DP-AdamBC: DP-Adam with the noise variance Phi = (sigma s / L)^2 subtracted, "
-                "m^ / sqrt(max(v^ - Phi, zeta'))",
-    reference="Tang et al. 2024; thesis Alg. 2",
-    defaults={**BETAS, "zeta": 1e-8},
-    cost_class="dpadambc",
-)
+def dpadam(ctx: Context) -> DPStep:
+    return _dp_adam(ctx, eps_out=float(ctx.hyperparameters["eps"]))
 
-DPADAMW = OptimizerSpec(
-    name="dpadamw",
-    build=lambda ctx: _dp_adam(ctx, eps_in=float(ctx.hyperparameters["eps0"]),
-                               weight_decay=float(ctx.hyperparameters["weight_decay"])),
-    private=True,
-    description="DP-AdamW: decoupled weight decay, m^ / sqrt(v^ + eps0) + lambda theta",
-    reference="Chooi et al. 2025 (DP-AdamW, arXiv:2511.07843), Alg. 1",
-    defaults={**BETAS, "eps0": 1e-8, "weight_decay": 1e-5},
-    cost_class="dpadambc",
-)
 
-DPADAMW_BC = OptimizerSpec(
-    name="dpadamw-bc",
-    build=lambda ctx: _dp_adam(ctx, "gamma", weight_decay=float(ctx.hyperparameters["weight_decay"])),
-    private=True,
-    description="DP-AdamW-BC: DP-AdamW with Phi subtracted, m^ / sqrt(max(v^ - Phi, gamma)) + lambda theta",
-    reference="Chooi et al. 2025 (DP-AdamW-BC, arXiv:2511.07843), Alg. 2",
-    defaults={**BETAS, "gamma": 1e-8, "weight_decay": 1e-5},
-    cost_class="dpadambc",
-)
+def dpadambc(ctx: Context) -> DPStep:
+    return _dp_adam(ctx, "zeta")
+
+
+def dpadamw(ctx: Context) -> DPStep:
+    h = ctx.hyperparameters
+    return _dp_adam(ctx, eps_in=float(h["eps0"]), weight_decay=float(h["weight_decay"]))
+
+
+def dpadamw_bc(ctx: Context) -> DPStep:
+    return _dp_adam(ctx, "gamma", weight_decay=float(ctx.hyperparameters["weight_decay"]))

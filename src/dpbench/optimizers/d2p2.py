@@ -34,10 +34,8 @@ import torch
 
 from dpbench.mechanisms import projection
 from dpbench.mechanisms.noise import ProjectionNoise
-from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian, inverse_sqrt_schedule
+from dpbench.mechanisms.poisson_gaussian import inverse_sqrt_schedule
 from dpbench.optimizers.base import SGD, Context, DPStep
-from dpbench.optimizers.spec import OptimizerSpec
-from dpbench.privacy import accounting
 
 
 @dataclass(frozen=True)
@@ -80,7 +78,7 @@ class ProjectedStep(DPStep):
             noise = ctx.noise
             if not isinstance(noise, ProjectionNoise):
                 raise TypeError("a projected step needs its mechanism's noise source "
-                                "(projection.RandomProjectionGaussian.noise), which carries the plan's projection")
+                                "(mechanisms.projected_gaussian.RandomProjectionGaussian.noise), which carries the plan's projection")
             given = ctx.hyperparameters.get("projection", noise.kind)
             if given != noise.kind:
                 raise ValueError(f"projection {given!r} differs from the privacy plan's {noise.kind!r}: "
@@ -144,43 +142,13 @@ def _build(ctx: Context, decay: bool, projected: bool) -> ProjectedStep:
                          float(h["projection_rate"]) if projected else None)
 
 
-PROJECTION_DEFAULTS = {"auto_clip_gamma": 0.01, "projection_rate": 0.7, **projection.PLAN_HYPERPARAMETERS}
-# sigma_k varies by at most 0.3% within an accounted segment: the bucketed epsilon is within
-# about 0.6% of the exact per-step composition (an upper bound), at a few seconds of calibration
-BUCKET_REL = 0.003
-REFERENCE = "Jiang et al. 2025 (arXiv:2509.09485)"
+def d2p2sgd(ctx: Context) -> ProjectedStep:
+    return _build(ctx, decay=True, projected=True)
 
-D2P2SGD = OptimizerSpec(
-    name="d2p2sgd",
-    build=lambda ctx: _build(ctx, decay=True, projected=True),
-    private=True,
-    description="D2P2-SGD: automatic clipping, random projection P_k drawn every step (srht: sqrt(d'/p) S H D, "
-                "or the paper's Gaussian A_k/sqrt(p)), noise sigma/sqrt(k) * s_P / L in the projected space",
-    reference=REFERENCE + " Alg. 1",
-    defaults=PROJECTION_DEFAULTS,
-    mechanism=projection.RandomProjectionGaussian(inverse_sqrt_schedule, "inverse-sqrt", BUCKET_REL,
-                                                  accountant=accounting.RDP_INTEGER),
-)
 
-D2PSGD = OptimizerSpec(
-    name="d2psgd",
-    build=lambda ctx: _build(ctx, decay=True, projected=False),
-    private=True,
-    description="D2P-SGD: automatic clipping and decaying noise sigma/sqrt(k) / L, no projection",
-    reference=REFERENCE + " Alg. 2 (D2P-SGD: no projection)",
-    defaults={"auto_clip_gamma": 0.01},
-    mechanism=PoissonSubsampledGaussian(inverse_sqrt_schedule, "inverse-sqrt", BUCKET_REL,
-                                        accountant=accounting.RDP_INTEGER),
-    cost_class="dpsgd",
-)
+def d2psgd(ctx: Context) -> ProjectedStep:
+    return _build(ctx, decay=True, projected=False)
 
-DP2SGD = OptimizerSpec(
-    name="dp2sgd",
-    build=lambda ctx: _build(ctx, decay=False, projected=True),
-    private=True,
-    description="DP2-SGD: automatic clipping, random projection (srht or Gaussian), static noise sigma s_P / L "
-                "in the projected space",
-    reference=REFERENCE + " Alg. 3 (DP2-SGD: static noise)",
-    defaults=PROJECTION_DEFAULTS,
-    mechanism=projection.RandomProjectionGaussian(),
-)
+
+def dp2sgd(ctx: Context) -> ProjectedStep:
+    return _build(ctx, decay=False, projected=True)

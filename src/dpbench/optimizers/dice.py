@@ -12,7 +12,7 @@ Only the clipped sum changes (``clip_and_sum`` adds L clip(e, C2) and updates e)
 std on the sum is sigma s sqrt(1 + 2 C2 / C), as in the authors' reference code.
 
 That calibration is not a valid (epsilon, delta) guarantee for C2 > 0, and every run says so
-(``CAVEAT``, recorded as ``privacy.caveat``, printed by ``dpbench train``, marked in the
+(its ``caveat``, recorded as ``privacy.caveat``, printed by ``dpbench train``, marked in the
 figures' legends). The released sum is sum_i clip(g_i) + L clip(e, C2) + noise, and e carries
 every earlier *raw* gradient: one changed example with a large gradient moves e arbitrarily,
 so L clip(e, C2) can move by up to 2 L C2 / C (in units of s) at every later step, sampled or
@@ -35,15 +35,7 @@ import math
 import torch
 
 from dpbench.optimizers.base import SGD, Context, DPStep
-from dpbench.mechanisms.base import AuditSpec
-from dpbench.optimizers.spec import OptimizerSpec
 
-CAVEAT = (
-    "not a valid DP guarantee (for C2 > 0): DP-Dice's noise std sigma*s*sqrt(1 + 2*C2/C) on the clipped "
-    "sum follows the authors' reference code, but the residual e accumulates every earlier raw gradient, "
-    "so one changed example moves L*clip(e, C2) by up to 2*L*C2/C (times s) at every later step, sampled or "
-    "not: the released sum's sensitivity is s*(1 + 2*L*C2/C) and subsampling does not amplify it; the "
-    "recorded epsilon does not hold for this run (dpdice-strict calibrates to the true bound)")
 
 
 class DiceStep(DPStep):
@@ -93,17 +85,5 @@ class DiceStep(DPStep):
         self.residual = state["residual"]
 
 
-DPDICE = OptimizerSpec(
-    name="dpdice",
-    build=lambda ctx: DiceStep(ctx, SGD(ctx.lr), float(ctx.hyperparameters["c2"])),
-    private=True,
-    description="DP-Dice: DP-SGD with error feedback, g_bar = mean clip(g_i) + clip(e, C2), "
-                "e <- e + g - g_bar, noise std sigma s sqrt(1 + 2 C2 / C) on the sum (the authors' "
-                "calibration: not a valid DP guarantee for C2 > 0)",
-    reference="Zhang et al. 2024 (DiceSGD); thesis Alg. 3",
-    defaults={"c2": 1.0},
-    caveat=CAVEAT,
-    # the clipped-away part of a large gradient returns later through clip(e, C2): sum the releases
-    audit=AuditSpec("sum", canary_factor=100.0),
-    cost_class="dpdice",
-)
+def dpdice(ctx: Context) -> DiceStep:
+    return DiceStep(ctx, SGD(ctx.lr), float(ctx.hyperparameters["c2"]))

@@ -55,11 +55,8 @@ sqrt(t)/sigma, and the RDP epsilon of T Gaussian mechanisms (q = 1) as a cross-c
 
 from __future__ import annotations
 
-from dpbench.mechanisms.base import AuditSpec
-from dpbench.mechanisms.unamplified import UnamplifiedGaussian
-from dpbench.optimizers.base import SGD
+from dpbench.optimizers.base import SGD, Context
 from dpbench.optimizers.dice import DiceStep
-from dpbench.optimizers.spec import OptimizerSpec
 
 
 def release_sensitivity(sensitivity: float, batch_size: int, c2: float, clip_norm: float) -> float:
@@ -77,16 +74,5 @@ class StrictDiceStep(DiceStep):
                                                                self.c2, c.clip_norm)
 
 
-DPDICE_STRICT = OptimizerSpec(
-    name="dpdice-strict",
-    build=lambda ctx: StrictDiceStep(ctx, SGD(ctx.lr), float(ctx.hyperparameters["c2"])),
-    private=True,
-    description="DP-Dice (error feedback, g_bar = mean clip(g_i) + clip(e, C2)) with noise std "
-                "sigma s (1 + 2 L C2 / C) on the sum, the release's true sensitivity, accounted as T Gaussian "
-                "mechanisms without amplification",
-    reference="Zhang et al. 2024 (DiceSGD); thesis Alg. 3; calibration: dpbench.optimizers.dice_strict",
-    defaults={"c2": 1.0},
-    mechanism=UnamplifiedGaussian(),
-    audit=AuditSpec("sum", canary_factor=100.0),  # as dpdice: the same release, honest noise
-    cost_class="dpdice",
-)
+def dpdice_strict(ctx: Context) -> StrictDiceStep:
+    return StrictDiceStep(ctx, SGD(ctx.lr), float(ctx.hyperparameters["c2"]))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import torch
 
 from dpbench.optimizers.base import SGD, Context, DPStep, StepOutput
-from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.privacy.per_sample import PerSampleGradients
 
 
@@ -111,14 +110,6 @@ class DiskStep(DPStep):
         return CombinedGradients(shifted, current, self.a), out
 
 
-DPDISK = OptimizerSpec(
-    name="dpdisk",
-    build=lambda ctx: DiskStep(ctx, KalmanFilter(SGD(ctx.lr), float(ctx.hyperparameters["kappa"])),
-                               float(ctx.hyperparameters["gamma"])),
-    private=True,
-    description="DP-DiSK: per-sample a grad f(theta + gamma d) + (1 - a) grad f(theta), a = (1-kappa)/(kappa gamma), "
-                "clipped once, DP-SGD noise, Kalman filter g~ <- (1-kappa) g~ + kappa g, SGD step",
-    reference="Zhang et al. 2025 (DiSK, ICLR 2025, arXiv:2410.03883), Alg. 3; thesis Alg. 4",
-    defaults={"kappa": 0.7, "gamma": 0.5},
-    cost_class="dpdisk",
-)
+def dpdisk(ctx: Context) -> DiskStep:
+    h = ctx.hyperparameters
+    return DiskStep(ctx, KalmanFilter(SGD(ctx.lr), float(h["kappa"])), float(h["gamma"]))

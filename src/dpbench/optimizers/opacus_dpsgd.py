@@ -48,7 +48,6 @@ import warnings
 import torch
 
 from dpbench.optimizers.base import SGD, Context, DPStep, StepOutput
-from dpbench.optimizers.spec import OptimizerSpec
 from dpbench.privacy.clipping import Clipping
 from dpbench.mechanisms.noise import GaussianNoise
 from dpbench.privacy.per_sample import UnsupportedLayerError
@@ -151,11 +150,5 @@ class OpacusDPStep(DPStep):
         return {**super().privacy_record(), "opacus_functorch_layers": self.functorch_layers}
 
 
-OPACUS_DPSGD = OptimizerSpec(
-    name="opacus-dpsgd",
-    build=lambda ctx: OpacusDPStep(ctx, SGD(ctx.lr)),
-    private=True,
-    description="DP-SGD computed by Opacus 1.6 (GradSampleModule, DPOptimizer) on our Poisson batches, "
-                "sigma and noise stream; Opacus's gradient rescaled to the run's clipping (s / C)",
-    reference="Abadi et al. 2016; Yousefpour et al. 2021 (Opacus, arXiv:2109.12298)",
-)
+def opacus_dpsgd(ctx: Context) -> OpacusDPStep:
+    return OpacusDPStep(ctx, SGD(ctx.lr))

@@ -2,19 +2,42 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from dpbench import hyperparameters
 from dpbench.mechanisms.base import AuditSpec, Mechanism
 from dpbench.mechanisms.poisson_gaussian import PoissonSubsampledGaussian
-from dpbench.optimizers.base import Context, DPStep
+
+if TYPE_CHECKING:  # annotations only: a spec is declared without torch (the workflow reads it)
+    from dpbench.optimizers.base import Context, DPStep
+
+
+class Imported:
+    """A step's builder named by its import string ``"module:function"``, as an entry point names
+    its object, imported on its first call: the built-ins' declarations (dpbench.optimizers)
+    import no torch. Like the function it names, it carries its ``__module__`` (the module that
+    builds the step: the optimizer's code fingerprint)."""
+
+    def __init__(self, target: str):
+        module, _, name = target.partition(":")
+        if not module or not name:
+            raise ValueError(f"{target!r} is not an import string 'module:function'")
+        self.target, self.__module__, self.__name__ = target, module, name
+
+    def __call__(self, ctx: Context) -> DPStep:
+        return getattr(importlib.import_module(self.__module__), self.__name__)(ctx)
+
+    def __repr__(self) -> str:
+        return f"Imported({self.target!r})"
 
 
 @dataclass(frozen=True)
 class OptimizerSpec:
     """One optimizer, as the registry holds it and a ``dpbench.optimizers`` entry point names it
-    (its ``name`` is the entry point's). ``build(ctx)`` makes its step from a ``Context``: a
+    (its ``name`` is the entry point's). ``build(ctx)`` makes its step from a ``Context`` (a
+    built-in's is ``Imported``: its declaration stays torch-free): a
     ``DPStep`` (or subclass) with its update rule where ``private``, else a ``NonPrivateStep``;
     it is called once per run (and by the audit per chunk of trials), so it must not share state
     between calls. ``defaults`` are its hyperparameters (configs and ``--hp`` override them, of

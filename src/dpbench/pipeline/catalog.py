@@ -6,19 +6,21 @@ the jobs, the config check, the cluster cost model, the fingerprints) imports ne
   hyperparameters' defaults (``hyperparameters`` checks a config's values as the run does),
   its cost class (``dpbench.pipeline.cluster``), the module that builds its step (its code
   fingerprint) and the cached files its mechanism reads (``files``, a
-  ``dpbench.mechanisms.files`` declaration: the factorization and noise files the workflow makes).
+  ``dpbench.mechanisms.files`` declaration: the factorization and noise files the workflow makes):
+  read from the optimizer's one declaration in the registry (``dpbench.optimizers.BUILT_IN``),
+  which imports no torch (a built-in names its step's build by import string, and a mechanism
+  imports torch only to draw).
 * ``FigureFacts`` (``FIGURES``): per built-in figure its kind (the files it writes), the table
   it is drawn from (``runs`` or ``audits``), its options and their defaults, and whether it
   selects on the validation split: read from the figure's one declaration in
   ``dpbench.reporting.figures.BUILT_IN`` and its drawing function's signature, statically
-  (``ast``: nothing of the figures package is imported), so a figure is declared once.
+  (``ast``: nothing of the figures package is imported, which imports matplotlib), so a figure
+  is declared once.
 
-``OPTIMIZERS`` is still a second list beside the registry (``dpbench.optimizers.OPTIMIZERS``,
-whose specs hold the step's builder; their defaults are expressions, not literals, so they are
-not read statically): tests/pipeline/test_catalog.py holds each entry equal to its spec, and
-the figures read from the sources equal to the live specs. ``optimizer(id)`` and
-``figure(id)`` read a built-in here and a plugin's from its spec through the registry (which
-imports the plugin, and so may import torch: only where a config names a plugin).
+``optimizer(id)`` and ``figure(id)`` read a built-in here and a plugin's from its spec through
+the registry (which imports the plugin, and so may import torch: only where a config names a
+plugin). A search's config check reads the built-in's spec itself (``optimizer_spec``: its
+mechanism), without torch as well.
 """
 
 from __future__ import annotations
@@ -47,9 +49,17 @@ class OptimizerFacts:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     cost_class: str | None = None
     files: DenseFiles | StreamedFiles | Any = None
-    # where its runs' (epsilon, delta) is no DP guarantee: True (always: its caveat says so), the
-    # name of a hyperparameter voiding it where true (D2P2's paper_sensitivity), or False
-    no_guarantee: bool | str = False
+    caveat: str | None = None  # the spec's: recorded in every run
+
+    @property
+    def no_guarantee(self) -> bool | str:
+        """Where its runs' (epsilon, delta) is no DP guarantee: True (always: its caveat says so),
+        the name of a hyperparameter voiding it where true (D2P2's paper_sensitivity), or False."""
+        from dpbench.reporting.results import NO_GUARANTEE  # imports pandas: only where results are read
+
+        if (self.caveat or "").startswith(NO_GUARANTEE):
+            return True
+        return "paper_sensitivity" if "paper_sensitivity" in self.defaults else False
 
     def guarantees(self, hyperparameters: Mapping[str, Any]) -> bool:
         """Whether a private run of it with ``hyperparameters`` has the (epsilon, delta) it records."""
@@ -63,46 +73,18 @@ class OptimizerFacts:
 
     @classmethod
     def of(cls, spec) -> OptimizerFacts:
-        """The facts of a registry's spec (a plugin's)."""
-        from dpbench.reporting.results import NO_GUARANTEE
-
-        voided = (getattr(spec, "caveat", None) or "").startswith(NO_GUARANTEE) or (
-            "paper_sensitivity" if "paper_sensitivity" in spec.defaults else False)
+        """The facts of a registry's spec (a built-in's or a plugin's)."""
         return cls(spec.name, spec.private, spec.build.__module__, dict(spec.defaults), spec.cost_class,
-                   getattr(spec.mechanism, "files", None), voided)
+                   getattr(spec.mechanism, "files", None), getattr(spec, "caveat", None))
 
 
-_ADAM = {"beta1": 0.9, "beta2": 0.999}
-_D2P2 = {"auto_clip_gamma": 0.01, "projection_rate": 0.7, "projection": "srht", "paper_sensitivity": False}
-_OPT = "dpbench.optimizers."
+def _builtin_optimizers() -> dict[str, OptimizerFacts]:
+    from dpbench.optimizers import OPTIMIZERS as registry  # torch-free: the built-ins' declarations
 
-OPTIMIZERS: dict[str, OptimizerFacts] = {f.name: f for f in (
-    OptimizerFacts("sgd", False, _OPT + "sgd", {}, "sgd"),
-    OptimizerFacts("dpsgd", True, _OPT + "sgd", {}, "dpsgd"),
-    OptimizerFacts("opacus-dpsgd", True, _OPT + "opacus_dpsgd"),
-    OptimizerFacts("adam", False, _OPT + "adam", {**_ADAM, "eps": 1e-08}, "sgd"),
-    OptimizerFacts("adamw", False, _OPT + "adam", {**_ADAM, "eps": 1e-08, "weight_decay": 1e-05}),
-    OptimizerFacts("dpadam", True, _OPT + "adam", {**_ADAM, "eps": 1e-08}, "dpadambc"),
-    OptimizerFacts("dpadambc", True, _OPT + "adam", {**_ADAM, "zeta": 1e-08}, "dpadambc"),
-    OptimizerFacts("dpadamw", True, _OPT + "adam", {**_ADAM, "eps0": 1e-08, "weight_decay": 1e-05}, "dpadambc"),
-    OptimizerFacts("dpadamw-bc", True, _OPT + "adam", {**_ADAM, "gamma": 1e-08, "weight_decay": 1e-05}, "dpadambc"),
-    OptimizerFacts("dpdice", True, _OPT + "dice", {"c2": 1.0}, "dpdice", no_guarantee=True),
-    OptimizerFacts("dpdice-strict", True, _OPT + "dice_strict", {"c2": 1.0}, "dpdice"),
-    OptimizerFacts("dpdisk", True, _OPT + "disk", {"kappa": 0.7, "gamma": 0.5}, "dpdisk"),
-    OptimizerFacts("d2p2sgd", True, _OPT + "d2p2", _D2P2, no_guarantee="paper_sensitivity"),
-    OptimizerFacts("d2psgd", True, _OPT + "d2p2", {"auto_clip_gamma": 0.01}, "dpsgd"),
-    OptimizerFacts("dp2sgd", True, _OPT + "d2p2", _D2P2, no_guarantee="paper_sensitivity"),
-    OptimizerFacts("dpmatrix-se", True, _OPT + "dpmatrix", {}, "dpmatrix-se", DenseFiles("se")),
-    OptimizerFacts("dpmatrix-se-lambda", True, _OPT + "dpmatrix", {"tau": None}, "dpmatrix-se",
-                   DenseFiles("se-lambda")),
-    OptimizerFacts("dpmatrix-me", True, _OPT + "dpmatrix", {}, "dpmatrix-se", DenseFiles("me")),
-    OptimizerFacts("dpmatrix-me-lambda", True, _OPT + "dpmatrix", {"tau": None}, "dpmatrix-se",
-                   DenseFiles("me-lambda")),
-    OptimizerFacts("dpmatrix-band", True, _OPT + "streamed", {"bands": "auto"}, "dpmatrix-se", StreamedFiles("band")),
-    OptimizerFacts("dpmatrix-band-amp", True, _OPT + "streamed", {"bands": "auto"}, "dpmatrix-se",
-                   StreamedFiles("band-amp")),
-    OptimizerFacts("dpmatrix-blt", True, _OPT + "streamed", {"buffers": "auto"}, "dpmatrix-se", StreamedFiles("blt")),
-)}
+    return {name: OptimizerFacts.of(spec) for name, spec in registry.builtins.items()}
+
+
+OPTIMIZERS: dict[str, OptimizerFacts] = _builtin_optimizers()
 
 
 @dataclass(frozen=True)
@@ -194,7 +176,7 @@ def plugins_installed(group: str) -> bool:
 
 
 def _optimizer_registry():
-    from dpbench.optimizers import OPTIMIZERS as registry  # imports torch: only for a plugin
+    from dpbench.optimizers import OPTIMIZERS as registry  # torch-free; a read past its built-ins imports the plugins
 
     return registry
 
@@ -246,8 +228,10 @@ def figure(name: str) -> FigureFacts:
 
 
 def optimizer_spec(name: str):
-    """The registry's spec of an optimizer (it imports torch: what a search accounts, its mechanism)."""
-    return _optimizer_registry().lookup(name)
+    """The registry's spec of an optimizer (what a search accounts: its mechanism); a built-in's
+    imports no torch, a plugin's imports the plugin."""
+    registry = _optimizer_registry()
+    return registry.builtins[name] if name in registry.builtins else registry.lookup(name)
 
 
 def is_problem(name: str) -> bool:

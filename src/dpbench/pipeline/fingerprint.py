@@ -92,17 +92,37 @@ def _digest(parts: list[tuple[str, str]]) -> str:
 
 @lru_cache(maxsize=None)
 def optimizer_fingerprint(optimizer: str) -> str:
-    """Hash of the sources that determine an optimizer's runs: the harness and its module(s);
-    for a plugin's optimizer, the harness, the dpbench modules the plugin imports and the
-    plugin's source hash (``dpbench.plugins.Plugin.source_sha256``)."""
+    """Hash of the sources that determine an optimizer's runs: for a built-in, the harness, the
+    modules of its build and its mechanism, and its declaration's text in the registry (its
+    defaults, its mechanism's arguments: ``declaration``); for a plugin's optimizer, the harness,
+    the dpbench modules the plugin imports and the plugin's source hash
+    (``dpbench.plugins.Plugin.source_sha256``)."""
     from dpbench.pipeline import catalog
 
-    if optimizer in catalog.OPTIMIZERS:  # a built-in: its module, from the torch-free catalog
-        return modules_fingerprint((*HARNESS, catalog.OPTIMIZERS[optimizer].module))
+    if optimizer in catalog.OPTIMIZERS:  # a built-in: its declaration (torch-free) names its modules
+        spec = catalog.optimizer_spec(optimizer)
+        roots = (*HARNESS, spec.build.__module__, type(spec.mechanism).__module__)
+        return _digest([(n, _module_file(n).read_text()) for n in module_closure(roots)]
+                       + [("declaration", declaration(optimizer))])
     from dpbench.optimizers import OPTIMIZERS, get_optimizer
 
     get_optimizer(optimizer)  # an unknown id: its KeyError; a broken plugin: its one-line error
     return _plugin_digest(OPTIMIZERS.plugin(optimizer), HARNESS)
+
+
+@lru_cache(maxsize=None)
+def _declarations() -> dict[str, str]:
+    """The text of each built-in optimizer's ``OptimizerSpec(...)`` in the registry, by its name
+    (the registry is a leaf: its text as a whole would rerun every optimizer for any edit)."""
+    source = _module_file(LEAVES[0]).read_text()
+    return {next(k.value.value for k in node.keywords if k.arg == "name"): ast.get_source_segment(source, node)
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "OptimizerSpec"}
+
+
+def declaration(optimizer: str) -> str:
+    """A built-in optimizer's declaration, as written in the registry (``_declarations``)."""
+    return _declarations()[optimizer]
 
 
 @lru_cache(maxsize=None)
