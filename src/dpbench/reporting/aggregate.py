@@ -3,7 +3,8 @@
 * runs: one row per run (settings, privacy promised and delivered, best and final metrics,
   status, timing), hyperparameters as a JSON string;
 * epochs: one row per run and epoch (test and validation loss/accuracy, mean training
-  loss/accuracy).
+  loss/accuracy), with its run's settings (``RUN_KEYS``: what the run is, as RunConfig's
+  fields declare it, and its seed).
 
 Language models (P4) add to the runs table the final training and validation loss, the
 validation perplexity exp(best_val_loss), and from the run's memorisation test (metadata key

@@ -5,7 +5,8 @@ scope travel with it, so the ``train`` command's options (``cli.arguments.add_se
 grid cell's command line (``pipeline.grid.Cell.run_config``, then ``to_args``) and the checks
 of its values (``validate``) are all made from these fields. Adding a setting is one field here
 plus its use (and, for a ``train`` setting, its key in the config schema: a test holds the two
-together). ``check_data`` is the one check that needs the problem's facts; the config check
+together); its declaration also places it in the grid (a ``cell`` axis, a setting a grid block
+may set, a configuration key: ``settings``), which the pipeline and the tables read. ``check_data`` is the one check that needs the problem's facts; the config check
 calls it too. Importable without torch: the workflow reads it to build its jobs.
 """
 
