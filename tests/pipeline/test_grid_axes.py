@@ -95,3 +95,10 @@ def test_a_new_axis_is_one_field_and_its_declaration(tmp_path):
     assert got["ids"] == ["P2/dpsgd/L64-E1-eps1-lr1-s0", "P2/dpsgd/L64-E1-eps1-lr1-wd0.5-s0"]
     assert "--weight-decay" not in got["args"][0] and got["args"][1][-2:] == ["--weight-decay", "0.5"]
     assert got["refused"].startswith("config key grid.0.weight_decay: -1 is less than the minimum of 0")
+
+
+def test_two_cells_of_one_id_are_told_apart_by_every_field_that_differs():
+    a = grid.Cell("P2", "dpmatrix-band", 64, 1, 1.0, 0.5, 0, 7, (("bands", "8"),), train_settings=(("max_steps", 5),))
+    b = grid.Cell("P2", "dpmatrix-band", 64, 1, 1.0, 0.5, 0, 7, (("bands", 8),), train_settings=(("max_steps", "5"),))
+    assert a.id == b.id
+    assert grid._difference(a, b) == "bands values '8' and 8, max_steps values 5 and '5'"
