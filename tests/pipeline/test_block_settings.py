@@ -229,7 +229,7 @@ def runs(subsets):
 
 
 def test_runs_on_different_subsets_are_never_seeds_of_one_configuration():
-    assert set(aggregate.DATA_KEYS) == set(BLOCK_SETTINGS) <= set(CONFIG_KEYS)
+    assert aggregate.DATA_KEYS == tuple(BLOCK_SETTINGS) and set(BLOCK_SETTINGS) <= set(CONFIG_KEYS)  # test_grid_axes.py
     best = select_best_config(runs([4000.0, None]), by=["problem", "optimizer"])
     assert (best["n_configs"].item(), best["n_seeds"].item(), best["value"].item()) == (2, 1, 0.6)
     same = select_best_config(runs([4000.0, 4000.0]), by=["problem", "optimizer"])

@@ -12,24 +12,24 @@ from __future__ import annotations
 from typing import Any
 
 from dpbench.pipeline.configfile import ConfigError
-from dpbench.training.config import check_data
-from dpbench.training.settings import SettingError
+from dpbench.training.config import RunConfig, check_data
+from dpbench.training.settings import SettingError, block_settings as declared_block_settings, settings
 
 # The train: settings a grid block may give its own values of (config key grid.<i>.<key>), over
-# the config's train: section for that block's cells, each with the word its cell ids carry
-# where the block's value differs from train:'s (-ntrain4000; a null value, where train: sets
-# one: -ntrainall, the whole set, or -Tmaxnone, no cap). A cell that takes train:'s values has
-# no such part, so a config whose blocks set none keeps its ids.
-BLOCK_SETTINGS = {"max_steps": "Tmax", "train_subset": "ntrain", "test_subset": "ntest", "validation_size": "nval"}
+# the config's train: section for that block's cells, in RunConfig's field order: those its
+# fields declare with ``block`` (training.settings.BlockKey, the word its cells' ids carry where
+# the block's value differs from train:'s: -ntrain4000; a null value, where train: sets one:
+# -ntrainall, the whole set, or -Tmaxnone, no cap). A cell that takes train:'s values has no such
+# part, so a config whose blocks set none keeps its ids.
+BLOCK_SETTINGS = declared_block_settings(RunConfig)
+_DEFAULTS = {s.name: s.default for s in settings(RunConfig) if s.name in BLOCK_SETTINGS}
 
 
 def id_part(train_settings: tuple[tuple[str, Any], ...]) -> str:
     """The cell id's part of a cell's own train settings, in ``BLOCK_SETTINGS``' order:
     ``-Tmax5-ntrain4000-ntest500-nval200``; a null value (train: sets one, the block none):
     ``-Tmaxnone`` (no cap), ``-ntrainall``, ``-ntestall`` (the whole set); "" for none."""
-    none = {"max_steps": "none"}
-    return "".join(f"-{BLOCK_SETTINGS[k]}{none.get(k, 'all') if v is None else v}" for k, v in train_settings)
-
+    return "".join(BLOCK_SETTINGS[k].id_part(v) for k, v in train_settings)
 
 
 def check_train_data(config: dict[str, Any], problem: str, block: dict[str, Any] | None = None,
@@ -52,5 +52,5 @@ def block_settings(config: dict[str, Any], block: dict[str, Any]) -> tuple[tuple
     section (``Cell.train_settings``): a value equal to train:'s is train:'s, so the block's
     cells (and their ids) are those of a block that leaves the key out."""
     train = config.get("train") or {}
-    current = {k: train.get(k) for k in BLOCK_SETTINGS} | {"validation_size": train.get("validation_size") or 0}
+    current = {k: _DEFAULTS[k] if train.get(k) is None else train[k] for k in BLOCK_SETTINGS}
     return tuple((k, block[k]) for k in BLOCK_SETTINGS if k in block and block[k] != current[k])

@@ -13,7 +13,7 @@ import copy
 import itertools
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -209,13 +209,27 @@ def precheck(config: dict[str, Any]) -> None:
     refuse_non_finite(config)
 
 
+def config_schema() -> dict[str, Any]:
+    """The config schema (``SCHEMA_PATH``) with a grid block's keys of its own train settings
+    (``BLOCK_SETTINGS``, from RunConfig's declarations) made from train:'s: the same values
+    and no default, since a block that leaves one out takes train:'s value."""
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    train = schema["properties"]["train"]["properties"]
+    block = schema["properties"]["grid"]["items"]["properties"]
+    for key in BLOCK_SETTINGS:
+        own = {k: v for k, v in train[key].items() if k not in ("default", "description")}
+        block[key] = {**own, "description": f"this block's train.{key} (a value that differs from train's is "
+                                            "part of its cells' ids)"}
+    return schema
+
+
 def validate(config: dict[str, Any]) -> dict[str, Any]:
     """Schema validation with defaults filled in, then the checks a schema cannot express."""
     import jsonschema
 
     precheck(config)
 
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema = config_schema()
     validator_cls = jsonschema.validators.extend(
         jsonschema.Draft202012Validator,
         {"properties": _set_defaults(jsonschema.Draft202012Validator.VALIDATORS["properties"])},
@@ -457,10 +471,14 @@ def _same(value: Any, default: Any) -> bool:
 
 
 def _difference(a: Cell, b: Cell) -> str:
-    """The values in which two cells with the same id differ, e.g. "bands values '8' and 8"."""
-    pairs = [("lr", a.lr, b.lr), ("epsilon", a.epsilon, b.epsilon)]
-    ha, hb = dict(a.hyperparameters), dict(b.hyperparameters)
-    pairs += [(k, ha.get(k), hb.get(k)) for k in sorted(set(ha) | set(hb))]
-    sa, sb = dict(a.train_settings), dict(b.train_settings)
-    pairs += [(k, sa.get(k), sb.get(k)) for k in BLOCK_SETTINGS if k in sa or k in sb]
+    """The values in which two cells with the same id differ, e.g. "bands values '8' and 8":
+    each field of ``Cell``, its pairs (hyperparameters, block settings) one by one."""
+    pairs = []
+    for f in fields(Cell):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name in ("hyperparameters", "train_settings"):
+            x, y = dict(x), dict(y)
+            pairs += [(k, x.get(k), y.get(k)) for k in sorted(set(x) | set(y))]
+        else:
+            pairs.append((f.name, x, y))
     return ", ".join(f"{k} values {x!r} and {y!r}" for k, x, y in pairs if x != y or type(x) is not type(y))

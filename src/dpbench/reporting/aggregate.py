@@ -3,7 +3,8 @@
 * runs: one row per run (settings, privacy promised and delivered, best and final metrics,
   status, timing), hyperparameters as a JSON string;
 * epochs: one row per run and epoch (test and validation loss/accuracy, mean training
-  loss/accuracy).
+  loss/accuracy), with its run's settings (``RUN_KEYS``: what the run is, as RunConfig's
+  fields declare it, and its seed).
 
 Language models (P4) add to the runs table the final training and validation loss, the
 validation perplexity exp(best_val_loss), and from the run's memorisation test (metadata key
@@ -37,11 +38,19 @@ from dpbench.problems.catalog import CANARY_REPEATS, FACTS, task_facts
 from dpbench.problems.modes import SCRATCH, option_settings
 from dpbench.reporting.audits import violations
 from dpbench.reporting.results import DamagedFileError, dp_guarantee, is_private, read_run, record_error
+from dpbench.training.config import RunConfig
+from dpbench.training.settings import block_settings, settings
 
-# RunConfig's train settings that a grid block may set per block (pipeline.grid.BLOCK_SETTINGS)
-DATA_KEYS = ("train_subset", "test_subset", "validation_size", "max_steps")
-RUN_KEYS = ["problem", "optimizer", "private", "mechanism_origin", "lr", "batch_size", "epochs", "seed",
-            "target_epsilon"]
+# RunConfig's train settings that a grid block may set per block (pipeline.blocks.BLOCK_SETTINGS),
+# as its fields declare them: the runs table's columns of the data a run trained on and its step cap
+DATA_KEYS = tuple(block_settings(RunConfig))
+# The runs table's column of each setting that says what a run is (RunConfig's configuration keys,
+# as its fields declare them, and the seed): the setting's name, but epsilon's column is the target
+# (the achieved epsilon is a column of its own)
+SETTING_COLUMNS = {s.name: "target_epsilon" if s.name == "epsilon" else s.name for s in settings(RunConfig)
+                   if s.configuration or s.name == "seed"}
+# The per-epoch table's columns of its run: what the run is, and whose privacy claim it carries
+RUN_KEYS = [*SETTING_COLUMNS.values(), "private", "mechanism_origin"]
 # Columns computed from private data without noise (results.NOT_PRIVATE): marked private: false.
 _VAL = "not differentially private: computed on the validation split, held-out training examples"
 RUNS_NOT_PRIVATE = {
@@ -73,7 +82,7 @@ def run_row(run_id: str, path: Path, meta: dict, builtins: Mapping[str, Any] | N
     """The runs table's row of one run file; ``builtins``: as for ``aggregate_runs``."""
     cfg, priv, res, timing = meta["config"], meta["privacy"], meta["result"], meta["timing"]
     builtin = (builtins or {}).get(cfg["optimizer"])
-    return {
+    row = {
         "run_id": run_id,
         "problem": cfg["problem"],
         "dataset": meta["problem"]["dataset"],
@@ -133,6 +142,9 @@ def run_row(run_id: str, path: Path, meta: dict, builtins: Mapping[str, Any] | N
         **tuning_columns(priv.get("tuning")),
         **start_columns(cfg["problem"], meta.get("start")),
     }
+    # a setting that says what a run is and has no column above (a grid axis without its own
+    # record): its value in the run's config section
+    return row | {c: cfg.get(k) for k, c in SETTING_COLUMNS.items() if c not in row}
 
 
 START_COLUMNS = ("start", "finetune", *option_settings(), "trainable_parameters", "checkpoint_sha256")

@@ -5,7 +5,8 @@ scope travel with it, so the ``train`` command's options (``cli.arguments.add_se
 grid cell's command line (``pipeline.grid.Cell.run_config``, then ``to_args``) and the checks
 of its values (``validate``) are all made from these fields. Adding a setting is one field here
 plus its use (and, for a ``train`` setting, its key in the config schema: a test holds the two
-together). ``check_data`` is the one check that needs the problem's facts; the config check
+together); its declaration also places it in the grid (a ``cell`` axis, a setting a grid block
+may set, a configuration key: ``settings``), which the pipeline and the tables read. ``check_data`` is the one check that needs the problem's facts; the config check
 calls it too. Importable without torch: the workflow reads it to build its jobs.
 """
 
@@ -16,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from dpbench.privacy import accounting
 from dpbench.problems import facts, modes
-from dpbench.training.settings import (SettingError, check_values, choice, hyperparameter, nonnegative_float,
-                                       nonnegative_int, path, positive_float, positive_int, probability,
-                                       search_candidate, setting, switch, text, to_args, torch_device)
+from dpbench.training.settings import (BlockKey, SettingError, check_values, choice, hyperparameter,
+                                       nonnegative_float, nonnegative_int, path, positive_float, positive_int,
+                                       probability, search_candidate, setting, switch, text, to_args, torch_device)
 
 if TYPE_CHECKING:
     from dpbench.optimizers.spec import OptimizerSpec
@@ -35,16 +36,19 @@ class RunConfig:
     batch_size: int = setting(type=positive_int, scope="cell", metavar="L",
                               help="expected batch size L; sample rate q = L / N")
     epochs: int = setting(type=positive_int, scope="cell", metavar="E", help="E; T = round(E N / L) steps")
-    seed: int = setting(type=nonnegative_int, scope="cell", help="the run's root seed (dpbench.seeds)")
+    # not a configuration key: a configuration's runs are its seeds
+    seed: int = setting(type=nonnegative_int, scope="cell", configuration=False,
+                        help="the run's root seed (dpbench.seeds)")
     epsilon: float | None = setting(None, type=positive_float, scope="cell",
                                     help="target epsilon (private optimizers; sigma is calibrated to it): not "
                                          "with --noise-multiplier. The run file records the epsilon achieved")
     hyperparameters: dict[str, Any] = setting(default_factory=dict, type=hyperparameter, scope="cell", flag="--hp",
                                               metavar="KEY=VALUE", repeated=True,
                                               help="optimizer hyperparameter (repeat the flag for several)")
-    # a candidate of a hyperparameter search (training.tuning): sigma is then calibrated for the whole search
+    # a candidate of a hyperparameter search (training.tuning): sigma is then calibrated for the whole search;
+    # not a configuration key (the candidate's setting is: its lr and hyperparameters)
     tuning: dict[str, Any] | None = setting(
-        None, type=search_candidate, scope="cell", metavar="JSON",
+        None, type=search_candidate, scope="cell", metavar="JSON", configuration=False,
         help='this run is candidate j of K of a hyperparameter search, sigma calibrated for the whole search: '
              '{"distribution": "negative_binomial"|"poisson"|"composition", "mean": .., "shape": .., '
              '"repetitions": K, "candidate": j}')
@@ -63,13 +67,14 @@ class RunConfig:
                                help="C, the clipping norm")
     accountant: str = setting(accounting.DEFAULT_ACCOUNTANT, type=choice(accounting.ACCOUNTANTS), scope="train",
                               always=True, help="the accountant sigma is calibrated with and epsilon reported by")
-    max_steps: int | None = setting(None, type=positive_int, scope="train", metavar="N",
+    # block: a grid block may set its own value (pipeline.blocks; the word of the cells' id part)
+    max_steps: int | None = setting(None, type=positive_int, scope="train", metavar="N", block=BlockKey("Tmax", "none"),
                                     help="stop after N steps (epsilon is reported for them)")
-    train_subset: int | None = setting(None, type=positive_int, scope="train", metavar="N",
+    train_subset: int | None = setting(None, type=positive_int, scope="train", metavar="N", block=BlockKey("ntrain"),
                                        help="train on a random subset of N examples")
-    test_subset: int | None = setting(None, type=positive_int, scope="train", metavar="N",
+    test_subset: int | None = setting(None, type=positive_int, scope="train", metavar="N", block=BlockKey("ntest"),
                                       help="evaluate on a random subset of N examples")
-    validation_size: int = setting(0, type=nonnegative_int, scope="train", metavar="N",
+    validation_size: int = setting(0, type=nonnegative_int, scope="train", metavar="N", block=BlockKey("nval"),
                                    help="hold N training examples out as a validation split for model selection")
     normalize_clipping: bool = setting(True, type=switch, scope="train", flag="--flat-clipping",
                                        help="g/max(1,|g|/C) instead of normalised clipping")

@@ -10,7 +10,16 @@ A setting's field metadata holds
   workflow config's ``train:`` section, which the config schema holds too: a test holds the
   two to each other) or ``command`` (given where ``dpbench train`` is called: on the command
   line, or by the workflow's rule for every cell);
-* ``always``: written on a cell's command line even at its default (``to_args``).
+* ``always``: written on a cell's command line even at its default (``to_args``);
+* its place in the grid: a ``cell`` setting is a grid axis, each cell's own value; a ``train``
+  setting declared with ``block`` (a ``BlockKey``: the word of its part of a cell id) is one a
+  grid block may give its own value of (``pipeline.blocks``); both are ``configuration`` keys
+  (what a run is, apart from its seed: runs that differ in one are never pooled as seeds of one
+  configuration, ``reporting.figures.selection.CONFIG_KEYS``) unless declared otherwise.
+
+The pipeline's block settings and id parts, the runs table's setting columns and the figures'
+configuration keys are read from these declarations (``block_settings``,
+``configuration_keys``), never listed by hand: a new axis is one field plus its use.
 
 ``to_args`` writes a config's settings as ``dpbench train`` arguments, ``SettingError`` is a
 refused value naming its setting, which the command line shows as a flag and the config
@@ -164,16 +173,36 @@ def _device(text_: str) -> str:
 torch_device = ValueType("auto, cpu or a CUDA device", _device, lambda v: isinstance(v, str))
 
 
+@dataclass(frozen=True)
+class BlockKey:
+    """A ``train`` setting that a grid block may give its own value of (config key
+    ``grid.<i>.<name>``, over the config's ``train:`` section for that block's cells): where the
+    block's value differs from train:'s, the cells' ids carry ``-<word><value>`` (``-ntrain4000``),
+    ``-<word><null>`` for no value (``-ntrainall``: the whole set; ``-Tmaxnone``: no cap)."""
+
+    word: str
+    null: str = "all"
+
+    def id_part(self, value: Any) -> str:
+        return f"-{self.word}{self.null if value is None else value}"
+
+
 def setting(default: Any = MISSING, *, type: ValueType, help: str, scope: str, flag: str | None = None,  # noqa: A002
             metavar: str | None = None, always: bool = False, repeated: bool = False,
+            block: BlockKey | None = None, configuration: bool | None = None,
             default_factory: Callable[[], Any] | Any = MISSING) -> Any:
     """A field of ``RunConfig``: its default (none: the flag is required), value type, help and
     scope (``SCOPES``); ``flag`` where it is not ``--`` and the name with hyphens; ``repeated``:
     the flag is given once per item of the field's dict (``--hp``); ``always``: written on a
-    cell's command line even at its default (a changed command line reruns a cell)."""
+    cell's command line even at its default (a changed command line reruns a cell); ``block``:
+    a grid block may set this ``train`` setting for its cells (``BlockKey``); ``configuration``:
+    whether it tells configurations apart (by default: a ``cell`` setting or a block's)."""
     assert scope in SCOPES, scope
+    assert block is None or scope == "train", "a grid block sets train settings only"
+    if configuration is None:
+        configuration = scope == "cell" or block is not None
     meta = {"type": type, "help": help, "scope": scope, "flag": flag, "metavar": metavar, "always": always,
-            "repeated": repeated}
+            "repeated": repeated, "block": block, "configuration": configuration}
     return field(default=default, default_factory=default_factory, metadata=meta)
 
 
@@ -190,6 +219,8 @@ class Setting:
     always: bool
     repeated: bool
     default: Any  # MISSING where the setting is required
+    block: BlockKey | None  # a grid block may set it (its id word)
+    configuration: bool  # a configuration key: runs that differ in it are different configurations
 
     @property
     def required(self) -> bool:
@@ -206,7 +237,18 @@ def _setting(f: Field) -> Setting:
     default = f.default if f.default is not MISSING else (
         f.default_factory() if f.default_factory is not MISSING else MISSING)
     return Setting(f.name, m["type"], m["help"], m["scope"], m["flag"] or "--" + f.name.replace("_", "-"),
-                   m["metavar"], m["always"], m["repeated"], default)
+                   m["metavar"], m["always"], m["repeated"], default, m["block"], m["configuration"])
+
+
+def block_settings(cls) -> dict[str, BlockKey]:
+    """The ``train`` settings a grid block may set, in field order: name -> its ``BlockKey``."""
+    return {s.name: s.block for s in settings(cls) if s.block is not None}
+
+
+def configuration_keys(cls) -> tuple[str, ...]:
+    """The settings that tell configurations apart (what a run is, apart from its seed), in
+    field order: the grid's axes (``cell`` settings) and the settings a block may set."""
+    return tuple(s.name for s in settings(cls) if s.configuration)
 
 
 def flag_of(cls, name: str) -> str:

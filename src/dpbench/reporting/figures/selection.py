@@ -30,19 +30,19 @@ import pandas as pd
 
 from dpbench.privacy.accounting import meets_target
 from dpbench.problems.catalog import task_facts
-from dpbench.problems.modes import option_settings
+from dpbench.training.config import RunConfig
+from dpbench.training.settings import configuration_keys
 
-# What a run is, apart from its seed; ``epsilon`` is the ε it is shown under (``by_privacy``).
-# ``finetune`` and the modes' options (``lora_rank``: the runs table's start columns, the
-# fine-tuning mode, "scratch" for the from-scratch twin) make runs of different modes different
-# configurations, never seeds or rates of one, and ``checkpoint_sha256`` (the public start's
-# bytes) runs from two different public checkpoints; tables without them (runs aggregated
-# before they existed) group as before. ``train_subset``, ``test_subset``, ``validation_size``
-# and ``max_steps`` (which a grid block may set for its cells alone) likewise: runs on different
-# data are different configurations.
-CONFIG_KEYS = ("problem", "optimizer", "lr", "batch_size", "epochs", "epsilon", "hyperparameters", "finetune",
-               *option_settings(), "checkpoint_sha256", "train_subset", "test_subset", "validation_size",
-               "max_steps")
+# What a run is, apart from its seed: RunConfig's configuration keys, as its fields declare them
+# (dpbench.training.settings), and the public start's bytes. ``epsilon`` is the ε a run is shown
+# under (``by_privacy``). The grid's axes (problem, optimizer, lr, ..., ``finetune`` and the modes'
+# options such as ``lora_rank``: the runs table's start columns, "scratch" for the from-scratch
+# twin) and the settings a grid block may set for its cells alone (``train_subset``,
+# ``test_subset``, ``validation_size``, ``max_steps``) make runs that differ in them different
+# configurations, never seeds or rates of one; ``checkpoint_sha256`` likewise runs from two
+# different public checkpoints. Tables without a column (runs aggregated before it existed) group
+# as before.
+CONFIG_KEYS = (*configuration_keys(RunConfig), "checkpoint_sha256")
 
 
 def select_runs(runs: pd.DataFrame, filters: dict | None = None, optimizers: Iterable[str] | None = None,
