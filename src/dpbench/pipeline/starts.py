@@ -93,7 +93,7 @@ def starts_of(config: dict[str, Any], block: dict[str, Any], where: str,
                                   "no pretraining recipe); fine-tuning applies to problems that start from a public "
                                   "checkpoint (P5, P6, P7): give them a block of their own")
         return [(None, None)]
-    names = block.get("finetune") or ["full"]
+    names = block.get("finetune") or [modes.Full.name]  # the default: every parameter
     for setting, values in given.items():
         owners = [n for n in names if n in modes.MODES and setting in modes.MODES[n].options.values()]
         if values is not None and not owners:

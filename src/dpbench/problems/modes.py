@@ -69,6 +69,7 @@ class Mode:
 
     name: ClassVar[str]
     title: ClassVar[str]  # its name in figures and tables
+    colour: ClassVar[str] = "#999999"  # its bars' colour in figures (the built-in modes: a colour-blind-safe palette)
     options: ClassVar[dict[str, str]] = {}
 
     def trains(self, arch: Architecture, name: str) -> bool:
@@ -122,6 +123,7 @@ class Mode:
 @dataclass(frozen=True)
 class Full(Mode):
     name: ClassVar[str] = "full"
+    colour: ClassVar[str] = "#4477aa"
     title: ClassVar[str] = "full"
 
     def trains(self, arch, name):
@@ -132,6 +134,7 @@ class Full(Mode):
 @dataclass(frozen=True)
 class LastBlock(Mode):
     name: ClassVar[str] = "last-block"
+    colour: ClassVar[str] = "#228833"
     title: ClassVar[str] = "last block"
 
     def trains(self, arch, name):
@@ -144,6 +147,7 @@ class LoRA(Mode):
     """``rank``: r of the adapters (``DEFAULT_LORA_RANK`` unless given)."""
 
     name: ClassVar[str] = "lora"
+    colour: ClassVar[str] = "#ee6677"
     title: ClassVar[str] = "LoRA"
     options: ClassVar[dict[str, str]] = {"rank": "lora_rank"}
     rank: int = DEFAULT_LORA_RANK
@@ -198,6 +202,7 @@ class LoRA(Mode):
 @dataclass(frozen=True)
 class Bias(Mode):
     name: ClassVar[str] = "bias"
+    colour: ClassVar[str] = "#ccbb44"
     title: ClassVar[str] = "bias (BiTFiT)"
 
     def trains(self, arch, name):
@@ -208,6 +213,7 @@ class Bias(Mode):
 @dataclass(frozen=True)
 class Head(Mode):
     name: ClassVar[str] = "head"
+    colour: ClassVar[str] = "#aa3377"
     title: ClassVar[str] = "head (linear probe)"
 
     def trains(self, arch, name):

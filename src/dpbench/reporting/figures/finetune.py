@@ -48,8 +48,7 @@ from dpbench.reporting.figures.spent import caption, selection_privacy
 from dpbench.reporting.figures.style import empty_figure, fmt_tick, label, legend_labels, ordered
 
 # a mode's colour by its name (dpbench.problems.modes.MODES; from scratch hatched grey)
-MODE_COLOURS = {"scratch": "#dddddd", "full": "#4477aa", "last-block": "#228833", "lora": "#ee6677",
-                "bias": "#ccbb44", "head": "#aa3377"}
+SCRATCH_COLOUR = "#dddddd"  # the twin from random initialisation (a mode's own colour: Mode.colour)
 SCRATCH_HATCH = "///"
 COLUMNS = ["problem", "optimizer", "private", "epsilon", "mode", "finetune", "lora_rank", "value", "ci_low",
            "ci_high", "n_seeds", "diverged", "metric", "higher_is_better", "rank", "tied", "gap_non_private",
@@ -89,6 +88,12 @@ def mode_name(mode: str) -> str:
     """The name of the mode (``full``, ``lora``) or ``scratch`` of a label of ``mode_of``."""
     start = start_of_label(mode)
     return SCRATCH if start.mode is None else start.mode.name
+
+
+def _colour(mode: str) -> str:
+    """A bar's colour: its mode's own (``Mode.colour``), the scratch twin's grey."""
+    start = start_of_label(mode)
+    return SCRATCH_COLOUR if start.mode is None else start.mode.colour
 
 
 def mode_label(mode: str) -> str:
@@ -237,7 +242,7 @@ def draw_finetune(data: pd.DataFrame, value: str = "value", low: str = "ci_low",
                   labels: dict[str, str] | None = None, note: str = "", interval: str = INTERVAL,
                   title: str = "") -> Figure:
     """Panels per ε (ascending, non-private last), a group of bars per optimizer, one bar per
-    mode (colours ``MODE_COLOURS``; from scratch hatched), each bar's ``value`` with error bars
+    mode (colours: each mode's ``colour``; from scratch hatched), each bar's ``value`` with error bars
     from ``low`` to ``high`` where it has two or more seeds; bars carry the gid
     ``finetune|<optimizer>|<ε>|<mode>``. The caption says the split that chose, the seeds, the
     interval and k (the candidate runs per bar)."""
@@ -260,7 +265,7 @@ def draw_finetune(data: pd.DataFrame, value: str = "value", low: str = "ci_low",
                 row = row.iloc[0]
                 x = j + (i - (len(modes) - 1) / 2) * width
                 scratch = mode == "scratch"
-                bar = ax.bar(x, row[value], width, color=MODE_COLOURS.get(mode_name(mode), "#999999"),
+                bar = ax.bar(x, row[value], width, color=_colour(mode),
                              hatch=SCRATCH_HATCH if scratch else None, edgecolor="0.25" if scratch else "none",
                              label=mode_label(mode))
                 bar.patches[0].set_gid(f"finetune|{opt}|{fmt_tick(eps)}|{mode}")
