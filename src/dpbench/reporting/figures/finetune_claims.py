@@ -29,10 +29,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from dpbench.problems.modes import SCRATCH, Full, Head, LastBlock, LoRA
 from dpbench.reporting.figures.finetune import chosen_runs, mode_name, mode_label, number, ordered_modes
 from dpbench.reporting.figures.intervals import contrast_interval
 from dpbench.reporting.figures.selection import select_runs
 from dpbench.reporting.figures.style import fmt_tick, label, legend_labels
+
+# the modes the papers' claims are about, by their objects' names
+FULL, LAST_BLOCK, LORA, HEAD_MODE = Full.name, LastBlock.name, LoRA.name, Head.name
 
 
 @dataclass(frozen=True)
@@ -182,7 +186,7 @@ def _pretraining(chosen, claim, problem, labels, fmt) -> list[dict]:
     rows = []
     if chosen.empty:
         return rows
-    ref_full, ref_scratch = _reference(chosen, "full"), _reference(chosen, "scratch")
+    ref_full, ref_scratch = _reference(chosen, FULL), _reference(chosen, SCRATCH)
     if ref_full is None or ref_scratch is None:
         return rows
     better = 1 if problem != "P5" else -1  # a classifier's accuracy higher, P5's perplexity lower
@@ -191,8 +195,8 @@ def _pretraining(chosen, claim, problem, labels, fmt) -> list[dict]:
     private = chosen[chosen["private"].astype(bool)]
     for eps in sorted(private["epsilon"].unique()):
         for opt in dict.fromkeys(private.loc[private["epsilon"] == eps, "optimizer"]):
-            full, scratch = _config(chosen, opt, eps, "full"), _config(chosen, opt, eps, "scratch")
-            np_full, np_scratch = _config(chosen, ref_full, inf, "full"), _config(chosen, ref_scratch, inf, "scratch")
+            full, scratch = _config(chosen, opt, eps, FULL), _config(chosen, opt, eps, SCRATCH)
+            np_full, np_scratch = _config(chosen, ref_full, inf, FULL), _config(chosen, ref_scratch, inf, SCRATCH)
             if full and scratch and np_full and np_scratch:
                 rows.append(_row(c, problem, eps, "full vs from scratch",
                                  f"{label(opt, labels)} − {label(ref_full, labels)} (full)",
@@ -208,8 +212,8 @@ def _exposure(chosen, claims, k, labels) -> dict[str, list[dict]]:
     if chosen.empty:
         return out
     col, inf, fmt = f"exposure_k{k}", math.inf, ".2f"
-    loras = [m for m in ordered_modes(chosen["mode"]) if mode_name(m) == "lora"]
-    full = _config(chosen, "adamw", inf, "full", col)
+    loras = [m for m in ordered_modes(chosen["mode"]) if mode_name(m) == LORA]
+    full = _config(chosen, "adamw", inf, FULL, col)
     adamw, dpsgd = label("adamw", labels), label("dpsgd", labels)
     c6a, c6b, c6c = claims
     for lora in loras:
@@ -218,9 +222,9 @@ def _exposure(chosen, claims, k, labels) -> dict[str, list[dict]]:
             out["6a"].append(_row(c6a, "P5", inf, f"{mode_label(lora)} vs full", f"{adamw}, {mode_label(lora)}",
                                   f"{adamw}, full", [(1, lo)], [(1, full)], fmt))
     for eps in sorted(chosen.loc[chosen["private"].astype(bool), "epsilon"].unique()):
-        dp = _config(chosen, "dpsgd", eps, "full", col)
+        dp = _config(chosen, "dpsgd", eps, FULL, col)
         if dp and full:
-            out["6b"].append(_row(c6b, "P5", eps, "full", f"{dpsgd}, full", f"{adamw}, full", [(1, dp)],
+            out["6b"].append(_row(c6b, "P5", eps, FULL, f"{dpsgd}, {FULL}", f"{adamw}, {FULL}", [(1, dp)],
                                   [(1, full)], fmt))
         for lora in loras:
             lo = _config(chosen, "adamw", inf, lora, col)
@@ -238,7 +242,7 @@ def _probe(chosen, claim, problem, labels, fmt) -> list[dict]:
     private = chosen[chosen["private"].astype(bool)]
     for eps in sorted(private["epsilon"].unique()):
         for opt in dict.fromkeys(private.loc[private["epsilon"] == eps, "optimizer"]):
-            head, full = _config(chosen, opt, eps, "head"), _config(chosen, opt, eps, "full")
+            head, full = _config(chosen, opt, eps, HEAD_MODE), _config(chosen, opt, eps, FULL)
             if head and full:
                 rows.append(_row(claim, problem, eps, "head vs full", f"{label(opt, labels)}, head",
                                  f"{label(opt, labels)}, full", [(1, head)], [(1, full)], fmt))
@@ -254,14 +258,14 @@ def claims_data(runs: pd.DataFrame, select_by: str = "val", k: int = 25,
     p6 = chosen_runs(runs, problem, select_by=select_by)
     p5 = chosen_runs(runs, "P5", select_by=select_by)
     by = {c.number: c for c in CLAIMS}
-    trained = ("full", "last-block", "lora", "head")  # last-block: the DP-AdamW paper's own mode
+    trained = (FULL, LAST_BLOCK, LORA, HEAD_MODE)  # last-block: the DP-AdamW paper's own mode
     out = {
         "1": _pairs(p6, by["1"], [("dpadamw", "dpadam")], trained, labels, ".3f", problem),
         "2a": _pairs(p6, by["2a"], [("dpadamw-bc", "dpadamw")], trained, labels, ".3f", problem),
         "2b": _pairs(p6, by["2b"], [("dpadambc", "dpadam")], trained, labels, ".3f", problem),
-        "3": _pairs(p6, by["3"], [("dpdisk", "dpadamw")], ("full", "last-block"), labels, ".3f", problem),
-        "4a": _pairs(p6, by["4a"], [("dpdisk", "dpadamw")], ("lora",), labels, ".3f", problem),
-        "4b": _pairs(p6, by["4b"], [("dpdisk", "dpsgd")], ("lora",), labels, ".3f", problem),
+        "3": _pairs(p6, by["3"], [("dpdisk", "dpadamw")], (FULL, LAST_BLOCK), labels, ".3f", problem),
+        "4a": _pairs(p6, by["4a"], [("dpdisk", "dpadamw")], (LORA,), labels, ".3f", problem),
+        "4b": _pairs(p6, by["4b"], [("dpdisk", "dpsgd")], (LORA,), labels, ".3f", problem),
         "5": (_pretraining(p6, by["5"], problem, labels, ".3f") + _pretraining(p5, by["5"], "P5", labels, ".2f")),
         "7": _probe(p6, by["7"], problem, labels, ".3f"),
     }
