@@ -63,7 +63,8 @@ from dpbench.mechanisms.noise import CorrelatedNoise
 from dpbench.mechanisms.noise import GaussianNoise
 from dpbench.optimizers import get_optimizer
 from dpbench.optimizers.base import Context
-from dpbench.privacy.per_sample_layers import Conv2dGrads, FactorGrads
+from dpbench.privacy.per_sample_conv import Conv2dGrads
+from dpbench.privacy.per_sample_layers import FactorGrads
 from dpbench.problems import get_problem
 from dpbench.mechanisms.sampling import PoissonSampler
 

@@ -38,9 +38,11 @@ import operator
 import torch
 from torch import nn
 
-# LayerGrads, UnsupportedLayerError and unfold are imported from here too
+# LayerGrads, UnsupportedLayerError and unfold are imported from here too; importing the
+# convolutions' rules registers them
+from dpbench.privacy.per_sample_conv import unfold  # noqa: F401
 from dpbench.privacy.per_sample_layers import (  # noqa: F401
-    LAYER_GRADS, WRITES_INTO_OUT, LayerGrads, UnsupportedLayerError, unfold)
+    LAYER_GRADS, WRITES_INTO_OUT, LayerGrads, UnsupportedLayerError)
 
 
 def layer_grads(module: nn.Module, x: torch.Tensor, gy: torch.Tensor) -> LayerGrads:
