@@ -1,6 +1,7 @@
 """The manual's worked examples (docs/adding-an-optimizer.md, docs/adding-a-setup.md) run as written."""
 
 import re
+import textwrap
 
 import torch
 
@@ -15,7 +16,14 @@ def test_adding_an_optimizer_example_works():
     block = re.search(r"```python\n(# src/dpbench/optimizers/dpmomentum.py\n.*?)```", page, re.S).group(1)
     namespace: dict = {}
     exec(compile(block, "docs/adding-an-optimizer.md:dpmomentum", "exec"), namespace)
-    spec = namespace["DPMOMENTUM"]
+    # the page's declaration, as the registry holds it; its import string resolved to the module
+    # above (the page's module is not installed)
+    from dpbench.optimizers.spec import OptimizerSpec
+
+    declared = re.search(r"```python\n(    OptimizerSpec\(\n.*?)```", page, re.S).group(1)
+    assert 'Imported("dpbench.optimizers.dpmomentum:dpmomentum")' in declared
+    spec = eval(textwrap.dedent(declared).strip().rstrip(","),
+                {"OptimizerSpec": OptimizerSpec, "Imported": lambda path: namespace[path.split(":")[1]]})
     assert spec.hyperparameters({"mu": 0.5}) == {"mu": 0.5}
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
