@@ -11,7 +11,7 @@ An optimizer:
   ``OptimizerSpec`` (what an entry point of ``dpbench.optimizers`` names), ``Context`` (what its
   ``build`` is given), ``DPStep`` (the private step and its stages), ``NonPrivateStep``, ``SGD``
   and ``UpdateRule`` (the update rule: what it is handed, what it may keep, what it returns),
-  ``StepOutput``; for a stage of its own, ``PerSampleGradients``, ``LayerGrads``,
+  ``StepOutput``; for a stage of its own, ``PerSampleGradients``, ``GroupedGradients``, ``LayerGrads``,
   ``register_per_sample`` and ``UnsupportedLayerError`` (per-sample gradients), ``Clipping``.
 Its mechanism:
   ``Mechanism`` (the protocol a mechanism of its own implements), ``Target`` (what its
@@ -46,6 +46,7 @@ _SOURCES: dict[str, tuple[str, str]] = {
     "StepOutput": ("dpbench.optimizers.base", "StepOutput"),
     "UpdateRule": ("dpbench.optimizers.base", "UpdateRule"),
     "PerSampleGradients": ("dpbench.privacy.per_sample", "PerSampleGradients"),
+    "GroupedGradients": ("dpbench.privacy.per_sample", "GroupedGradients"),
     "LayerGrads": ("dpbench.privacy.per_sample_layers", "LayerGrads"),
     "register_per_sample": ("dpbench.privacy.per_sample_layers", "register_per_sample"),
     "UnsupportedLayerError": ("dpbench.privacy.per_sample_layers", "UnsupportedLayerError"),
@@ -92,7 +93,7 @@ if TYPE_CHECKING:  # for type checkers, and for dpbench.pipeline.fingerprint, wh
     from dpbench.optimizers.spec import OptimizerSpec  # noqa: F401
     from dpbench.privacy.accounting import get_accountant  # noqa: F401
     from dpbench.privacy.clipping import Clipping  # noqa: F401
-    from dpbench.privacy.per_sample import PerSampleGradients  # noqa: F401
+    from dpbench.privacy.per_sample import GroupedGradients, PerSampleGradients  # noqa: F401
     from dpbench.privacy.per_sample_layers import LayerGrads, UnsupportedLayerError, register_per_sample  # noqa: F401
     from dpbench.problems import get_problem  # noqa: F401
     from dpbench.problems.catalog import ProblemFacts  # noqa: F401

@@ -15,7 +15,7 @@ from conftest import REPO
 
 EXPORTS = [
     "OptimizerSpec", "Context", "DPStep", "NonPrivateStep", "SGD", "StepOutput", "UpdateRule",
-    "PerSampleGradients", "LayerGrads", "register_per_sample", "UnsupportedLayerError", "Clipping",
+    "PerSampleGradients", "GroupedGradients", "LayerGrads", "register_per_sample", "UnsupportedLayerError", "Clipping",
     "Mechanism", "Target", "PrivacyClaim", "Spent", "get_accountant",
     "Plan", "PlanRequest", "Sampler", "NoiseSource", "AuditSpec", "PoissonSubsampledGaussian",
     "GaussianNoise", "Problem", "ProblemFacts", "Classification", "TabularClassification", "VAE", "Dataset", "DataError", "check_problem",

@@ -291,3 +291,113 @@ def test_p7_refusals_name_the_flag(args, line, tiny_bert_dir, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert line.format(**files) in err[-1], err
     assert not (tmp_path / "run.parquet").exists()
+
+
+# -- groups: a batch run in passes of similar length ----------------------------------------------
+
+def grouped_task(start, budget):
+    task = start.bind(get_problem("P7"), modes.Full()).task
+    task.GROUP_TOKENS = budget  # an instance attribute: the class's 512 is untouched
+    return task
+
+
+def test_groups_sort_by_length_and_cut_at_the_token_budget(start):
+    x = tokens(start)  # lengths 3, 5, 7, 9, 4, 6
+    assert (x != start.loaded.pad_id).sum(1).tolist() == [3, 5, 7, 9, 4, 6]
+    # sorted 3 4 | 5 6 | 7 | 9: a third row would take each pair past 12 tokens (3 x 5, 3 x 7)
+    assert [g.tolist() for g in grouped_task(start, 12).groups(x)] == [[0, 4], [1, 5], [2], [3]]
+    assert [g.tolist() for g in grouped_task(start, 60).groups(x)] == [[0, 4, 1, 5, 2, 3]]
+    assert [g.tolist() for g in grouped_task(start, 1).groups(x)] == [[0], [4], [1], [5], [2], [3]]
+    # mode head computes each record's features alone: nothing to group
+    assert start.bind(get_problem("P7"), modes.Head()).task.groups(x) is None
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS.builtins))
+def test_a_step_in_groups_is_the_one_pass_step(start, name, tmp_path_factory):
+    """Every optimizer: two steps with the batch in four groups give the one-pass steps' parameters
+    (float64, noise on, clipping active and unequal per row, so a row's norm or coefficient in the
+    wrong place, or a group left out, shows), and the same per-row losses."""
+    from dpbench.mechanisms.base import PlanRequest
+    from dpbench.optimizers.base import Context
+    from dpbench.privacy.clipping import NoClipping
+
+    spec = OPTIMIZERS[name]
+    if name == "opacus-dpsgd":
+        pytest.skip("Opacus's step runs its own pass over the batch")
+    plan = spec.mechanism.plan(PlanRequest(N_TRAIN, L, 1 if "-se" in name else 2, target_epsilon=4.0,
+                                           cache_dir=tmp_path_factory.getbasetemp() / "p7-cache"))
+    x, y = tokens(start), torch.arange(6) % 40
+    task = grouped_task(start, 12)
+    out = {}
+    for groups in (None, task.groups):
+        model = built(start, modes.Full()).double()
+        ctx = Context(model=model, loss_fn=p7_loss, lr=0.05 if "adam" in name else 0.5, expected_batch_size=L,
+                      noise_multiplier=0.7 if spec.private else 0.0,
+                      clipping=Clipping(0.02, normalize=False) if spec.private else NoClipping(),
+                      noise=spec.mechanism.noise(plan, 5, "cpu"), steps=plan.steps,
+                      hyperparameters=spec.hyperparameters(None), groups=groups)
+        step = spec.build(ctx)
+        losses = [step(x, y).losses for _ in range(2)]
+        out[groups is None] = (losses, [p.detach().clone() for p in model.parameters()])
+    first = built(start, modes.Full()).double()
+    moved = max((p - p0).abs().max().item() for p, p0 in zip(out[True][1], first.parameters()))
+    assert moved > 1e-3
+    for a, b in zip(out[True][0], out[False][0]):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+    for (n, _), a, b in zip(first.named_parameters(), out[True][1], out[False][1]):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-12 * max(1.0, moved), msg=n)
+
+
+def test_grouped_gradients_hold_one_example_to_the_clipping_norm(start):
+    """The privacy attack on the grouped path: removing any one record from the batch (which
+    regroups the others) moves the clipped sum by at most C, and by more than half of it here
+    (every row is clipped)."""
+    from dpbench.optimizers.base import Context, DPStep, SGD
+    from dpbench.mechanisms.noise import GaussianNoise
+
+    x, y = tokens(start), torch.arange(6) % 40
+    task, C = grouped_task(start, 12), 0.02
+    model = built(start, modes.Full()).double()
+    ctx = Context(model=model, loss_fn=p7_loss, lr=0.0, expected_batch_size=L, noise_multiplier=0.0,
+                  clipping=Clipping(C, normalize=False), noise=GaussianNoise(0, "cpu"), steps=1, groups=task.groups)
+    step = DPStep(ctx, SGD(0.0))
+
+    def clipped_sum(rows):
+        psg, _ = step.per_sample_gradients(x[rows], y[rows])
+        return torch.cat([g.reshape(-1).clone() for g in step.clip_and_sum(psg)])
+
+    everyone = clipped_sum(list(range(6)))
+    moved = [float((everyone - clipped_sum([j for j in range(6) if j != i])).norm()) for i in range(6)]
+    assert max(moved) <= C * (1 + 1e-9) and min(moved) > C / 2, moved
+
+
+def test_a_grouped_batch_refuses_per_layer_access(start):
+    from dpbench.privacy.per_sample import GroupedGradients
+
+    model = built(start, modes.Bias()).double()
+    x, y = tokens(start), torch.arange(6) % 40
+    parts, index = [], grouped_task(start, 12).groups(x)
+    for rows in index:
+        tape = Tape(model)
+        with tape:
+            losses, _ = p7_loss(model, x[rows], y[rows])
+        parts.append(tape.per_sample_gradients(losses))
+    psg = GroupedGradients(parts, index, 6)
+    with pytest.raises(TypeError, match="taken in groups"):
+        psg.layers  # noqa: B018
+    with pytest.raises(ValueError, match="disjoint and cover"):
+        GroupedGradients(parts, index[:-1], 6)
+
+
+@pytest.mark.parametrize("mode", [modes.Full(), modes.Head()], ids=["full", "head"])
+def test_evaluation_in_groups_is_the_one_pass_evaluation(start, mode):
+    from dpbench.training.train import evaluate
+
+    problem = start.bind(get_problem("P7"), mode)
+    problem.task.GROUP_TOKENS = 12
+    model = built(start, mode).double()
+    x, y = tokens(start, n=9), torch.arange(9) % 40
+    one = evaluate(problem, model, x, y, batch_size=4, seed=0)
+    grouped = evaluate(problem, model, x, y, batch_size=4, seed=0, grouped=True)
+    assert one[0] > 0 and 0 <= one[1] <= 1
+    assert grouped[0] == pytest.approx(one[0], rel=1e-12) and grouped[1] == one[1]

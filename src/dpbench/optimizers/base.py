@@ -24,7 +24,7 @@ from torch import nn
 
 from dpbench.privacy.clipping import Clipping, NoClipping
 from dpbench.mechanisms.base import NoiseSource
-from dpbench.privacy.per_sample import PerSampleGradients, Tape
+from dpbench.privacy.per_sample import GroupedGradients, PerSampleGradients, Tape, in_rows
 
 # (model, x, y) -> (per-sample losses (B,), per-sample correctness (B,) or None)
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
@@ -48,6 +48,10 @@ class Context:
     # a stage that computes something over the whole parameter vector (a norm, a projection)
     # computes it per lane. Element-wise stages need not care.
     lanes: int = 1
+    # The task's grouping of a batch's rows into passes that cost less than one pass over all of
+    # them (``Task.groups``: a token batch by length), or None: one pass. Every row's loss and
+    # gradient are its own in any pass, so the groups change the cost, not the step.
+    groups: Callable[[torch.Tensor], list[torch.Tensor] | None] | None = None
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -189,9 +193,20 @@ class DPStep:
         noise. A replacement must keep example i's gradient a function of example i alone."""
         if x.shape[0] == 0:  # an empty Poisson batch still releases noise
             return None, StepOutput(x.new_zeros(0), None)
-        with self.tape:
-            losses, correct = self.ctx.loss_fn(self.model, x, y)
-        return self.tape.per_sample_gradients(losses), StepOutput(losses.detach(), correct)
+        groups = self.ctx.groups(x) if self.ctx.groups is not None else None
+        if groups is None or len(groups) == 1:
+            with self.tape:
+                losses, correct = self.ctx.loss_fn(self.model, x, y)
+            return self.tape.per_sample_gradients(losses), StepOutput(losses.detach(), correct)
+        parts, losses, correct = [], [], []
+        for idx in groups:  # one pass per group; every row's gradient is its own in any pass
+            with self.tape:
+                losses_k, correct_k = self.ctx.loss_fn(self.model, x[idx], None if y is None else y[idx])
+            parts.append(self.tape.per_sample_gradients(losses_k))
+            losses.append(losses_k.detach())
+            correct.append(correct_k)
+        return (GroupedGradients(parts, groups, x.shape[0]),
+                StepOutput(in_rows(losses, groups), None if correct[0] is None else in_rows(correct, groups)))
 
     def clip_and_sum(self, psg: PerSampleGradients | None) -> list[torch.Tensor]:
         """The release before noise: sum_i c_i g_i, shaped like the parameters, c_i the
@@ -271,8 +286,22 @@ class NonPrivateStep(DPStep):
     def __call__(self, x, y) -> StepOutput:
         if x.shape[0] == 0:
             return StepOutput(x.new_zeros(0), None)
-        losses, correct = self.ctx.loss_fn(self.model, x, y)
-        grads = torch.autograd.grad(losses.sum(), self.params)
+        groups = self.ctx.groups(x) if self.ctx.groups is not None else None
+        if groups is None or len(groups) == 1:
+            losses, correct = self.ctx.loss_fn(self.model, x, y)
+            grads = torch.autograd.grad(losses.sum(), self.params)
+        else:  # one pass per group, as DPStep's (Context.groups), the gradients added
+            grads, losses, correct = None, [], []
+            for idx in groups:
+                losses_k, correct_k = self.ctx.loss_fn(self.model, x[idx], None if y is None else y[idx])
+                more = torch.autograd.grad(losses_k.sum(), self.params)
+                if grads is None:
+                    grads = list(more)
+                else:
+                    torch._foreach_add_(grads, more)
+                losses.append(losses_k.detach())
+                correct.append(correct_k)
+            losses, correct = in_rows(losses, groups), None if correct[0] is None else in_rows(correct, groups)
         stats = self.rule.update(self.params, [g.div_(self.ctx.expected_batch_size) for g in grads])
         return StepOutput(losses.detach(), correct, dict(stats or {}))
 

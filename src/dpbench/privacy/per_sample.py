@@ -247,6 +247,53 @@ class PerSampleGradients:
         return out
 
 
+class GroupedGradients:
+    """The per-sample gradients of one batch taken in several passes, one per group of its rows
+    (``parts[k]`` the ``PerSampleGradients`` of rows ``index[k]``; the groups are disjoint and
+    cover the batch): the same interface as ``PerSampleGradients``, every per-sample value in
+    the batch's row order. Each row's gradient is its own whichever pass computed it, so this is
+    the one-pass batch's, up to floating-point order (``Task.groups``: a token batch run in groups
+    of similar length sheds its padding). ``weighted_sum`` adds the groups' sums in group order."""
+
+    def __init__(self, parts: list[PerSampleGradients], index: list[torch.Tensor], batch_size: int):
+        if sorted(torch.cat(index).tolist()) != list(range(batch_size)):
+            raise ValueError("the groups of a batch must be disjoint and cover its rows")
+        self.parts, self.index, self.batch_size = parts, index, batch_size
+
+    @property
+    def layers(self):
+        raise TypeError("a batch taken in groups (Task.groups: P7 on the CPU) has one list of layers per group "
+                        "(GroupedGradients.parts, rows GroupedGradients.index), not one: use norms(), sq_norms(), "
+                        "inner() and weighted_sum(), which are the batch's")
+
+    def sq_norms(self) -> torch.Tensor:
+        return in_rows([part.sq_norms() for part in self.parts], self.index)
+
+    def norms(self) -> torch.Tensor:
+        return self.sq_norms().sqrt_()
+
+    def inner(self, other: "GroupedGradients") -> torch.Tensor:
+        if len(other.parts) != len(self.parts) or any(not torch.equal(a, b) for a, b in zip(self.index, other.index)):
+            raise ValueError("inner products of two passes need the same groups")
+        return in_rows([a.inner(b) for a, b in zip(self.parts, other.parts)], self.index)
+
+    def weighted_sum(self, coef: torch.Tensor, out: dict | None = None) -> dict[nn.Parameter, torch.Tensor]:
+        summed = self.parts[0].weighted_sum(coef[self.index[0]], out)
+        for part, idx in zip(self.parts[1:], self.index[1:]):
+            more = part.weighted_sum(coef[idx])
+            torch._foreach_add_(list(summed.values()), [more[p] for p in summed])
+        return summed
+
+
+def in_rows(values: list[torch.Tensor], groups: list[torch.Tensor]) -> torch.Tensor:
+    """Per-row values computed group by group (``values[k]`` those of rows ``groups[k]``), in the
+    batch's row order."""
+    out = values[0].new_empty((sum(len(g) for g in groups),) + tuple(values[0].shape[1:]))
+    for idx, v in zip(groups, values):
+        out[idx] = v
+    return out
+
+
 def _pair_terms(values: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
     """Each layer's terms, the first two of every two-term layer (weight and bias) added in
     one call over those layers (elementwise: the same floats as adding them one by one)."""

@@ -46,6 +46,14 @@ class Task:
                         generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise NotImplementedError
 
+    def groups(self, x: torch.Tensor) -> list[torch.Tensor] | None:
+        """Disjoint index sets covering the rows of ``x`` that a step or an evaluation on the CPU
+        runs as separate passes, because they cost less than one pass over all the rows (a token
+        batch in groups of similar length sheds its padding); None: one pass. A row's loss and
+        gradient are its own in any pass (the per-sample contract), so groups change the cost of
+        a step, not the step: the same numbers up to floating-point order."""
+        return None
+
     # Why a captured step (dpbench.training.capture: one CUDA graph replaying fixed shapes)
     # cannot run this task's loss, or None where ``fixed_shape_loss`` runs on the batch's full
     # shape with no host sync and no random draw. Read from the task's own class only: a task

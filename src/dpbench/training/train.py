@@ -51,16 +51,20 @@ class RunResult:
 
 
 @torch.no_grad()
-def evaluate(problem, model, x, y, batch_size: int, seed: int) -> tuple[float, float]:
+def evaluate(problem, model, x, y, batch_size: int, seed: int, grouped: bool = False) -> tuple[float, float]:
     """Mean per-sample test loss and accuracy (NaN for the VAE). The VAE's sampling noise
-    comes from a generator reseeded identically at every evaluation."""
+    comes from a generator reseeded identically at every evaluation. ``grouped``: each batch
+    runs in the task's groups (``Task.groups``), the sums the same up to floating-point order."""
     gen = torch.Generator(device=x.device)
     gen.manual_seed(seed)
     was_training = model.training
     model.eval()
     total_loss, total_correct = 0.0, 0.0
-    for i in range(0, x.shape[0], batch_size):
-        losses, correct = problem.per_sample_loss(model, x[i:i + batch_size], y[i:i + batch_size], gen)
+    passes = ((x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, x.shape[0], batch_size))
+    if grouped:
+        passes = ((xb[g], yb[g]) for xb, yb in passes for g in problem.task.groups(xb) or [slice(None)])
+    for xb, yb in passes:
+        losses, correct = problem.per_sample_loss(model, xb, yb, gen)
         total_loss += losses.double().sum().item()
         if correct is not None:
             total_correct += correct.double().sum().item()
@@ -133,14 +137,15 @@ def train_loop(parts: Assembly, splits: Splits, trace: Trace, ends: list[int],
 
 
 def evaluate_splits(problem: Problem, model: nn.Module, splits: Splits, trace: Trace, epoch: int,
-                    is_diverged: bool, batch_size: int, seed: int) -> dict:
+                    is_diverged: bool, batch_size: int, seed: int, grouped: bool = False) -> dict:
     """Validation (if any) and test metrics at an epoch end, appended to the trace; returns
-    the test row. A diverged model is not evaluated: its loss is infinite."""
+    the test row. A diverged model is not evaluated: its loss is infinite. ``grouped``: as
+    ``evaluate``'s."""
     t_eval = time.perf_counter()
     for split, x, y in (("val", splits.x_val, splits.y_val), ("test", splits.x_test, splits.y_test)):
         if x is None:
             continue
-        loss, acc = (math.inf, math.nan) if is_diverged else evaluate(problem, model, x, y, batch_size, seed)
+        loss, acc = (math.inf, math.nan) if is_diverged else evaluate(problem, model, x, y, batch_size, seed, grouped)
         trace.eval_rows.append({"split": split, "step": trace.step, "epoch": epoch, "loss": loss,
                                 "accuracy": acc, "batch_size": x.shape[0]})
     trace.eval_s += time.perf_counter() - t_eval
@@ -269,10 +274,14 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     model = build_model(problem, seeds["init"], device, pretrained, mode)
     loss_gen = torch.Generator(device=device)
     loss_gen.manual_seed(seeds["loss"])
+    # Groups (Task.groups) where they were measured to pay: on the CPU (on a GPU, one padded pass
+    # is one kernel per layer, and more passes more launches; not measured here).
+    grouped = device.type == "cpu"
     parts = assemble(spec, plan, model, lambda m, x, y: problem.per_sample_loss(m, x, y, loss_gen), lr=cfg.lr,
                      noise_multiplier=claim.noise_multiplier, clip_norm=cfg.clip_norm,
                      normalize_clipping=cfg.normalize_clipping, hyperparameters=cfg.hyperparameters,
-                     noise_seed=seeds["noise"], sampler_seed=seeds["sampler"], n_train=n_train, device=device)
+                     noise_seed=seeds["noise"], sampler_seed=seeds["sampler"], n_train=n_train, device=device,
+                     groups=problem.task.groups if grouped else None)
     # a noise source whose state is secret (streamed correlated noise) makes checkpoints private files
     ckpt.private = bool(getattr(parts.context.noise, "private_state", False))
     steps = plan.steps if cfg.max_steps is None else min(plan.steps, cfg.max_steps)
@@ -290,7 +299,7 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     status = train_loop(
         parts, splits, trace, ends,
         evaluate_epoch=lambda epoch, is_diverged: evaluate_splits(problem, model, splits, trace, epoch, is_diverged,
-                                                                  cfg.eval_batch_size, seeds["eval"]),
+                                                                  cfg.eval_batch_size, seeds["eval"], grouped),
         save=lambda: ckpt.save(checkpoint_state(claim, parts, loss_gen, trace)),
         checkpoint_every_s=checkpoint_every_s, progress=Progress(label, steps, cfg.progress_every_s), step=stepper)
     train_s = trace.train_time()
