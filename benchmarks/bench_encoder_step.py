@@ -13,7 +13,9 @@ tests/problems/test_problems_encoder.py builds them, ``OPTIMIZERS[name].build(Co
 benchmarks/bench_gpu.py drives it (``DPTensorFastGradientClipping`` on the per-sample losses).
 Records: ``--batch-size`` (32) real P7 training records per batch (WordPiece rows cut at 128), the
 same batches for every configuration, each cut to its longest record once (``cut``) as
-``per_sample_loss`` cuts it.
+``per_sample_loss`` cuts it. dpbench's steps take each batch in P7's groups of similar length
+(``Task.groups``), as a run on the CPU does; ``sgd-one-pass`` and ``dpsgd-one-pass`` (in
+``--steps-of``) take it in one padded pass, as Opacus does.
 
 Timing: bench_finetune's ``round_robin`` (one untimed step each, then the configurations
 alternating step by step over the same batch); medians, ranges, and every ratio as the median
@@ -64,7 +66,13 @@ MODES = ("full", "last-block", "lora", "bias", "head")
 STEPS = ("sgd", "dpsgd", "opacus-dpsgd", "opacus-ghost")
 LABELS = {"sgd": "non-private SGD", "dpsgd": "dpbench DP-SGD", "opacus-dpsgd": "Opacus hooks",
           "opacus-ghost": "Opacus ghost clipping", "sgd-uncached": "non-private SGD, uncached",
-          "dpsgd-uncached": "dpbench DP-SGD, uncached"}
+          "dpsgd-uncached": "dpbench DP-SGD, uncached", "sgd-one-pass": "non-private SGD, one padded pass",
+          "dpsgd-one-pass": "dpbench DP-SGD, one padded pass"}
+VARIANTS = ("-uncached", "-one-pass")  # a step's variant: its name's suffix
+
+
+def variant(name: str) -> str:
+    return next((v for v in VARIANTS if name.endswith(v)), "")
 
 
 def problem_of(start: PublicEncoder):
@@ -102,9 +110,11 @@ def model_of(start: PublicEncoder, mode: str, cached: bool = True) -> torch.nn.M
     return plain.train()
 
 
-def build_step(start: PublicEncoder, mode: str, name: str, L: int, cached: bool = True):
+def build_step(start: PublicEncoder, mode: str, name: str, L: int, cached: bool = True, grouped: bool = True):
     """(step(x, y), model): step ``name`` (an optimizer of the registry, or ``opacus-ghost``) on
-    P7's model in ``mode``."""
+    P7's model in ``mode``; ``grouped``: dpbench's steps run the batch in P7's groups of similar
+    length, as a run on the CPU does (``Task.groups``; none in mode head's cached model, whose
+    features are computed record by record), else in one padded pass. Opacus takes one pass."""
     problem = problem_of(start)
     model = model_of(start, mode, cached)
     if name == "opacus-ghost":
@@ -116,7 +126,8 @@ def build_step(start: PublicEncoder, mode: str, name: str, L: int, cached: bool 
                   noise_multiplier=1.0 if spec.private else 0.0,
                   clipping=Clipping(1.0) if spec.private else NoClipping(),
                   noise=spec.mechanism.noise(plan, 1, "cpu"), steps=plan.steps,
-                  hyperparameters=spec.hyperparameters(None))
+                  hyperparameters=spec.hyperparameters(None),
+                  groups=problem.task.groups if grouped and not (cached and mode == "head") else None)
     return spec.build(ctx), model
 
 
@@ -184,17 +195,19 @@ def held(start: PublicEncoder, mode: str, x: torch.Tensor, y: torch.Tensor) -> d
     clipped sum and the noise drawn into its own buffer, ``GradBuffer``: 2 x d floats, kept
     between steps)."""
     model, problem = model_of(start, mode), problem_of(start)
-    tape = Tape(model)
-    with tape:
-        losses, _ = problem.per_sample_loss(model, x, y)
-    psg = tape.per_sample_gradients(losses)
+    layers = []
+    for rows in problem.task.groups(x):  # as a run on the CPU takes the batch (Task.groups)
+        tape = Tape(model)
+        with tape:
+            losses, _ = problem.per_sample_loss(model, x[rows], y[rows])
+        layers += tape.per_sample_gradients(losses).layers
 
     def mb(tensors) -> float:
         unique = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
         return sum(unique.values()) / 2**20
 
     d = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return {"x": mb(layer.x for layer in psg.layers), "gy": mb(layer.gy for layer in psg.layers),
+    return {"x": mb(layer.x for layer in layers), "gy": mb(layer.gy for layer in layers),
             "buffers": 2 * d * 4 / 2**20}
 
 
@@ -212,8 +225,8 @@ def memory_child(spec: str, batches_file: str) -> None:
     mode, name = spec.split(",")
     batches = torch.load(batches_file)
     start = PublicEncoder.load(ENCODER)
-    step, model = build_step(start, mode, name.removesuffix("-uncached"), len(batches[0][0]),
-                             cached=not name.endswith("-uncached"))
+    step, model = build_step(start, mode, name.removesuffix(variant(name)), len(batches[0][0]),
+                             cached=variant(name) != "-uncached", grouped=variant(name) != "-one-pass")
     if hasattr(model, "cache"):  # a warm cache, as in the timed steps: its features are counted before
         with torch.no_grad():
             for x, _ in batches:
@@ -251,12 +264,17 @@ def report(t: dict, params: dict, mem: dict, paths: list[dict], feature: tuple[f
              f"{'yes' if args.kept else 'no (--default-malloc)'}",
              f"- records: {L} real P7 training records per batch (WordPiece, cut at 128; each batch cut to its "
              f"longest record: {args.widths}); {args.steps} timed steps per configuration after one untimed, "
-             "configurations alternating step by step", "",
+             "configurations alternating step by step",
+             f"- dpbench's steps take a batch in P7's groups of similar length (`Task.groups`, at most "
+             f"{args.group_tokens} tokens a group), as a run on the CPU does, unless marked \"one padded pass\"; "
+             f"the first batch's groups (records x tokens): {args.first_groups}. Opacus takes one padded pass, and "
+             "its ratios are to dpbench's one-pass steps where those were timed", "",
              "| mode | step | trained / total parameters | ms / step, median | range | vs non-private step of the "
              "mode | vs dpbench DP-SGD |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for (mode, name), v in t.items():
-        base = t.get((mode, "sgd-uncached" if name.endswith("uncached") else "sgd"))
-        dp = t.get((mode, "dpsgd-uncached" if name.endswith("uncached") else "dpsgd"))
+        base, dp = t.get((mode, "sgd" + variant(name))), t.get((mode, "dpsgd" + variant(name)))
+        if name.startswith("opacus") and (mode, "sgd-one-pass") in t:  # Opacus takes one padded pass
+            base, dp = t[(mode, "sgd-one-pass")], t.get((mode, "dpsgd-one-pass"), dp)
         ratio = "" if base is None else _ft._ratio_range([a / b for a, b in zip(v, base)])
         vs_dp = "" if dp is None else _ft._ratio_range([a / b for a, b in zip(v, dp)])
         trained, total = params[(mode, name)]
@@ -276,7 +294,7 @@ def report(t: dict, params: dict, mem: dict, paths: list[dict], feature: tuple[f
               "step buffers (MB) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     added = {c: [(r["peak_kb"] - r["before_kb"]) / 1024 for r in runs] for c, runs in mem.items()}
     for (mode, name), runs in mem.items():
-        base = added.get((mode, "sgd-uncached" if name.endswith("uncached") else "sgd"))
+        base = added.get((mode, "sgd" + variant(name)))
         mine = added[(mode, name)]
         ratio = "" if base is None else _ft._ratio_range([a / statistics.median(base) for a in mine])
         excess = (f"{statistics.median(mine) - statistics.median(base):.0f}"
@@ -288,10 +306,10 @@ def report(t: dict, params: dict, mem: dict, paths: list[dict], feature: tuple[f
         lines.append(f"| {mode} | {LABELS[name]} | {before:.0f} | {statistics.median(mine):.0f} ({min(mine):.0f}-"
                      f"{max(mine):.0f}) | {ratio} | {excess} | {parts} |")
     lines += ["", "Held: a non-private backward frees each layer's input as it passes the layer and never "
-              "keeps an output gradient; the book-keeping DP step keeps both for every trained layer until the "
-              "last norm is known (the layer inputs are the forward's own tensors, kept longer), then writes the "
+              "keeps an output gradient; the book-keeping DP step keeps both for every trained layer (in every "
+              "group) until the last norm is known (the layer inputs are the forward's own tensors, kept longer), then writes the "
               "clipped sum and the noise into two d-sized buffers that live across steps."]
-    lines += ["", f"Per-sample engine, mode full, one batch of {L} (its width {args.widths.split(',')[0]}): the "
+    lines += ["", f"Per-sample engine, mode full, one batch of {L} in one padded pass (its width {args.widths.split(',')[0]}): the "
               "path each trained layer took (the norms and the clipped sum of a DP-SGD step) and the per-sample "
               "tensors it formed:", "",
               "| layer | weight | layers | positions | path | per-sample tensors per layer (MB) |",
@@ -336,11 +354,15 @@ def main() -> None:
     pad = start.loaded.pad_id
     batches = [cut(x[i * L:(i + 1) * L], pad, y[i * L:(i + 1) * L]) for i in range(args.steps + 1)]
     args.widths = ", ".join(str(b.shape[1]) for b, _ in batches)
+    task = problem_of(start).task
+    args.group_tokens = task.GROUP_TOKENS
+    first = batches[0][0]
+    args.first_groups = ", ".join(f"{len(g)} x {int((first[g] != pad).sum(1).max())}" for g in task.groups(first))
     configs = [(m, n) for m in chosen for n in names]
     if "head" in chosen:
         configs += [("head", n + "-uncached") for n in ("sgd", "dpsgd") if n in names]
-    built = {c: build_step(start, c[0], c[1].removesuffix("-uncached"), L, cached=not c[1].endswith("-uncached"))
-             for c in configs}
+    built = {c: build_step(start, c[0], c[1].removesuffix(variant(c[1])), L, cached=variant(c[1]) != "-uncached",
+                           grouped=variant(c[1]) != "-one-pass") for c in configs}
     feature = (float("nan"), 0)
     if "head" in chosen:
         feature = feature_cost(start, x, y)
