@@ -189,26 +189,28 @@ def engine_paths(start: PublicEncoder, mode: str, x: torch.Tensor, y: torch.Tens
 
 def held(start: PublicEncoder, mode: str, x: torch.Tensor, y: torch.Tensor) -> dict:
     """What the book-keeping DP step holds beyond a non-private backward, in MB, on the batch (x, y):
-    every trained layer's input ``x`` and output gradient ``gy`` kept from the backward pass until
-    all the per-sample norms are known (one pass: the clip factors need every layer's norm before
-    any layer's clipped sum), each storage counted once; and the step's two gradient buffers (the
-    clipped sum and the noise drawn into its own buffer, ``GradBuffer``: 2 x d floats, kept
-    between steps)."""
+    the trained layers' inputs ``x`` and output gradients ``gy`` of one group (``Task.groups``, the
+    largest such), kept from its backward pass until its per-sample norms are known and its clipped
+    sum is added (``DPStep._clip_and_sum_by_group``), each storage counted once; and the step's two
+    gradient buffers (the clipped sum and the noise drawn into its own buffer, ``GradBuffer``:
+    2 x d floats, kept between steps)."""
     model, problem = model_of(start, mode), problem_of(start)
-    layers = []
-    for rows in problem.task.groups(x):  # as a run on the CPU takes the batch (Task.groups)
-        tape = Tape(model)
-        with tape:
-            losses, _ = problem.per_sample_loss(model, x[rows], y[rows])
-        layers += tape.per_sample_gradients(losses).layers
 
     def mb(tensors) -> float:
         unique = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
         return sum(unique.values()) / 2**20
 
+    largest = {"x": 0.0, "gy": 0.0}
+    for rows in problem.task.groups(x):  # as a run on the CPU takes the batch
+        tape = Tape(model)
+        with tape:
+            losses, _ = problem.per_sample_loss(model, x[rows], y[rows])
+        layers = tape.per_sample_gradients(losses).layers
+        kept = {"x": mb(layer.x for layer in layers), "gy": mb(layer.gy for layer in layers)}
+        if kept["x"] + kept["gy"] > largest["x"] + largest["gy"]:
+            largest = kept
     d = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return {"x": mb(layer.x for layer in layers), "gy": mb(layer.gy for layer in layers),
-            "buffers": 2 * d * 4 / 2**20}
+    return {**largest, "buffers": 2 * d * 4 / 2**20}
 
 
 def feature_cost(start: PublicEncoder, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
@@ -306,9 +308,11 @@ def report(t: dict, params: dict, mem: dict, paths: list[dict], feature: tuple[f
         lines.append(f"| {mode} | {LABELS[name]} | {before:.0f} | {statistics.median(mine):.0f} ({min(mine):.0f}-"
                      f"{max(mine):.0f}) | {ratio} | {excess} | {parts} |")
     lines += ["", "Held: a non-private backward frees each layer's input as it passes the layer and never "
-              "keeps an output gradient; the book-keeping DP step keeps both for every trained layer (in every "
-              "group) until the last norm is known (the layer inputs are the forward's own tensors, kept longer), then writes the "
-              "clipped sum and the noise into two d-sized buffers that live across steps."]
+              "keeps an output gradient; the book-keeping DP step keeps both for every trained layer of a group "
+              "(the largest group's are counted) until the group's norms are known and its clipped sum added (the "
+              "layer inputs are the forward's own tensors, kept longer), into two d-sized buffers that live "
+              "across steps (the clipped sum, and the noise, which also takes each later group's sum before it is "
+              "added)."]
     lines += ["", f"Per-sample engine, mode full, one batch of {L} in one padded pass (its width {args.widths.split(',')[0]}): the "
               "path each trained layer took (the norms and the clipped sum of a DP-SGD step) and the per-sample "
               "tensors it formed:", "",

@@ -401,3 +401,31 @@ def test_evaluation_in_groups_is_the_one_pass_evaluation(start, mode):
     grouped = evaluate(problem, model, x, y, batch_size=4, seed=0, grouped=True)
     assert one[0] > 0 and 0 <= one[1] <= 1
     assert grouped[0] == pytest.approx(one[0], rel=1e-12) and grouped[1] == one[1]
+
+
+def test_a_step_clips_group_by_group_as_the_held_groups_do(start, monkeypatch):
+    """DP-SGD's step on a batch in groups sums each group's clipped sum as its pass ends, holding
+    one group's records (``DPStep._clip_and_sum_by_group``): bit for bit the step that holds every
+    group's until the last norm (``GroupedGradients``), float32, noise on."""
+    from dpbench.mechanisms.base import PlanRequest
+    from dpbench.optimizers.base import Context, DPStep
+
+    spec = OPTIMIZERS["dpsgd"]
+    plan = spec.mechanism.plan(PlanRequest(N_TRAIN, L, 1, target_epsilon=4.0))
+    x, y = tokens(start), torch.arange(6) % 40
+    task, params, calls = grouped_task(start, 12), {}, []
+    real = DPStep._clip_and_sum_by_group
+    monkeypatch.setattr(DPStep, "_clip_and_sum_by_group", lambda *a: calls.append(1) or real(*a))
+    for by_group in (True, False):
+        model = built(start, modes.Full())
+        ctx = Context(model=model, loss_fn=p7_loss, lr=0.5, expected_batch_size=L, noise_multiplier=0.7,
+                      clipping=Clipping(0.02, normalize=False), noise=spec.mechanism.noise(plan, 5, "cpu"),
+                      steps=plan.steps, hyperparameters=spec.hyperparameters(None), groups=task.groups)
+        step = spec.build(ctx)
+        if not by_group:
+            monkeypatch.setattr(type(step), "_clips_by_group", lambda self: False)
+        for _ in range(2):
+            step(x, y)
+        params[by_group] = [p.detach().clone() for p in model.parameters()]
+    assert len(calls) == 2  # the group-by-group path ran in the first model's two steps only
+    assert all(torch.equal(a, b) for a, b in zip(params[True], params[False]))

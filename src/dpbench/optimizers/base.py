@@ -176,8 +176,12 @@ class DPStep:
         return self.ctx.noise_multiplier * self.ctx.clipping.sensitivity
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> StepOutput:
-        psg, out = self.per_sample_gradients(x, y)
-        grads = self.clip_and_sum(psg)
+        groups = self.ctx.groups(x) if self.ctx.groups is not None and x.shape[0] else None
+        if groups is not None and len(groups) > 1 and self._clips_by_group():
+            grads, out = self._clip_and_sum_by_group(x, y, groups)
+        else:
+            psg, out = self.per_sample_gradients(x, y)
+            grads = self.clip_and_sum(psg)
         grads = self.add_noise(grads)
         grads = self.scale_to_mean(grads)
         stats = self.rule.update(self.params, grads)
@@ -230,6 +234,38 @@ class DPStep:
             return [summed[p] for p in self.params]
         psg.weighted_sum(coef, out=buffer.by_param)
         return buffer.views
+
+    def _clips_by_group(self) -> bool:
+        """Whether a batch in groups may be clipped and summed group by group: where both stages
+        are DPStep's (a row's coefficient is then a function of its own norm, so the batch's
+        clipped sum is the sum of its groups'), the batch unweighted and the buffer there."""
+        cls = type(self)
+        return (cls.per_sample_gradients is DPStep.per_sample_gradients and cls.clip_and_sum is DPStep.clip_and_sum
+                and self.sample_weights is None and self._buffer() is not None)
+
+    def _clip_and_sum_by_group(self, x, y, groups) -> tuple[list[torch.Tensor], StepOutput]:
+        """``clip_and_sum(per_sample_gradients(x, y))`` with the batch in ``groups``, one group at a
+        time: each group's clipped sum is added into the buffer as its pass ends and its layer
+        records are dropped, so a step holds one group's, as a non-private step does (the held
+        form, ``GroupedGradients``, keeps every group's until the last norm is known). The
+        groups' sums are added in group order, through the noise buffer (drawn into later)."""
+        buffer = self._buffer()
+        scratch = dict(zip(self.params, buffer.noise_views))
+        losses, correct = [], []
+        for k, idx in enumerate(groups):
+            with self.tape:
+                losses_k, correct_k = self.ctx.loss_fn(self.model, x[idx], None if y is None else y[idx])
+            psg = self.tape.per_sample_gradients(losses_k)
+            coef = self.ctx.clipping.coefficients(psg.norms())
+            if k == 0:
+                psg.weighted_sum(coef, out=buffer.by_param)
+            else:
+                psg.weighted_sum(coef, out=scratch)
+                buffer.flat.add_(buffer.noise_flat)
+            del psg  # this group's layer records go before the next group's pass
+            losses.append(losses_k.detach())
+            correct.append(correct_k)
+        return buffer.views, StepOutput(in_rows(losses, groups), None if correct[0] is None else in_rows(correct, groups))
 
     def add_noise(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         """The clipped sum plus ``noise_std`` times the noise source's unit-variance draws (one
