@@ -213,6 +213,39 @@ def held(start: PublicEncoder, mode: str, x: torch.Tensor, y: torch.Tensor) -> d
     return {**largest, "buffers": 2 * d * 4 / 2**20}
 
 
+def budget_sweep(start: PublicEncoder, batches, budgets: list[int], mode: str, name: str, args) -> str:
+    """The step ``name`` in ``mode`` with the batch in P7's groups of at most each of ``budgets``
+    tokens and in one padded pass, timed round-robin over ``batches``: the Markdown table that
+    chose ``EncoderTextClassification.GROUP_TOKENS``."""
+    steps = {}
+    for budget in [0, *budgets]:  # 0: one padded pass
+        step, _ = build_step(start, mode, name, len(batches[0][0]), grouped=budget > 0)
+        if budget:
+            task = problem_of(start).task
+            task.GROUP_TOKENS = budget  # this instance's budget
+            step.ctx.groups = task.groups
+        steps[budget] = step
+    t = _ft.round_robin(steps, batches)
+    lines = [f"# P7's step in groups of similar length: the token budget ({mode}, {name}, L = {len(batches[0][0])})",
+             "", f"- command: `{' '.join(['python', 'benchmarks/bench_encoder_step.py', *sys.argv[1:]])}`",
+             f"- code: {_commit()}",
+             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; CPU: {_ft._cpu()} "
+             f"({os.cpu_count()} cores visible), torch {torch.__version__}, {args.threads} thread(s); load average "
+             f"at the start {args.load_at_start}",
+             f"- {len(batches) - 1} timed batches of real P7 records after one untimed (widths {args.widths}), the "
+             "budgets alternating step by step", "",
+             "| tokens a group at most | groups a batch | ms / step, median | range | vs one padded pass |",
+             "| ---: | ---: | ---: | ---: | ---: |"]
+    task = problem_of(start).task
+    for budget, v in t.items():
+        if budget:
+            task.GROUP_TOKENS = budget
+        counts = [len(task.groups(x)) if budget else 1 for x, _ in batches[1:]]
+        lines.append(f"| {budget or 'one padded pass'} | {_ft._range(counts)} | {_ms(v)} | "
+                     f"{_ft._ratio_range([a / b for a, b in zip(v, t[0])])} |")
+    return "\n".join(lines)
+
+
 def feature_cost(start: PublicEncoder, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
     """(seconds per record, records): mode head's one-off feature computation, each record alone
     (what ``CachedFeatureClassifier`` does the first time it sees a record)."""
@@ -341,6 +374,9 @@ def main() -> None:
     parser.add_argument("--default-malloc", action="store_true",
                         help="leave glibc's malloc as it is (a run keeps its freed memory: machine.keep_freed_memory)")
     parser.add_argument("--memory-repeats", type=int, default=3, help="fresh processes per measured (mode, step)")
+    parser.add_argument("--group-budgets", default=None,
+                        help="only time the first of --steps-of in the first of --modes with the batch in groups of "
+                             "at most each of these tokens (comma-separated) against one padded pass")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batches", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -358,6 +394,9 @@ def main() -> None:
     pad = start.loaded.pad_id
     batches = [cut(x[i * L:(i + 1) * L], pad, y[i * L:(i + 1) * L]) for i in range(args.steps + 1)]
     args.widths = ", ".join(str(b.shape[1]) for b, _ in batches)
+    if args.group_budgets:
+        print(budget_sweep(start, batches, [int(b) for b in args.group_budgets.split(",")], chosen[0], names[0], args))
+        return
     task = problem_of(start).task
     args.group_tokens = task.GROUP_TOKENS
     first = batches[0][0]
