@@ -342,10 +342,13 @@ def test_a_step_in_groups_is_the_one_pass_step(start, name, tmp_path_factory):
     first = built(start, modes.Full()).double()
     moved = max((p - p0).abs().max().item() for p, p0 in zip(out[True][1], first.parameters()))
     assert moved > 1e-3
+    # 1e-9: far above float64 round-off (a gradient that is zero in exact arithmetic, the attention key
+    # bias's, is round-off that Adam's first step scales up to 3e-13 here; another CPU may round
+    # otherwise), far below a row's gradient in the wrong place or a group left out (>= 1e-3)
     for a, b in zip(out[True][0], out[False][0]):
-        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-9)
     for (n, _), a, b in zip(first.named_parameters(), out[True][1], out[False][1]):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-12 * max(1.0, moved), msg=n)
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-9 * max(1.0, moved), msg=n)
 
 
 def test_grouped_gradients_hold_one_example_to_the_clipping_norm(start):
@@ -405,8 +408,8 @@ def test_evaluation_in_groups_is_the_one_pass_evaluation(start, mode):
 
 def test_a_step_clips_group_by_group_as_the_held_groups_do(start, monkeypatch):
     """DP-SGD's step on a batch in groups sums each group's clipped sum as its pass ends, holding
-    one group's records (``DPStep._clip_and_sum_by_group``): bit for bit the step that holds every
-    group's until the last norm (``GroupedGradients``), float32, noise on."""
+    one group's records (``DPStep._clip_and_sum_by_group``): the step that holds every group's
+    until the last norm (``GroupedGradients``), float32, noise on."""
     from dpbench.mechanisms.base import PlanRequest
     from dpbench.optimizers.base import Context, DPStep
 
@@ -428,4 +431,7 @@ def test_a_step_clips_group_by_group_as_the_held_groups_do(start, monkeypatch):
             step(x, y)
         params[by_group] = [p.detach().clone() for p in model.parameters()]
     assert len(calls) == 2  # the group-by-group path ran in the first model's two steps only
-    assert all(torch.equal(a, b) for a, b in zip(params[True], params[False]))
+    # the same operations in the same order: bit for bit on this project's CPU; another CPU's kernels
+    # may treat a result written into a buffer otherwise, so float32 round-off is allowed
+    for a, b in zip(params[True], params[False]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
