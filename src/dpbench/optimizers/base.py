@@ -209,8 +209,7 @@ class DPStep:
             parts.append(self.tape.per_sample_gradients(losses_k))
             losses.append(losses_k.detach())
             correct.append(correct_k)
-        return (GroupedGradients(parts, groups, x.shape[0]),
-                StepOutput(in_rows(losses, groups), None if correct[0] is None else in_rows(correct, groups)))
+        return GroupedGradients(parts, groups, x.shape[0]), output_in_rows(losses, correct, groups)
 
     def clip_and_sum(self, psg: PerSampleGradients | None) -> list[torch.Tensor]:
         """The release before noise: sum_i c_i g_i, shaped like the parameters, c_i the
@@ -265,7 +264,7 @@ class DPStep:
             del psg  # this group's layer records go before the next group's pass
             losses.append(losses_k.detach())
             correct.append(correct_k)
-        return buffer.views, StepOutput(in_rows(losses, groups), None if correct[0] is None else in_rows(correct, groups))
+        return buffer.views, output_in_rows(losses, correct, groups)
 
     def add_noise(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         """The clipped sum plus ``noise_std`` times the noise source's unit-variance draws (one
@@ -337,9 +336,16 @@ class NonPrivateStep(DPStep):
                     torch._foreach_add_(grads, more)
                 losses.append(losses_k.detach())
                 correct.append(correct_k)
-            losses, correct = in_rows(losses, groups), None if correct[0] is None else in_rows(correct, groups)
+            out = output_in_rows(losses, correct, groups)
+            losses, correct = out.losses, out.correct
         stats = self.rule.update(self.params, [g.div_(self.ctx.expected_batch_size) for g in grads])
         return StepOutput(losses.detach(), correct, dict(stats or {}))
+
+
+def output_in_rows(losses: list[torch.Tensor], correct: list, groups: list[torch.Tensor]) -> StepOutput:
+    """A step's output from its groups' passes (``losses[k]``, ``correct[k]`` those of rows
+    ``groups[k]``), in the batch's row order."""
+    return StepOutput(in_rows(losses, groups), None if correct[0] is None else in_rows(correct, groups))
 
 
 class SGD:
