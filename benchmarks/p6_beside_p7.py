@@ -11,6 +11,13 @@ value, P7's, and P7 − P6 (the difference of the two means); "–" where a side
 comparison (P7 has no from-scratch twin, P6 no mode head or bias). Rows by ε (non-private: ∞,
 last), then optimizer and mode in the table's orders.
 
+Then claim 5 (Li et al. 2022; Yu et al. 2022: with public pretraining the cost of privacy nearly
+vanishes) across the two problems: per private optimizer and ε, its gap to non-private training
+(its chosen configuration minus the best non-private one of the same mode and problem) in P7's
+mode full, minus the same gap in P6 from scratch (no public start) and in P6's mode full (the
+in-house public start); the difference with its 95 % interval, paired by seed (seed i draws the
+same records in both problems) and a verdict, as ``finetune_claims`` gives them.
+
 Usage:  python benchmarks/p6_beside_p7.py [--p6 benchmarks/results/finetune/study/runs.parquet]
             [--p7 benchmarks/results/encoder/study/runs.parquet]
 """
@@ -23,7 +30,9 @@ import math
 import pandas as pd
 
 from dpbench.reporting.figures import check_one_delta
-from dpbench.reporting.figures.finetune import finetune_data, mode_label, number, ordered_modes
+from dpbench.problems.modes import SCRATCH, Full
+from dpbench.reporting.figures.finetune import chosen_runs, finetune_data, mode_label, number, ordered_modes
+from dpbench.reporting.figures.finetune_claims import CLAIMS, gap_contrast
 from dpbench.reporting.figures.intervals import INTERVAL
 from dpbench.reporting.figures.style import fmt_tick, label, legend_labels, ordered
 
@@ -90,7 +99,29 @@ def table(p6_runs: pd.DataFrame, p7_runs: pd.DataFrame, p6_name: str, p7_name: s
         a, b = value(p6, key), value(p7, key)
         lines.append(f"| {fmt_tick(key[0]) if math.isfinite(key[0]) else '∞'} | {label(key[1], labels)} | "
                      f"{mode_label(key[2])} | {cell(a)} | {cell(b)} | {difference(a, b)} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [""] + pretraining(p6_runs, p7_runs, labels)) + "\n"
+
+
+GAP_COLUMNS = ["ε", "A", "B", "A value", "B value", "A − B", "seeds", "verdict"]
+
+
+def pretraining(p6_runs: pd.DataFrame, p7_runs: pd.DataFrame, labels: dict) -> list[str]:
+    """Claim 5 across the problems (module docstring): Markdown lines, a note where no pair is run."""
+    claim = next(c for c in CLAIMS if c.number == "5")
+    p6, p7 = chosen_runs(p6_runs, "P6"), chosen_runs(p7_runs, "P7")
+    rows = [row for base, name in ((SCRATCH, "P6 from scratch"), (Full.name, "P6 full"))
+            for row in gap_contrast(claim, "P7", (p7, Full.name, "P7 full"), (p6, base, name), labels, ".3f")]
+    lines = [f"## Claim 5 ({claim.paper}): {claim.text}", "",
+             "A: a private optimizer's gap to non-private training in P7's mode full (the public MiniLM start); "
+             "B: the same optimizer's gap in P6 from scratch or in P6's mode full (the in-house start), on the same "
+             "records. A − B > 0: the public start shrinks the gap. Mean over seeds [95 % interval], paired by seed.",
+             ""]
+    if not rows:
+        return lines + ["No pair yet: it needs P7's mode full and P6's from-scratch or full runs, private and "
+                        "non-private."]
+    lines += ["| " + " | ".join(GAP_COLUMNS) + " |",
+              "| " + " | ".join("---" if c in ("A", "B", "verdict") else "---:" for c in GAP_COLUMNS) + " |"]
+    return lines + ["| " + " | ".join(str(r[c]) for c in GAP_COLUMNS) + " |" for r in rows]
 
 
 def main(argv: list[str] | None = None) -> int:

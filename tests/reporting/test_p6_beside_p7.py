@@ -16,7 +16,8 @@ CHOSEN = {("P6", 1.0, "dpsgd", "scratch"): 0.100, ("P6", 1.0, "dpsgd", "full"): 
           ("P7", 1.0, "dpadam", "head"): 0.230,
           ("P6", 3.0, "dpsgd", "scratch"): 0.140, ("P6", 3.0, "dpsgd", "full"): 0.260,
           ("P7", 3.0, "dpsgd", "full"): 0.380, ("P7", 3.0, "dpsgd", "head"): 0.290,
-          ("P6", None, "adamw", "full"): 0.600, ("P7", None, "adamw", "full"): 0.520}
+          ("P6", None, "adamw", "full"): 0.600, ("P6", None, "adamw", "scratch"): 0.300,
+          ("P7", None, "adamw", "full"): 0.520}
 
 
 def _row(problem, eps, opt, mode, lr, seed, test, val, train_subset=1600):
@@ -51,7 +52,9 @@ def runs_of(problem: str) -> pd.DataFrame:
 
 
 def table_rows(text: str) -> list[list[str]]:
-    lines = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
+    """The rows of the first Markdown table in ``text``."""
+    text = text.split("\n\n|", 1)[1].split("\n\n", 1)[0]
+    lines = [line for line in ("|" + text).splitlines() if line.startswith("| ") and not line.startswith("| ---")]
     return [line.strip("| ").split(" | ") for line in lines[1:]]
 
 
@@ -73,8 +76,32 @@ def test_each_problem_shows_its_own_chosen_configuration_beside_the_other(tmp_pa
         ["3", "DP-SGD", "from scratch", "0.140 [0.115, 0.165]", "–", "–"],
         ["3", "DP-SGD", "full", "0.260 [0.235, 0.285]", "0.380 [0.355, 0.405]", "+0.120"],
         ["3", "DP-SGD", "head (linear probe)", "–", "0.290 [0.265, 0.315]", "–"],
+        ["∞", "AdamW (non-private)", "from scratch", "0.300 [0.275, 0.325]", "–", "–"],
         ["∞", "AdamW (non-private)", "full", "0.600 [0.575, 0.625]", "0.520 [0.495, 0.545]", "−0.080"],
     ]
+
+
+def test_claim_5_sets_p7_full_gap_against_p6_from_scratch_and_full(tmp_path):
+    """Each gap is the optimizer's chosen configuration minus the same problem's and mode's
+    non-private AdamW: P7 full at ε = 1 0.350 − 0.520 = −0.170; P6 from scratch 0.100 − 0.300 =
+    −0.200, P6 full 0.200 − 0.600 = −0.400. Every seed shifts every configuration by the same
+    0.01, so each gap and each difference is equal on every seed: intervals of width 0."""
+    script = load_file(REPO / "benchmarks" / "p6_beside_p7.py")
+    out = script.table(runs_of("P6"), runs_of("P7"), "p6.parquet", "p7.parquet")
+    gaps = out.split("## Claim 5", 1)[1]
+    assert table_rows(gaps) == [
+        ["1", "DP-SGD − AdamW (non-private) (P7 full)", "DP-SGD − AdamW (non-private) (P6 from scratch)",
+         "−0.170 [−0.170, −0.170]", "−0.200 [−0.200, −0.200]", "+0.030 [+0.030, +0.030]", "3, paired", "holds"],
+        ["3", "DP-SGD − AdamW (non-private) (P7 full)", "DP-SGD − AdamW (non-private) (P6 from scratch)",
+         "−0.140 [−0.140, −0.140]", "−0.160 [−0.160, −0.160]", "+0.020 [+0.020, +0.020]", "3, paired", "holds"],
+        ["1", "DP-SGD − AdamW (non-private) (P7 full)", "DP-SGD − AdamW (non-private) (P6 full)",
+         "−0.170 [−0.170, −0.170]", "−0.400 [−0.400, −0.400]", "+0.230 [+0.230, +0.230]", "3, paired", "holds"],
+        ["3", "DP-SGD − AdamW (non-private) (P7 full)", "DP-SGD − AdamW (non-private) (P6 full)",
+         "−0.140 [−0.140, −0.140]", "−0.340 [−0.340, −0.340]", "+0.200 [+0.200, +0.200]", "3, paired", "holds"],
+    ]
+    p7 = runs_of("P7")
+    no_full = script.table(runs_of("P6"), p7[p7["finetune"] != "full"], "p6.parquet", "p7.parquet")
+    assert "No pair yet: it needs P7's mode full" in no_full
 
 
 def test_runs_on_other_records_are_refused():

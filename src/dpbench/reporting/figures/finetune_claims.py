@@ -183,25 +183,34 @@ def _pairs(chosen, claim, pairs, bases, labels, fmt, problem="P6"):
 def _pretraining(chosen, claim, problem, labels, fmt) -> list[dict]:
     """Claim 5: per private optimizer and ε, (its gap to the non-private reference in full) minus
     (the same gap from scratch); the claimed side is the better one of the problem's metric."""
-    rows = []
-    if chosen.empty:
-        return rows
-    ref_full, ref_scratch = _reference(chosen, FULL), _reference(chosen, SCRATCH)
-    if ref_full is None or ref_scratch is None:
-        return rows
+    return gap_contrast(claim, problem, (chosen, FULL, "full"), (chosen, SCRATCH, "from scratch"), labels, fmt)
+
+
+def gap_contrast(claim, problem, a, b, labels, fmt) -> list[dict]:
+    """Rows of claim 5's form: per private optimizer and ε chosen in both, (its gap to the
+    non-private reference in A) minus (its gap in B). ``a``, ``b``: (chosen runs, mode, name shown);
+    each side's reference is its chosen runs' best non-private configuration of its mode
+    (``_reference``), so the two sides may be two problems on the same records (P7 full against
+    P6 from scratch). The claimed side is the better one of the problem's metric."""
+    (ca, mode_a, name_a), (cb, mode_b, name_b) = a, b
+    if ca.empty or cb.empty:
+        return []
+    ref_a, ref_b = _reference(ca, mode_a), _reference(cb, mode_b)
+    if ref_a is None or ref_b is None:
+        return []
     better = 1 if problem != "P5" else -1  # a classifier's accuracy higher, P5's perplexity lower
     c = Claim(claim.number, claim.paper, claim.text, better)
-    inf = math.inf
-    private = chosen[chosen["private"].astype(bool)]
+    inf, rows = math.inf, []
+    private = ca[ca["private"].astype(bool)]
     for eps in sorted(private["epsilon"].unique()):
         for opt in dict.fromkeys(private.loc[private["epsilon"] == eps, "optimizer"]):
-            full, scratch = _config(chosen, opt, eps, FULL), _config(chosen, opt, eps, SCRATCH)
-            np_full, np_scratch = _config(chosen, ref_full, inf, FULL), _config(chosen, ref_scratch, inf, SCRATCH)
-            if full and scratch and np_full and np_scratch:
-                rows.append(_row(c, problem, eps, "full vs from scratch",
-                                 f"{label(opt, labels)} − {label(ref_full, labels)} (full)",
-                                 f"{label(opt, labels)} − {label(ref_scratch, labels)} (from scratch)",
-                                 [(1, full), (-1, np_full)], [(1, scratch), (-1, np_scratch)], fmt))
+            dp_a, dp_b = _config(ca, opt, eps, mode_a), _config(cb, opt, eps, mode_b)
+            np_a, np_b = _config(ca, ref_a, inf, mode_a), _config(cb, ref_b, inf, mode_b)
+            if dp_a and dp_b and np_a and np_b:
+                rows.append(_row(c, problem, eps, f"{name_a} vs {name_b}",
+                                 f"{label(opt, labels)} − {label(ref_a, labels)} ({name_a})",
+                                 f"{label(opt, labels)} − {label(ref_b, labels)} ({name_b})",
+                                 [(1, dp_a), (-1, np_a)], [(1, dp_b), (-1, np_b)], fmt))
     return rows
 
 
