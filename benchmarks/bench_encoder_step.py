@@ -236,11 +236,8 @@ def budget_sweep(start: PublicEncoder, batches, budgets: list[int], mode: str, n
              "budgets alternating step by step", "",
              "| tokens a group at most | groups a batch | ms / step, median | range | vs one padded pass |",
              "| ---: | ---: | ---: | ---: | ---: |"]
-    task = problem_of(start).task
     for budget, v in t.items():
-        if budget:
-            task.GROUP_TOKENS = budget
-        counts = [len(task.groups(x)) if budget else 1 for x, _ in batches[1:]]
+        counts = [len(steps[budget].ctx.groups(x)) if budget else 1 for x, _ in batches[1:]]
         lines.append(f"| {budget or 'one padded pass'} | {_ft._range(counts)} | {_ms(v)} | "
                      f"{_ft._ratio_range([a / b for a, b in zip(v, t[0])])} |")
     return "\n".join(lines)
