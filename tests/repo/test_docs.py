@@ -48,6 +48,19 @@ def test_every_docs_page_is_in_the_navigation_and_every_figure_is_shown():
         assert f"](img/{image.name})" in shown, image.name
 
 
+def test_adding_a_problem_shows_every_built_in_problem_with_its_catalog_row():
+    from dpbench.problems import catalog
+    from dpbench.problems.registry import BUILT_IN
+
+    page = (REPO / "docs" / "adding-a-problem.md").read_text()
+    rows = set(re.findall(r'ProblemFacts\("(P\d+)", "[^"]*", "[^"]*", ([\d_]+), ([\d_]+), ([\d_]+)', page))
+    assert rows == {(f.id, f"{f.train_size:_}", f"{f.test_size:_}", f"{f.parameters:_}")
+                    for f in catalog.FACTS.values()}
+    assert set(re.findall(r"^(P\d+) = Problem\(", page, flags=re.M)) == {spec.id for spec in BUILT_IN}
+    listed = re.search(r"BUILT_IN = \(([^)]*)\)", page).group(1)
+    assert re.findall(r"\.(P\d+)", listed) == [spec.id for spec in BUILT_IN]
+
+
 def test_mkdocs_build_strict(tmp_path):
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
