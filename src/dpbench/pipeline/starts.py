@@ -38,14 +38,14 @@ def encoder_directory(config: dict[str, Any]) -> EncoderDirectory | None:
     path = config.get("pretrained_dir")
     if path is None:
         return None
-    from dpbench.problems.architectures import BERT_DIMS
+    from dpbench.problems.architectures import encoder_dims
     from dpbench.problems.encoders import EncoderError, config_facts
 
     try:
         found = config_facts(path)
     except EncoderError as exc:
         raise ConfigError(f"config key pretrained_dir: {exc}") from None
-    return EncoderDirectory(str(path), {k: getattr(found, k) for k in BERT_DIMS})
+    return EncoderDirectory(str(path), encoder_dims(found))
 
 
 def pretrain_recipe(config: dict[str, Any], problem: str | None) -> Recipe:

@@ -16,7 +16,9 @@ Families (``FAMILIES``: name -> a function of the model's dimensions and its hea
   ``DEFAULT_DIMS`` restates the class's defaults (tested).
 * ``bert-encoder``: a BERT-family encoder of Hugging Face files without its pooler, mean-pooled,
   with a new head (``dpbench.problems.encoders``; P7): ``encoder.embeddings.*`` (word, position
-  and token-type embeddings and their LayerNorm), ``encoder.encoder.layer.<i>.*`` (post-LN
+  and token-type embeddings and their LayerNorm; a RoBERTa registers the same parameters with
+  its position embeddings last: the dimensions' ``model_type`` orders them by
+  ``encoders.EncoderType.embeddings``), ``encoder.encoder.layer.<i>.*`` (post-LN
   blocks: self-attention query/key/value, its output dense and LayerNorm, the intermediate and
   output dense layers and the output LayerNorm), ``head.*``. Its dimensions are config.json's
   (``vocab_size``, ``max_position_embeddings``, ``type_vocab_size``, ``hidden_size``,
@@ -27,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
+
+from dpbench.problems.encoders import ENCODER_TYPES
 
 # TransformerLM's defaults (P4's model; tests/problems/test_finetune.py checks them against the class)
 DEFAULT_DIMS = {"vocab_size": 258, "context": 128, "d_model": 128, "n_layers": 4, "n_heads": 4, "d_mlp": 512}
@@ -99,18 +103,32 @@ def transformer_lm(model_dims: dict | None, classes: int | None) -> Architecture
                         "head.", adapted, classes is not None)
 
 
+def encoder_dims(facts) -> dict:
+    """The ``bert-encoder`` dimensions of an encoder's config facts (``encoders.EncoderFacts``):
+    ``BERT_DIMS``, and ``model_type`` where it is not ``bert`` (it orders the embeddings' rows)."""
+    dims = {k: getattr(facts, k) for k in BERT_DIMS}
+    return dims if facts.model_type == "bert" else {**dims, "model_type": facts.model_type}
+
+
 def bert_encoder(model_dims: dict, classes: int | None) -> Architecture:
-    """A BERT encoder of config.json's dimensions (``BERT_DIMS``), no pooler, a new head."""
+    """A BERT-family encoder of config.json's dimensions (``BERT_DIMS``; ``model_type``, ``bert``
+    unless given, one of ``encoders.ENCODER_TYPES``), no pooler, a new head."""
     missing = [k for k in BERT_DIMS if k not in model_dims]
     if missing:
         raise ValueError(f"encoder dimension {missing[0]!r} is missing (a BERT config.json has {', '.join(BERT_DIMS)})")
     if classes is None:
         raise ValueError("a BERT encoder problem classifies: give its classes")
+    model_type = model_dims.get("model_type", "bert")
+    if model_type not in ENCODER_TYPES:
+        raise ValueError(f"encoder model_type {model_type!r} is not one of {', '.join(ENCODER_TYPES)}")
     V, P, TV = model_dims["vocab_size"], model_dims["max_position_embeddings"], model_dims["type_vocab_size"]
     H, n, I = model_dims["hidden_size"], model_dims["num_hidden_layers"], model_dims["intermediate_size"]
     e = "encoder.embeddings."
-    table = [(e + "word_embeddings.weight", V * H), (e + "position_embeddings.weight", P * H),
-             (e + "token_type_embeddings.weight", TV * H), *_norm(e + "LayerNorm", H)]
+    rows = {"word_embeddings": [(e + "word_embeddings.weight", V * H)],
+            "position_embeddings": [(e + "position_embeddings.weight", P * H)],
+            "token_type_embeddings": [(e + "token_type_embeddings.weight", TV * H)],
+            "LayerNorm": _norm(e + "LayerNorm", H)}
+    table = [row for layer in ENCODER_TYPES[model_type].embeddings for row in rows[layer]]
     for i in range(n):
         b = f"encoder.encoder.layer.{i}."
         for proj in ("query", "key", "value"):

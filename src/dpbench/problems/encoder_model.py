@@ -1,9 +1,10 @@
-"""A public BERT-family encoder as a classifier: loaded with ``transformers`` from local files
-only, pooled as it was trained to pool, with a new linear head; its layers declared to the
-per-sample engine.
+"""A public BERT-family encoder (a BERT or a RoBERTa: ``encoders.ENCODER_TYPES``) as a
+classifier: loaded with ``transformers`` from local files only, pooled as it was trained to
+pool, with a new linear head; its layers declared to the per-sample engine.
 
-* ``load_encoder(directory)``: the directory checked (``encoders.check_directory``), then
-  ``BertModel`` and its tokenizer read from it with ``local_files_only=True``, the hub switched
+* ``load_encoder(directory)``: the directory checked (``encoders.check_directory``), then its
+  type's model class (``BertModel``, ``RobertaModel``) and its tokenizer read from it with
+  ``local_files_only=True``, the hub switched
   off in-process (``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``) before transformers is
   imported, the weights from safetensors only (``use_safetensors=True``), without the pooler
   (``add_pooling_layer=False``: it would hold parameters that get no gradient) and without
@@ -12,9 +13,10 @@ per-sample engine.
 * ``EncoderClassifier``: tokens (B, T), right-padded with the tokenizer's pad id -> the
   encoder with the attention mask derived from them and the position and token type ids passed
   explicitly with the batch's shape (Opacus's hooks and ghost clipping see (1, T) position ids
-  otherwise: Opacus issue #841) -> pooled (``encoders.pooling``) -> ``head``, a new
-  ``nn.Linear(hidden, classes)``. ``features(tokens)`` is the pooled vector, which a frozen
-  encoder's runs may compute once per record.
+  otherwise: Opacus issue #841): positions 0..T-1 for a BERT, pad_id + 1 .. pad_id + T for a
+  RoBERTa (a real token's position is transformers' own; a pad's is masked out) -> pooled
+  (``encoders.pooling``) -> ``head``, a new ``nn.Linear(hidden, classes)``. ``features(tokens)``
+  is the pooled vector, which a frozen encoder's runs may compute once per record.
 * ``check_encoder(model)``: the per-sample engine's checks on the whole model (every trainable
   layer of a registered type; no module that may mix samples), run before any data is read.
 
@@ -28,6 +30,7 @@ is a deterministic function of its seeds, and training and evaluation compute on
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,17 +40,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpbench.privacy.per_sample import check_per_sample, declare_per_sample, trainable_layers
-from dpbench.problems.encoders import (BERT_FAMILY, SAFETENSORS, EncoderError, EncoderFacts, Pooling,
-                                       check_directory, config_facts, pooling)
+from dpbench.problems.encoders import (ENCODER_TYPES, SAFETENSORS, EncoderError, EncoderFacts, EncoderType,
+                                       Pooling, check_directory, config_facts, pooling)
 
-# The BERT classes of transformers whose forwards (the code around their Linear, Embedding and
-# LayerNorm layers) never combine different samples, read in transformers 5.24.0's
-# models/bert/modeling_bert.py: attention runs within a record (the mask is each record's own),
-# the embeddings add a record's word, position and token-type vectors. BertEmbeddings holds two
-# integer buffers of constant indices (0..max_positions-1, and zeros), never data statistics.
-_BERT_CLASSES = {"BertModel": (), "BertEmbeddings": ("position_ids", "token_type_ids"), "BertEncoder": (),
-                 "BertLayer": (), "BertAttention": (), "BertSelfAttention": (), "BertSelfOutput": (),
-                 "BertIntermediate": (), "BertOutput": ()}
 # hidden_act activations (transformers.activations): elementwise functions
 _ACTIVATIONS = ("GELUActivation", "NewGELUActivation", "FastGELUActivation", "QuickGELUActivation", "GELUTanh")
 
@@ -58,14 +53,15 @@ def _transformers():
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     import transformers
     from transformers import activations
-    from transformers.models.bert import modeling_bert
 
     # transformers' load report lists the pooler's weights as unused (we build without it) and its
     # progress bars write to stderr; what matters (a missing weight) load_encoder refuses itself
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    for name, buffers in _BERT_CLASSES.items():
-        declare_per_sample(getattr(modeling_bert, name), buffers)
+    for kind in ENCODER_TYPES.values():  # each type's classes, read per-sample (encoders.ENCODER_TYPES)
+        modeling = importlib.import_module(kind.module)
+        for name, buffers in kind.per_sample.items():
+            declare_per_sample(getattr(modeling, name), buffers)
     for name in _ACTIVATIONS:
         if hasattr(activations, name):
             declare_per_sample(getattr(activations, name))
@@ -74,8 +70,8 @@ def _transformers():
 
 @dataclass
 class LoadedEncoder:
-    """An encoder read from ``directory``: ``model`` (a BertModel without pooler, in eval mode,
-    no dropout), ``tokenizer``, ``pooling``, ``facts`` (config.json's dimensions)."""
+    """An encoder read from ``directory``: ``model`` (its type's model class without pooler, in
+    eval mode, no dropout), ``tokenizer``, ``pooling``, ``facts`` (config.json's dimensions)."""
 
     directory: Path
     model: nn.Module = field(repr=False)
@@ -95,11 +91,10 @@ def load_encoder(directory: str | Path) -> LoadedEncoder:
     facts = config_facts(root)
     how = pooling(root)
     transformers = _transformers()
-    from transformers.models.bert import BertModel
-
+    model_class = getattr(importlib.import_module(facts.encoder_type.module), facts.encoder_type.model_class)
     weights = next(root / name for name in SAFETENSORS if (root / name).is_file())
     try:
-        model, info = BertModel.from_pretrained(
+        model, info = model_class.from_pretrained(
             root, local_files_only=True, use_safetensors=True, add_pooling_layer=False, output_loading_info=True,
             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="eager")
     except Exception as exc:  # safetensors' and transformers' own errors: a damaged file, named
@@ -115,6 +110,9 @@ def load_encoder(directory: str | Path) -> LoadedEncoder:
     tokenizer = transformers.AutoTokenizer.from_pretrained(root, local_files_only=True)
     if tokenizer.pad_token_id is None:
         raise EncoderError(f"{root}: the tokenizer has no pad token")
+    if facts.encoder_type.positions_after_pad and tokenizer.pad_token_id != facts.pad_token_id:
+        raise EncoderError(f"{root}: the tokenizer's pad id {tokenizer.pad_token_id} is not config.json's "
+                           f"pad_token_id {facts.pad_token_id}, after which a {facts.model_type} numbers positions")
     if tokenizer.padding_side != "right":
         tokenizer.padding_side = "right"
     model.eval()
@@ -130,17 +128,21 @@ def encode(tokenizer, texts: list[str], max_length: int) -> torch.Tensor:
 
 
 class EncoderClassifier(nn.Module):
-    """``head(pool(encoder(tokens)))``: ``encoder`` a BertModel without pooler, ``head`` a new
+    """``head(pool(encoder(tokens)))``: ``encoder`` a BertModel or RobertaModel without pooler
+    (its config's model_type one of ``encoders.ENCODER_TYPES``), ``head`` a new
     ``nn.Linear(hidden, classes)`` (initialised from the global RNG, as every new head is)."""
 
     per_sample_forward = True  # masks, ids and pooling are computed record by record
 
     def __init__(self, encoder: nn.Module, how: Pooling, classes: int, pad_id: int):
         super().__init__()
-        _transformers()  # the BERT classes declared per-sample
+        _transformers()  # the encoder types' classes declared per-sample
         self.encoder = encoder
         self.pooling = how
         self.pad_id = pad_id
+        kind: EncoderType = ENCODER_TYPES[encoder.config.model_type]
+        # the first token's position id: 0 (BERT), the embeddings' padding_idx + 1 (RoBERTa)
+        self.first_position = kind.first_position(encoder.config.pad_token_id)
         self.head = nn.Linear(encoder.config.hidden_size, classes)
 
     @classmethod
@@ -151,8 +153,10 @@ class EncoderClassifier(nn.Module):
         """The pooled (and, where the model was trained so, L2-normalised) vector of each record, (B, hidden)."""
         B, T = tokens.shape
         mask = tokens != self.pad_id
-        # ids with the batch's own shape (B, T): per-sample hooks see B records in every layer (Opacus #841)
-        positions = torch.arange(T, device=tokens.device).expand(B, T).contiguous()  # contiguous: Opacus views it
+        # ids with the batch's own shape (B, T): per-sample hooks see B records in every layer (Opacus #841);
+        # a real token's position is transformers' own (right padding), a pad's is masked out
+        first = self.first_position
+        positions = torch.arange(first, first + T, device=tokens.device).expand(B, T).contiguous()  # Opacus views it
         token_types = torch.zeros_like(tokens)
         hidden = self.encoder(input_ids=tokens, attention_mask=mask.long(), position_ids=positions,
                               token_type_ids=token_types).last_hidden_state
@@ -176,4 +180,4 @@ def check_encoder(model: nn.Module) -> None:
     check_per_sample(model)
 
 
-__all__ = ["BERT_FAMILY", "EncoderClassifier", "LoadedEncoder", "check_encoder", "encode", "load_encoder"]
+__all__ = ["ENCODER_TYPES", "EncoderClassifier", "LoadedEncoder", "check_encoder", "encode", "load_encoder"]

@@ -9,9 +9,13 @@ and hashes, the config's facts and how the model pools.
 * ``locate(name)``: a catalogued encoder's directory, found without importing the package's code
   (``importlib.metadata`` for the version, ``importlib.util.find_spec`` for the folder), every
   catalogued file checked (``verify``) before use.
+* ``ENCODER_TYPES``: the config.json ``model_type`` values dpbench builds, one ``EncoderType``
+  each (``bert``, ``roberta``): the transformers class, the classes declared per-sample, the
+  embeddings' parameter order, where position ids start, the tokenizer files.
 * ``check_directory(directory)``: any local directory a user names, refused in one line naming
-  the file unless it is a BERT-family encoder in the Hugging Face format with safetensors
-  weights (pickled ``.bin`` weights are refused: loading them can run code).
+  the file unless it is an encoder of one of those types in the Hugging Face format with
+  safetensors weights (pickled ``.bin`` weights are refused: loading them can run code) and its
+  type's tokenizer files.
 * ``file_hashes(directory)``: the SHA-256 of each of its files; ``provenance``: the run's record
   of its encoder (directory, catalog entry, those hashes).
 * ``config_facts(directory)``: the dimensions in its ``config.json`` (the grid counts a mode's
@@ -89,14 +93,73 @@ MINILM = CataloguedEncoder(
 CATALOG: Mapping[str, CataloguedEncoder] = MappingProxyType({MINILM.name: MINILM})
 """Catalogued encoders by name."""
 
-# model_type values of config.json whose models dpbench builds and differentiates per sample
-# (encoder_model declares their classes' forwards per-sample)
-BERT_FAMILY = ("bert",)
+
+@dataclass(frozen=True)
+class EncoderType:
+    """A ``model_type`` of config.json that dpbench builds and differentiates per sample: the
+    transformers model class (in ``module``, built without its pooler), the classes whose
+    forwards ``encoder_model`` declares per-sample (class name -> its constant integer buffers,
+    read in transformers 5.24.0's modeling file), the embeddings' parameter layers in the order
+    the model registers them (the ``bert-encoder`` table's order), where position ids start and
+    the tokenizer files, any one group of which transformers' AutoTokenizer loads."""
+
+    name: str
+    module: str
+    model_class: str
+    per_sample: Mapping[str, tuple[str, ...]]
+    embeddings: tuple[str, ...]
+    # RoBERTa (fairseq) numbers a record's positions from padding_idx + 1 (padding_idx itself is
+    # the pad tokens' position): transformers' create_position_ids_from_input_ids
+    positions_after_pad: bool
+    tokenizers: tuple[tuple[str, ...], ...]
+
+    def first_position(self, pad_id: int) -> int:
+        """The position id of a record's first token."""
+        return pad_id + 1 if self.positions_after_pad else 0
+
+    def usable_positions(self, max_position_embeddings: int, pad_id: int) -> int:
+        """Tokens a record may hold: the position table's rows from the first position on."""
+        return max_position_embeddings - self.first_position(pad_id)
+
+
+# The classes whose forwards (the code around their Linear, Embedding and LayerNorm layers) never
+# combine different samples, read in transformers 5.24.0's modeling_bert.py and modeling_roberta.py:
+# attention runs within a record (the mask is each record's own; no cross-attention without
+# is_decoder), the embeddings add a record's word, position and token-type vectors, the other
+# classes are Linear, activation, residual and LayerNorm over a record's own tokens. Each embeddings
+# class holds two integer buffers of constant indices (0..max_positions-1, and zeros), never data
+# statistics; they are declared by name.
+_BERT_CLASSES = {"BertModel": (), "BertEmbeddings": ("position_ids", "token_type_ids"), "BertEncoder": (),
+                 "BertLayer": (), "BertAttention": (), "BertSelfAttention": (), "BertSelfOutput": (),
+                 "BertIntermediate": (), "BertOutput": ()}
+_ROBERTA_CLASSES = {"RobertaModel": (), "RobertaEmbeddings": ("position_ids", "token_type_ids"),
+                    "RobertaEncoder": (), "RobertaLayer": (), "RobertaAttention": (), "RobertaSelfAttention": (),
+                    "RobertaSelfOutput": (), "RobertaIntermediate": (), "RobertaOutput": ()}
+
+BERT = EncoderType(
+    name="bert", module="transformers.models.bert.modeling_bert", model_class="BertModel",
+    per_sample=MappingProxyType(_BERT_CLASSES),
+    embeddings=("word_embeddings", "position_embeddings", "token_type_embeddings", "LayerNorm"),
+    positions_after_pad=False,
+    tokenizers=(("tokenizer.json",), ("vocab.txt",)),  # either defines the WordPiece vocabulary
+)
+ROBERTA = EncoderType(
+    name="roberta", module="transformers.models.roberta.modeling_roberta", model_class="RobertaModel",
+    per_sample=MappingProxyType(_ROBERTA_CLASSES),
+    # RobertaEmbeddings registers its position embeddings last (with padding_idx = the pad id)
+    embeddings=("word_embeddings", "token_type_embeddings", "LayerNorm", "position_embeddings"),
+    positions_after_pad=True,
+    tokenizers=(("tokenizer.json",), ("vocab.json", "merges.txt")),  # byte-level BPE
+)
+
+ENCODER_TYPES: Mapping[str, EncoderType] = MappingProxyType({t.name: t for t in (BERT, ROBERTA)})
+"""config.json's model_type -> the encoder type dpbench builds (``encoder_model`` declares each
+type's classes per-sample)."""
+
 # weight files that are Python pickles: never read (unpickling runs code)
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.ckpt.index", "flax_model.msgpack",
                    "tf_model.h5")
 SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # either defines the WordPiece vocabulary
 
 
 def sha256(path: Path) -> str:
@@ -179,9 +242,9 @@ def _read_json(path: Path) -> dict:
 
 
 def check_directory(directory: str | Path) -> Path:
-    """``directory`` as a Path if it holds a BERT-family encoder in the Hugging Face format
-    (``config.json`` of a supported ``model_type``, safetensors weights, a tokenizer), else one
-    line naming the file that is missing or wrong."""
+    """``directory`` as a Path if it holds an encoder of a supported type (``ENCODER_TYPES``) in
+    the Hugging Face format (``config.json`` of that ``model_type``, safetensors weights, the
+    type's tokenizer files), else one line naming the file that is missing or wrong."""
     root = Path(directory)
     if not root.is_dir():
         raise EncoderError(f"{root}: no such encoder directory")
@@ -189,24 +252,39 @@ def check_directory(directory: str | Path) -> Path:
     if not config.is_file():
         raise EncoderError(f"{config}: missing, so {root} is not a Hugging Face encoder directory")
     model_type = _read_json(config).get("model_type")
-    if model_type not in BERT_FAMILY:
+    if model_type not in ENCODER_TYPES:
         raise EncoderError(f"{config}: model_type {model_type!r} is not a BERT-family encoder "
-                           f"(supported: {', '.join(BERT_FAMILY)})")
+                           f"(supported: {', '.join(ENCODER_TYPES)})")
     if not any((root / name).is_file() for name in SAFETENSORS):
         pickled = [name for name in PICKLED_WEIGHTS if (root / name).is_file()]
         if pickled:
             raise EncoderError(f"{root / pickled[0]}: weights in a format dpbench does not read (a pickle can "
                                "run code when loaded); convert them to model.safetensors")
         raise EncoderError(f"{root / SAFETENSORS[0]}: missing, so {root} has no weights")
-    if not any((root / name).is_file() for name in TOKENIZER_FILES):
-        raise EncoderError(f"{root / TOKENIZER_FILES[0]}: missing (and no {TOKENIZER_FILES[1]}), so {root} "
-                           "has no tokenizer")
+    _check_tokenizer(root, ENCODER_TYPES[model_type])
     return root
+
+
+def _check_tokenizer(root: Path, kind: EncoderType) -> None:
+    """One line naming the missing file unless one of ``kind``'s groups of tokenizer files is whole."""
+    present = [[(root / name).is_file() for name in group] for group in kind.tokenizers]
+    if any(all(found) for found in present):
+        return
+    # a group begun but not whole (vocab.json without merges.txt): its missing file is named
+    partial = next((g for g, found in zip(kind.tokenizers, present) if any(found)), None)
+    if partial is not None:
+        missing = next(name for name in partial if not (root / name).is_file())
+        raise EncoderError(f"{root / missing}: missing (with {' and '.join(n for n in partial if n != missing)} "
+                           f"it defines the tokenizer), so {root} has no tokenizer")
+    first, *others = kind.tokenizers
+    raise EncoderError(f"{root / first[0]}: missing (and no {' or '.join(' with '.join(g) for g in others)}), "
+                       f"so {root} has no tokenizer")
 
 
 @dataclass(frozen=True)
 class EncoderFacts:
-    """A BERT-family encoder's dimensions, from its config.json (names as transformers' BertConfig)."""
+    """A BERT-family encoder's dimensions, from its config.json (names as transformers' BertConfig
+    and RobertaConfig)."""
 
     model_type: str
     hidden_size: int
@@ -218,10 +296,19 @@ class EncoderFacts:
     type_vocab_size: int
     pad_token_id: int
 
+    @property
+    def encoder_type(self) -> EncoderType:
+        return ENCODER_TYPES[self.model_type]
+
+    @property
+    def usable_positions(self) -> int:
+        """Tokens a record may hold (RoBERTa's first pad_token_id + 1 positions are not a record's)."""
+        return self.encoder_type.usable_positions(self.max_position_embeddings, self.pad_token_id)
+
 
 def config_facts(directory: str | Path) -> EncoderFacts:
     """The dimensions in ``directory``'s config.json, without torch; one line naming the file and
-    the key that is missing or not a positive integer."""
+    the key that is missing or not a positive integer, or positions that leave no room for a token."""
     root = check_directory(directory)
     config = _read_json(root / "config.json")
     values = {"model_type": config["model_type"], "pad_token_id": config.get("pad_token_id", 0)}
@@ -231,7 +318,17 @@ def config_facts(directory: str | Path) -> EncoderFacts:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise EncoderError(f"{root / 'config.json'}: {key} must be a positive integer, got {value!r}")
         values[key] = value
-    return EncoderFacts(**values)
+    facts = EncoderFacts(**values)
+    if facts.encoder_type.positions_after_pad:  # the pad id places every position
+        pad = facts.pad_token_id
+        if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
+            raise EncoderError(f"{root / 'config.json'}: pad_token_id must be a non-negative integer (a "
+                               f"{facts.model_type} numbers positions after it), got {pad!r}")
+    if facts.usable_positions < 1:
+        raise EncoderError(f"{root / 'config.json'}: max_position_embeddings {facts.max_position_embeddings} leaves "
+                           f"no position for a token ({facts.model_type}'s positions start at pad_token_id + 1 = "
+                           f"{facts.encoder_type.first_position(facts.pad_token_id)})")
+    return facts
 
 
 @dataclass(frozen=True)
