@@ -308,6 +308,20 @@ def generated_corpus(monkeypatch, tmp_path):
     return tmp_path
 
 
+@pytest.fixture
+def labelled_corpus(monkeypatch, tmp_path):
+    """Three fortunes files of the package's names in the official format, P6's and P7's data."""
+    from dpbench.data import fortunes
+
+    rng = np.random.default_rng(0)
+    content = {name: [" ".join(rng.choice(WORDS, rng.integers(3, 20))) + f" ({name} {i})" for i in range(60)]
+               for name in ("art", "work", "zippy")}
+    monkeypatch.setattr(fortunes, "SHA256", write_fortunes(tmp_path / "fortunes", content))
+    (tmp_path / "system").mkdir()
+    monkeypatch.setattr(fortunes, "SYSTEM_DIRS", [tmp_path / "system"])
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
     """A tiny BERT in the Hugging Face file format with sentence-transformers' pooling files
@@ -315,6 +329,15 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
     from tiny_bert import write_tiny_bert
 
     return write_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_roberta_dir(tmp_path_factory) -> Path:
+    """A tiny RoBERTa in the Hugging Face file format with a byte-level BPE tokenizer
+    (tests/tiny_roberta.py), written once per session; tests copy it before changing it."""
+    from tiny_roberta import write_tiny_roberta
+
+    return write_tiny_roberta(tmp_path_factory.mktemp("tiny-roberta"))
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import json
 
-import numpy as np
 import pytest
 import torch
 
@@ -231,21 +230,6 @@ def test_cached_features_give_the_full_models_losses_and_head_gradients(start):
 
 
 # -- runs ----------------------------------------------------------------------------------------------
-
-@pytest.fixture
-def labelled_corpus(monkeypatch, tmp_path):
-    """Three fortunes files of the package's names in the official format, P6's and P7's data."""
-    from conftest import WORDS, write_fortunes
-    from dpbench.data import fortunes
-
-    rng = np.random.default_rng(0)
-    content = {name: [" ".join(rng.choice(WORDS, rng.integers(3, 20))) + f" ({name} {i})" for i in range(60)]
-               for name in ("art", "work", "zippy")}
-    monkeypatch.setattr(fortunes, "SHA256", write_fortunes(tmp_path / "fortunes", content))
-    (tmp_path / "system").mkdir()
-    monkeypatch.setattr(fortunes, "SYSTEM_DIRS", [tmp_path / "system"])
-    return tmp_path
-
 
 @pytest.mark.parametrize("mode", ["lora", "head"])
 def test_a_p7_run_from_a_local_encoder_records_its_files(mode, tiny_bert_dir, labelled_corpus, tmp_path):
