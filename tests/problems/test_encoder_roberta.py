@@ -157,6 +157,20 @@ def test_vocab_and_merges_alone_are_a_roberta_tokenizer(tiny_roberta_dir, tmp_pa
     assert torch.equal(encode(bare.tokenizer, TEXTS, 12), encode(full.tokenizer, TEXTS, 12))
 
 
+def test_a_tokenizer_padding_with_another_id_than_the_configs_is_refused(tiny_roberta_dir, tmp_path):
+    """A RoBERTa numbers positions after config.json's pad_token_id and masks the tokenizer's pad:
+    the two must be one id."""
+    from dpbench.problems.encoder_model import load_encoder
+
+    directory = copy_of(tiny_roberta_dir, tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "pad_token_id": 3}))
+    with pytest.raises(EncoderError) as e:
+        load_encoder(directory)
+    assert one_line(e) == (f"{directory}: the tokenizer's pad id 1 is not config.json's pad_token_id 3, after "
+                           "which a roberta numbers positions")
+
+
 # -- the model ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fixture", ["tiny_bert_dir", "tiny_roberta_dir"])
