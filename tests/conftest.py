@@ -369,3 +369,15 @@ def assert_moves_exactly_the_trained(model, before: dict, label: str, key_bias: 
             assert not torch.equal(p, before[n]), f"{label}: trainable {n} did not change"
         else:
             assert torch.equal(p, before[n]), f"{label}: frozen {n} changed"
+
+
+def copy_of(directory, tmp_path):
+    """A copy of an encoder directory (to damage) under ``tmp_path``."""
+    return shutil.copytree(directory, tmp_path / "encoder")
+
+
+def one_line(e) -> str:
+    """The text of a raised error (``pytest.raises``'s ``ExceptionInfo``), asserted to be one line."""
+    text = str(e.value)
+    assert "\n" not in text, text
+    return text

@@ -1,34 +1,30 @@
 """RoBERTa as a local encoder (``--pretrained-dir``), on the tiny RoBERTa fixture
 (tests/tiny_roberta.py: byte-level BPE, pad id 1, positions after it, one token type): the encoder
 types (``encoders.ENCODER_TYPES``), the directory's checks and refusals, the features against
-transformers' own forward (BERT's too), the bert-encoder table against the built model (at
-roberta-base's size as well), every mode's trained set and count, per-sample gradients against
-autograd, every optimizer moving exactly the trained parameters, a `dpbench train` run and the
-grid's d."""
+transformers' own forward (BERT's too), the bert-encoder table in RoBERTa's order (at
+roberta-base's size as well), Opacus's per-sample gradients, a `dpbench train` run and the grid's
+d. tests/problems/test_problems_encoder.py runs every test of a start on both fixtures: every
+mode's trained set and count, every optimizer in every mode, per-sample gradients against
+autograd, the Opacus peer, the cached features and the steps in groups."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_moves_exactly_the_trained, tree_env
-from dpbench.optimizers import OPTIMIZERS
-from dpbench.privacy.clipping import Clipping
-from dpbench.privacy.per_sample import DECLARED_PER_SAMPLE, Tape
+from conftest import copy_of, one_line, tree_env
+from dpbench.privacy.per_sample import DECLARED_PER_SAMPLE
 from dpbench.problems import encoders, facts, get_problem, modes
 from dpbench.problems.encoder_classification import PublicEncoder
 from dpbench.problems.encoders import EncoderError
-from dpbench.problems.finetune import LoRALinear
 from dpbench.training.harness import build_model
-from tiny_roberta import DIMS, PAD, SPECIAL, TOKENS
+from tiny_roberta import DIMS, PAD, TOKENS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -41,39 +37,13 @@ ROBERTA_BASE = {"vocab_size": 50265, "max_position_embeddings": 514, "type_vocab
                 "num_hidden_layers": 12, "intermediate_size": 3072, "num_attention_heads": 12, "pad_token_id": 1}
 
 
-def copy_of(directory, tmp_path):
-    return shutil.copytree(directory, tmp_path / "encoder")
-
-
-def one_line(e) -> str:
-    text = str(e.value)
-    assert "\n" not in text, text
-    return text
-
-
 @pytest.fixture(scope="module")
 def start(tiny_roberta_dir):
     return PublicEncoder.load(tiny_roberta_dir)
 
 
-def tokens(start, n=6, width=10, seed=1):
-    """Records of different lengths: <s> pieces </s> then padding (as test_problems_encoder's BERT rows)."""
-    gen = torch.Generator().manual_seed(seed)
-    pad = start.loaded.pad_id
-    x = torch.full((n, width), pad, dtype=torch.int64)
-    for i in range(n):
-        length = 3 + (i * 2) % (width - 3)
-        x[i, :length] = torch.randint(len(SPECIAL), start.loaded.facts.vocab_size, (length,), generator=gen)
-        x[i, 0], x[i, length - 1] = start.loaded.tokenizer.cls_token_id, start.loaded.tokenizer.sep_token_id
-    return x
-
-
 def built(start, mode, seed=0):
     return build_model(get_problem("P7"), seed, "cpu", start, mode)
-
-
-def p7_loss(m, x, y):
-    return get_problem("P7").task.per_sample_loss(m, x, y)
 
 
 # -- the encoder types ---------------------------------------------------------------------------
@@ -209,10 +179,6 @@ def test_the_table_is_the_built_models(start):
     assert list(arch.parameters)[1:5] == [
         ("encoder.embeddings.token_type_embeddings.weight", 1 * 32), ("encoder.embeddings.LayerNorm.weight", 32),
         ("encoder.embeddings.LayerNorm.bias", 32), ("encoder.embeddings.position_embeddings.weight", 66 * 32)]
-    for prefix in arch.blocks:
-        for name, d_in, d_out in arch.adapted:
-            layer = model.get_submodule(prefix + name)
-            assert (layer.in_features, layer.out_features) == (d_in, d_out)
 
 
 def test_the_table_at_roberta_bases_size_is_robertamodels():
@@ -232,25 +198,6 @@ def test_the_table_at_roberta_bases_size_is_robertamodels():
     assert arch.total == 124_645_632 - 590_592 + 768 * 40 + 40
 
 
-@pytest.mark.parametrize("mode", MODES, ids=IDS)
-def test_each_mode_trains_its_set_and_the_count_is_the_built_models(start, mode):
-    model = built(start, mode)
-    everything = {n for n, _ in built(start, modes.Full()).named_parameters()}
-    head = {"head.weight", "head.bias"}
-    want = {
-        "full": everything,
-        "last-block": {n for n in everything if n.startswith(("encoder.encoder.layer.1.", "head."))},
-        "lora": {f"encoder.encoder.layer.{b}.{layer}.lora_{ab}.weight" for b in range(2) for ab in "ab"
-                 for layer in ("attention.self.query", "attention.self.key", "attention.self.value",
-                               "attention.output.dense", "intermediate.dense", "output.dense")} | head,
-        "bias": {n for n in everything if n.endswith(".bias")} | head,
-        "head": head,
-    }[mode.name]
-    assert {n for n, p in model.named_parameters() if p.requires_grad} == want
-    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == \
-        facts("P7").trainable(start.model_dims, mode)
-
-
 def test_max_tokens_are_the_usable_positions(start):
     """P7 cuts records to 128 tokens or the encoder's usable positions: the tiny RoBERTa's 66
     position rows hold 64 tokens after the pad id's 2."""
@@ -260,95 +207,6 @@ def test_max_tokens_are_the_usable_positions(start):
     x[0, 0], x[0, -1] = 0, 2
     with torch.no_grad():  # the longest record reaches the last position row, and no further
         assert built(start, modes.Head())(x).shape == (1, 40)
-
-
-# -- per-sample gradients --------------------------------------------------------------------------
-
-@pytest.mark.parametrize("mode", [modes.Full(), modes.LoRA(4), modes.Bias()], ids=["full", "lora", "bias"])
-def test_per_sample_gradients_match_autograd(start, mode):
-    model = built(start, mode).double()
-    with torch.no_grad():  # B != 0, so LoRA's A gets gradients too
-        for m in model.modules():
-            if isinstance(m, LoRALinear):
-                m.lora_b.weight.normal_(0, 0.1)
-    x, y = tokens(start), torch.arange(6) % 40
-    assert x.eq(start.loaded.pad_id).any()
-    params = [p for p in model.parameters() if p.requires_grad]
-    rows = []
-    for i in range(x.shape[0]):
-        loss = p7_loss(model, x[i:i + 1], y[i:i + 1])[0].sum()
-        rows.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
-    want = torch.stack(rows)
-    tape = Tape(model)
-    with tape:
-        losses, _ = p7_loss(model, x, y)
-    psg = tape.per_sample_gradients(losses)
-    torch.testing.assert_close(psg.norms(), want.norm(dim=1), rtol=1e-9, atol=1e-12)
-    assert psg.norms().min() > 1e-3
-    coef = torch.linspace(0.5, 1.5, x.shape[0], dtype=torch.float64)
-    summed = psg.weighted_sum(coef)
-    torch.testing.assert_close(torch.cat([summed[p].reshape(-1) for p in params]), coef @ want,
-                               rtol=1e-9, atol=1e-12)
-    if mode.name == "full":  # the position rows a record uses get its gradient; the pad's row none
-        positions = model.encoder.embeddings.position_embeddings
-        assert positions.padding_idx == PAD
-        g = summed[positions.weight]
-        assert g[PAD].eq(0).all() and g[:PAD + 1].eq(0).all() and g[PAD + 1].ne(0).any()
-
-
-def test_opacus_hooks_give_the_same_per_sample_gradients(start):
-    """Opacus 1.6's GradSampleModule on the RoBERTa classifier (position ids (B, T), from the pad id
-    on), mode full: the same per-sample gradients as one backward pass per record."""
-    from opacus.grad_sample import GradSampleModule
-
-    model = built(start, modes.Full()).double()
-    x, y = tokens(start), torch.arange(6) % 40
-    params = list(model.parameters())
-    rows = [torch.autograd.grad(F.cross_entropy(model(x[i:i + 1]), y[i:i + 1], reduction="sum"), params)
-            for i in range(6)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum", strict=True)
-        F.cross_entropy(gsm(x), y, reduction="sum").backward()
-    for j, p in enumerate(params):
-        torch.testing.assert_close(p.grad_sample, torch.stack([r[j] for r in rows]), rtol=1e-9, atol=1e-12)
-    gsm._close()
-
-
-# -- every optimizer ---------------------------------------------------------------------------------
-
-N_TRAIN, L = 24, 6
-
-
-def step_twice(start, name, mode, cache_dir):
-    from dpbench.mechanisms.base import PlanRequest
-    from dpbench.optimizers.base import Context
-    from dpbench.privacy.clipping import NoClipping
-
-    model = built(start, mode)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    spec = OPTIMIZERS[name]
-    plan = spec.mechanism.plan(PlanRequest(N_TRAIN, L, 1 if "-se" in name else 2, target_epsilon=4.0,
-                                           cache_dir=cache_dir))
-    ctx = Context(model=model, loss_fn=p7_loss, lr=0.05 if "adam" in name else 0.5, expected_batch_size=L,
-                  noise_multiplier=0.7 if spec.private else 0.0,
-                  clipping=Clipping(1.0) if spec.private else NoClipping(),
-                  noise=spec.mechanism.noise(plan, 5, "cpu"), steps=plan.steps,
-                  hyperparameters=spec.hyperparameters(None))
-    step = spec.build(ctx)
-    x, y = tokens(start), torch.arange(6) % 40
-    for _ in range(2):  # LoRA's A has a zero gradient while B is still 0
-        step(x, y)
-    assert_moves_exactly_the_trained(model, before, f"{name} {mode.name}", "attention.self.key.bias", spec.private)
-    assert sum(p.numel() for p in ctx.params) == facts("P7").trainable(start.model_dims, mode)
-
-
-@pytest.mark.parametrize("mode", MODES, ids=IDS)
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS.builtins))
-def test_every_optimizer_in_every_mode_moves_exactly_the_trained_parameters(start, name, mode, tmp_path_factory):
-    """Two steps: every trained parameter moved, every frozen one bit for bit the same, and the
-    step's parameter count the table's d (as test_problems_encoder holds the BERT to)."""
-    step_twice(start, name, mode, tmp_path_factory.getbasetemp() / "p7-cache")
 
 
 # -- a run and the grid ------------------------------------------------------------------------------

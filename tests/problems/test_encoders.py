@@ -14,20 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO, tree_env
+from conftest import REPO, copy_of, one_line, tree_env
 from dpbench.problems import encoders
 from dpbench.problems.encoders import EncoderError
 from tiny_bert import DIMS, VOCAB
-
-
-def copy_of(directory, tmp_path):
-    return shutil.copytree(directory, tmp_path / "encoder")
-
-
-def one_line(e) -> str:
-    text = str(e.value)
-    assert "\n" not in text, text
-    return text
 
 
 # --- the catalog -----------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""P7 (dpbench.problems.encoder_classification): P6's task from a public BERT encoder, on the
-tiny BERT fixture (tests/tiny_bert.py) and, where installed, the real all-MiniLM-L6-v2: the
+"""P7 (dpbench.problems.encoder_classification): P6's task from a public encoder, on the tiny
+BERT and tiny RoBERTa fixtures (tests/tiny_bert.py, tests/tiny_roberta.py) and, where installed, the real all-MiniLM-L6-v2: the
 bert-encoder architecture table against the built model, every mode's trained set and count,
 every optimizer in every mode moving exactly the trained parameters (the frozen ones bit for
 bit), per-sample gradients against autograd, Opacus's DP-SGD as a peer, the cached features of
@@ -8,10 +8,11 @@ mode head against the full model, and runs of `dpbench train` with `--pretrained
 from __future__ import annotations
 
 import copy
-import json
+import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import assert_moves_exactly_the_trained
 from dpbench.optimizers import OPTIMIZERS
@@ -28,9 +29,11 @@ MODES = [modes.Full(), modes.LastBlock(), modes.LoRA(4), modes.Bias(), modes.Hea
 IDS = [m.name for m in MODES]
 
 
-@pytest.fixture(scope="module")
-def start(tiny_bert_dir):
-    return PublicEncoder.load(tiny_bert_dir)
+@pytest.fixture(scope="module", params=["tiny_bert_dir", "tiny_roberta_dir"], ids=["bert", "roberta"])
+def start(request):
+    """Each encoder type's tiny fixture (tests/tiny_bert.py, tests/tiny_roberta.py): every test of a
+    start holds both types to it."""
+    return PublicEncoder.load(request.getfixturevalue(request.param))
 
 
 def tokens(start, n=6, width=10, seed=1):
@@ -66,7 +69,7 @@ def trained(model):
 
 # -- the table, the counts and the trained sets -----------------------------------------------------
 
-def test_the_bert_table_is_the_built_models(start):
+def test_the_table_is_the_built_models(start):
     model = built(start, modes.Full())
     arch = facts("P7").architecture(start.model_dims)
     assert list(arch.parameters) == [(n, p.numel()) for n, p in model.named_parameters()]
@@ -173,6 +176,10 @@ def test_per_sample_gradients_match_autograd_in_every_mode(start, mode):
     summed = psg.weighted_sum(coef)
     torch.testing.assert_close(torch.cat([summed[p].reshape(-1) for p in params]), coef @ want,
                                rtol=1e-9, atol=1e-12)
+    if mode.name == "full":  # the position rows records use get gradients, those below the first none
+        first = model.first_position  # 0 (BERT); the pad id + 1 (RoBERTa)
+        g = summed[model.encoder.embeddings.position_embeddings.weight]
+        assert g[:first].eq(0).all() and g[first].ne(0).any()
 
 
 @pytest.mark.parametrize("mode", [modes.Full(), modes.LoRA(4)], ids=["full", "lora"])
@@ -200,6 +207,25 @@ def test_opacus_dpsgd_takes_dpsgds_step(start, mode, tmp_path_factory):
     for (n, p), q, p0 in zip(out[0].named_parameters(), out[1].parameters(), first.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-7 * max(1.0, (p - p0).abs().max().item()), msg=n)
     assert max((p - p0).abs().max().item() for p, p0 in zip(out[0].parameters(), first.parameters())) > 1e-3
+
+
+def test_opacus_hooks_give_the_same_per_sample_gradients(start):
+    """Opacus 1.6's GradSampleModule on the classifier (position ids (B, T), from the pad id on in a
+    RoBERTa), mode full: the same per-sample gradients as one backward pass per record."""
+    from opacus.grad_sample import GradSampleModule
+
+    model = built(start, modes.Full()).double()
+    x, y = tokens(start), torch.arange(6) % 40
+    params = list(model.parameters())
+    rows = [torch.autograd.grad(F.cross_entropy(model(x[i:i + 1]), y[i:i + 1], reduction="sum"), params)
+            for i in range(6)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum", strict=True)
+        F.cross_entropy(gsm(x), y, reduction="sum").backward()
+    for j, p in enumerate(params):
+        torch.testing.assert_close(p.grad_sample, torch.stack([r[j] for r in rows]), rtol=1e-9, atol=1e-12)
+    gsm._close()
 
 
 # -- mode head: cached features -----------------------------------------------------------------------
