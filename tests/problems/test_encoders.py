@@ -115,6 +115,8 @@ def test_file_hashes_record_every_file_of_a_local_directory(tiny_bert_dir):
     (lambda d: (d / "config.json").unlink(), r"config\.json: missing, so .* is not a Hugging Face encoder directory"),
     (lambda d: (d / "config.json").write_text(json.dumps({"model_type": "gpt2"})),
      r"config\.json: model_type 'gpt2' is not a BERT-family encoder \(supported: bert, roberta\)"),
+    (lambda d: (d / "config.json").write_text(json.dumps({"model_type": ["bert"]})),
+     r"config\.json: model_type \['bert'\] is not a BERT-family encoder \(supported: bert, roberta\)"),
     (lambda d: (d / "config.json").write_text("{not json"), r"config\.json: not readable JSON \(JSONDecodeError"),
     (lambda d: (d / "model.safetensors").unlink(), r"model\.safetensors: missing, so .* has no weights"),
     (lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"),

@@ -252,7 +252,7 @@ def check_directory(directory: str | Path) -> Path:
     if not config.is_file():
         raise EncoderError(f"{config}: missing, so {root} is not a Hugging Face encoder directory")
     model_type = _read_json(config).get("model_type")
-    if model_type not in ENCODER_TYPES:
+    if not isinstance(model_type, str) or model_type not in ENCODER_TYPES:  # a list is no key
         raise EncoderError(f"{config}: model_type {model_type!r} is not a BERT-family encoder "
                            f"(supported: {', '.join(ENCODER_TYPES)})")
     if not any((root / name).is_file() for name in SAFETENSORS):
