@@ -141,6 +141,19 @@ def test_a_tokenizer_padding_with_another_id_than_the_configs_is_refused(tiny_ro
                            "which a roberta numbers positions")
 
 
+@pytest.mark.parametrize("fixture", ["tiny_bert_dir", "tiny_roberta_dir"])
+def test_a_zeroed_tokenizer_file_is_refused_in_one_line_naming_it(fixture, request, tmp_path):
+    """A user's directory has no catalogued hashes: a damaged tokenizer.json is named when read."""
+    from dpbench.problems.encoder_model import load_encoder
+
+    directory = copy_of(request.getfixturevalue(fixture), tmp_path)
+    (directory / "tokenizer.json").write_bytes(bytes(100))
+    with pytest.raises(EncoderError) as e:
+        load_encoder(directory)
+    assert re.fullmatch(re.escape(str(directory / "tokenizer.json")) + r": not a readable tokenizer \(with "
+                        r"(vocab\.txt|vocab\.json, merges\.txt); JSONDecodeError: .*\)", one_line(e))
+
+
 # -- the model ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fixture", ["tiny_bert_dir", "tiny_roberta_dir"])

@@ -107,7 +107,14 @@ def load_encoder(directory: str | Path) -> LoadedEncoder:
         missing = sorted(info["missing_keys"])
         raise EncoderError(f"{root}: the weights lack {len(missing)} of the model's parameters "
                            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(root, local_files_only=True)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(root, local_files_only=True)
+    except Exception as exc:  # a damaged tokenizer file: the files it is read from, named
+        first = (str(exc).strip().splitlines() or [""])[0]
+        files = [name for group in facts.encoder_type.tokenizers for name in group if (root / name).is_file()]
+        others = ", ".join(files[1:]) or "no other file"
+        raise EncoderError(f"{root / files[0]}: not a readable tokenizer (with {others}; {type(exc).__name__}: "
+                           f"{first})") from None
     if tokenizer.pad_token_id is None:
         raise EncoderError(f"{root}: the tokenizer has no pad token")
     if facts.encoder_type.positions_after_pad and tokenizer.pad_token_id != facts.pad_token_id:
