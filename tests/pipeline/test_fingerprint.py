@@ -9,13 +9,14 @@ from dpbench.pipeline import fingerprint
 
 
 def test_harness_closure_excludes_the_registry_and_other_optimizers():
-    harness = fingerprint.module_closure(fingerprint.HARNESS)
+    harness = fingerprint.harness_closure(fingerprint.HARNESS)
     assert {"dpbench.training.train", "dpbench.training.config", "dpbench.training.splits",
             "dpbench.training.calibration", "dpbench.training.checkpoint", "dpbench.training.harness",
             "dpbench.seeds", "dpbench.privacy.per_sample", "dpbench.privacy.accounting",
             "dpbench.privacy.clipping", "dpbench.mechanisms.sampling", "dpbench.mechanisms.noise", "dpbench.optimizers.base"} <= harness
     assert "dpbench.optimizers" not in harness and "dpbench.optimizers.sgd" not in harness
     assert "dpbench.reporting.figures" not in harness and "dpbench.reporting.aggregate" not in harness
+    assert "dpbench.problems.registry" not in harness and "dpbench.problems.images" not in harness
 
 
 def test_the_harness_leaves_each_problems_own_modules_to_its_problems():

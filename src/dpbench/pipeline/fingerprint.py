@@ -141,6 +141,7 @@ def problem_modules(roots: tuple[str, ...]) -> set[str]:
     return seen - set(LEAVES) - {PACKAGE}
 
 
+@lru_cache(maxsize=None)
 def code_text(source: str) -> str:
     """What a fingerprint hashes of Python source: its syntax tree (``ast.dump``, without line
     and column numbers) with every statement that is a bare string removed (docstrings of the
@@ -159,15 +160,8 @@ def code_text(source: str) -> str:
 
 
 def _module_code(name: str) -> str:
-    """``code_text`` of a dpbench module's file, parsed once per version of the file."""
-    path = _module_file(name)
-    stat = path.stat()
-    return _file_code(path, stat.st_mtime_ns, stat.st_size)
-
-
-@lru_cache(maxsize=None)
-def _file_code(path: Path, mtime_ns: int, size: int) -> str:
-    return code_text(path.read_text())
+    """``code_text`` of a dpbench module's file (parsed once per version of its text)."""
+    return code_text(_module_file(name).read_text())
 
 
 def _modules_digest(modules, extra: list[tuple[str, str]] = ()) -> str:
