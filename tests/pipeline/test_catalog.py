@@ -166,7 +166,7 @@ def test_a_builtin_figures_fingerprint_read_from_the_sources_is_the_live_one():
         assert static == live, figure_id
         assert defaults == spec.defaults
         assert fingerprint.figure_fingerprint(figure_id) == fingerprint._digest(
-            list(live.items()) + [("defaults", repr(spec.defaults)),
+            [(k, fingerprint.code_text(v)) for k, v in live.items()] + [("defaults", repr(spec.defaults)),
                                   ("thesis_filters", repr(figures.THESIS_FILTERS.get(figure_id)))])
 
 

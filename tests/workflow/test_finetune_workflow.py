@@ -168,12 +168,12 @@ def test_a_dense_matrix_mechanisms_noise_file_is_as_wide_as_the_parameters_the_m
 
 
 def test_the_train_rules_fingerprint_covers_the_fine_tuning_code():
-    """A cell's code is optimizer_fingerprint + problem_fingerprint (common.smk's train_code);
-    the harness it covers imports the fine-tuning modules and P5's and P6's."""
-    closure = fingerprint.module_closure((*fingerprint.HARNESS, "dpbench.optimizers.sgd"))
-    assert {"dpbench.problems.finetune", "dpbench.problems.modes", "dpbench.problems.text_classification",
-            "dpbench.problems.language", "dpbench.training.config"} <= closure
-    assert fingerprint.problem_fingerprint("P6") == ""  # built in: the harness's fingerprint holds it
+    """A cell's code is optimizer_fingerprint + problem_fingerprint (common.smk's train_code):
+    the harness it covers imports the fine-tuning modules, P6's own modules hold P5's and P6's."""
+    closure = fingerprint.harness_closure((*fingerprint.HARNESS, "dpbench.optimizers.sgd"))
+    assert {"dpbench.problems.finetune", "dpbench.problems.modes", "dpbench.training.config"} <= closure
+    assert {"dpbench.problems.text_classification", "dpbench.problems.language"} <= fingerprint.problem_modules(
+        fingerprint.problem_roots("P6"))
     # and the pretraining code's fingerprint (the checkpoint's name) holds none of the wiring
     assert not {"dpbench.training.config", "dpbench.pipeline.grid", "dpbench.cli.training",
                 "dpbench.problems.finetune"} & fingerprint.module_closure(fingerprint.PRETRAIN)

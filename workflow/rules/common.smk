@@ -92,8 +92,8 @@ def figure_options(figure):
 
 
 # Incremental reruns: a hash of the code behind each job is one of its params, so Snakemake
-# reruns exactly the jobs whose code changed (dpbench.pipeline.fingerprint): one optimizer's
-# module reruns its cells, the harness all cells, one figure that figure.
+# reruns exactly the jobs whose code changed (dpbench.pipeline.fingerprint): one optimizer's or
+# problem's modules rerun its cells, the harness all cells, one figure that figure; comments none.
 def train_code(wildcards):
     cell = CELLS[wildcards.cell]
     return fingerprint.optimizer_fingerprint(cell.optimizer) + fingerprint.problem_fingerprint(cell.problem)

@@ -1,10 +1,16 @@
 """Content fingerprints of the code behind a result, for incremental reruns.
 
 The workflow passes them to rules as params, and Snakemake reruns a job when its params
-change. So editing one optimizer's module reruns only that optimizer's cells; editing the
-harness (training loop, per-sample gradients, accounting, ...) reruns every cell; editing
-one figure function reruns only that figure. Dependencies are found statically from import
-statements (modules) and from references to functions (figures: ``function_closure``).
+change. So editing one optimizer's module reruns only that optimizer's cells; editing one
+problem's modules reruns only that problem's cells; editing the harness (training loop,
+per-sample gradients, accounting, ...) reruns every cell; editing one figure function reruns
+only that figure. Dependencies are found statically from import statements (modules) and from
+references to functions (figures: ``function_closure``).
+
+What is hashed is the code, not its text (``code_text``): a module's syntax tree without its
+docstrings and bare string statements, and without line numbers, so that a comment, a
+docstring or a blank line changes no fingerprint. (The pretraining code's fingerprint, which
+names a committed checkpoint, still hashes the text: ``pretrain_fingerprint``.)
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ from functools import lru_cache
 from pathlib import Path
 
 PACKAGE = "dpbench"
-# Modules whose imports are not followed, and which do not count themselves: the registry
-# imports every optimizer module (following it would make each optimizer depend on all the
-# others, and adding one would rerun everything); this module only computes fingerprints.
-LEAVES = ("dpbench.optimizers", "dpbench.pipeline.fingerprint")
-# What every training run executes, whatever its optimizer (train's stages, config, splits,
-# calibration and checkpoint, are in its closure: train imports them).
+# Modules whose imports are not followed, and which do not count themselves: each registry imports
+# every optimizer's (problem's) module (following it would make each depend on all the others, and
+# adding one would rerun everything); this module only computes fingerprints.
+LEAVES = ("dpbench.optimizers", "dpbench.problems.registry", "dpbench.pipeline.fingerprint")
+# What every training run executes, whatever its optimizer and problem (train's stages, config,
+# splits, calibration and checkpoint, are in its closure: train imports them).
 HARNESS = ("dpbench.training.train", "dpbench.optimizers.base", "dpbench.optimizers.spec")
+# Each problem's own modules in this package are its fingerprint, not the harness's (harness_closure)
+PROBLEMS = "dpbench.problems"
 
 
 ROOT = Path(__file__).resolve().parents[1]  # src/dpbench
@@ -46,31 +54,53 @@ def _module_file(name: str) -> Path | None:
 @lru_cache(maxsize=None)
 def _imports(name: str) -> frozenset[str]:
     """dpbench modules that module `name` imports (statically, from its source; parsed once
-    per process)."""
+    per process), wherever the import is written."""
+    return _imports_of(name)[0] | _imports_of(name)[1]
+
+
+@lru_cache(maxsize=None)
+def _imports_of(name: str) -> tuple[frozenset[str], frozenset[str]]:
+    """``_imports`` of module `name` as (those at module level, those inside a function)."""
     path = _module_file(name)
     if path is None:
-        return set()
+        return frozenset(), frozenset()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    return _imports_in(path.read_text(), package)
+    return _imports_in(path.read_text(), package, split=True)
 
 
-def _imports_in(source: str, package: str) -> frozenset[str]:
-    """The dpbench modules a source text imports; ``package``: the package its relative imports start from."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+def _imports_in(source: str, package: str, split: bool = False):
+    """The dpbench modules a source text imports; ``package``: the package its relative imports
+    start from; ``split``: as (those at module level, those inside a function)."""
+    found: tuple[set[str], set[str]] = (set(), set())
+
+    def visit(node, in_function: bool) -> None:
+        into = found[in_function]
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
+            into.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            found.add(base)
-            found |= {f"{base}.{a.name}" for a in node.names}  # `from pkg import module`
-    return frozenset(m for m in found if (m == PACKAGE or m.startswith(PACKAGE + ".")) and _module_file(m))
+            into.add(base)
+            into.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
+        in_function = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_function)
+
+    visit(ast.parse(source), False)
+    eager, lazy = (frozenset(m for m in f if (m == PACKAGE or m.startswith(PACKAGE + ".")) and _module_file(m))
+                   for f in found)
+    return (eager, lazy) if split else eager | lazy
 
 
-def module_closure(roots: tuple[str, ...]) -> set[str]:
-    """The dpbench modules the roots depend on, transitively (LEAVES excluded)."""
+def _in_problems(module: str) -> bool:
+    return module == PROBLEMS or module.startswith(PROBLEMS + ".")
+
+
+def module_closure(roots: tuple[str, ...], follow=None) -> set[str]:
+    """The dpbench modules the roots depend on, transitively (LEAVES excluded); ``follow(module,
+    imported)``: whether an import written inside one of ``module``'s functions is followed
+    (default: every import is)."""
     seen: set[str] = set()
     todo = list(roots)
     while todo:
@@ -79,8 +109,64 @@ def module_closure(roots: tuple[str, ...]) -> set[str]:
             continue
         seen.add(name)
         if name not in LEAVES:
+            eager, lazy = _imports_of(name)
+            todo.extend(eager)
+            todo.extend(m for m in lazy if follow is None or follow(name, m))
+    return seen - set(LEAVES) - {PACKAGE}
+
+
+def harness_closure(roots: tuple[str, ...] = HARNESS) -> set[str]:
+    """``module_closure`` of the roots, not following an import of a ``dpbench.problems`` module
+    written inside a function: that is how shared code reaches what only some problems use (the
+    encoders' catalogue and types, from ``ProblemFacts.architecture`` and ``bert_encoder``), and
+    those problems import it themselves (``problem_modules``)."""
+    return module_closure(roots, follow=lambda module, imported: not _in_problems(imported))
+
+
+def problem_modules(roots: tuple[str, ...]) -> set[str]:
+    """A problem's own modules: the roots (the module that declares its spec, or a plugin's
+    imports) and every dpbench module they import, wherever the import is written, transitively,
+    up to the harness's modules (``harness_closure``: every run's fingerprint holds them) and
+    the registries (``LEAVES``)."""
+    harness = harness_closure()
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen or name in harness:
+            continue
+        seen.add(name)
+        if name not in LEAVES:
             todo.extend(_imports(name))
     return seen - set(LEAVES) - {PACKAGE}
+
+
+@lru_cache(maxsize=None)
+def code_text(source: str) -> str:
+    """What a fingerprint hashes of Python source: its syntax tree (``ast.dump``, without line
+    and column numbers) with every statement that is a bare string removed (docstrings of the
+    module, its classes and functions, and attribute docstrings). Comments, docstrings, blank
+    lines and layout change nothing; a change of code changes it. The dump is the same within a
+    Python minor version (the syntax tree's classes change only between minor versions: a new
+    minor version may change every fingerprint once)."""
+    tree = ast.parse(textwrap.dedent(source))
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            body = getattr(node, name, None)
+            if isinstance(body, list):
+                setattr(node, name, [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                                                             and isinstance(s.value.value, str))])
+    return ast.dump(tree)
+
+
+def _module_code(name: str) -> str:
+    """``code_text`` of a dpbench module's file (parsed once per version of its text)."""
+    return code_text(_module_file(name).read_text())
+
+
+def _modules_digest(modules, extra: list[tuple[str, str]] = ()) -> str:
+    """Hash of the modules' code (``code_text``) and ``extra`` (key, text) pairs."""
+    return _digest([(n, _module_code(n)) for n in modules] + list(extra))
 
 
 def _digest(parts: list[tuple[str, str]]) -> str:
@@ -92,18 +178,17 @@ def _digest(parts: list[tuple[str, str]]) -> str:
 
 @lru_cache(maxsize=None)
 def optimizer_fingerprint(optimizer: str) -> str:
-    """Hash of the sources that determine an optimizer's runs: for a built-in, the harness, the
-    modules of its build and its mechanism, and its declaration's text in the registry (its
-    defaults, its mechanism's arguments: ``declaration``); for a plugin's optimizer, the harness,
-    the dpbench modules the plugin imports and the plugin's source hash
+    """Hash of the code that determines an optimizer's runs: for a built-in, the harness's modules
+    (``harness_closure``), those of its build and its mechanism, and its declaration in the
+    registry (its defaults, its mechanism's arguments: ``declaration``); for a plugin's optimizer,
+    the harness, the dpbench modules the plugin imports and the plugin's source hash
     (``dpbench.plugins.Plugin.source_sha256``)."""
     from dpbench.pipeline import catalog
 
     if optimizer in catalog.OPTIMIZERS:  # a built-in: its declaration (torch-free) names its modules
         spec = catalog.optimizer_spec(optimizer)
         roots = (*HARNESS, spec.build.__module__, type(spec.mechanism).__module__)
-        return _digest([(n, _module_file(n).read_text()) for n in module_closure(roots)]
-                       + [("declaration", declaration(optimizer))])
+        return _modules_digest(harness_closure(roots), [("declaration", code_text(declaration(optimizer)))])
     from dpbench.optimizers import OPTIMIZERS, get_optimizer
 
     get_optimizer(optimizer)  # an unknown id: its KeyError; a broken plugin: its one-line error
@@ -127,23 +212,73 @@ def declaration(optimizer: str) -> str:
 
 @lru_cache(maxsize=None)
 def problem_fingerprint(problem: str) -> str:
-    """"" for a built-in problem (the harness, which every optimizer's fingerprint covers,
-    imports them all); for a plugin's problem, a hash of the dpbench modules it imports and
-    its source hash. A cell's code is ``optimizer_fingerprint + problem_fingerprint``, so that
-    editing a problem plugin reruns exactly its cells."""
+    """``-`` and a hash of a problem's own modules (``problem_modules``): for a built-in, those of
+    the module that declares its spec (``problem_roots``); for a plugin's problem, those the
+    plugin imports, and its source hash. A cell's code is ``optimizer_fingerprint +
+    problem_fingerprint``, so that editing one problem's modules reruns exactly its cells (and
+    editing the harness, every cell)."""
     from dpbench.problems import catalog
 
     if problem in catalog.FACTS:  # a built-in (no registry: it imports torch)
-        return ""
+        return "-" + _modules_digest(problem_modules(problem_roots(problem)))
     from dpbench.problems import PROBLEMS, get_problem
 
     get_problem(problem)
     plugin = PROBLEMS.plugin(problem)
-    return "" if plugin is None else "-" + _plugin_digest(plugin, ())
+    return "" if plugin is None else "-" + _plugin_digest(plugin, (), problem=True)
 
 
-def _plugin_digest(plugin, roots: tuple[str, ...]) -> str:
-    """Hash of the roots, the dpbench modules the plugin's sources import, and the plugin's source hash."""
+def problem_roots(problem: str) -> tuple[str, ...]:
+    """The module that declares a built-in problem's spec (its task, build and loader are what it
+    imports), read from the registry's ``BUILT_IN`` without importing it (``_builtin_problems``);
+    a built-in declared otherwise is found through the registry."""
+    found = _builtin_problems().get(problem)
+    if found is not None:
+        return (found,)
+    from dpbench.problems import get_problem
+
+    spec = get_problem(problem)
+    return tuple(sorted({type(spec.task).__module__, spec.build.__module__, spec.load.__module__}))
+
+
+@lru_cache(maxsize=None)
+def _builtin_problems() -> dict[str, str]:
+    """Built-in problem id -> the module declaring its spec, from the registry's source: each
+    ``module.NAME`` (or ``NAME`` imported from a module) listed in ``BUILT_IN``, whose id is the
+    ``FACTS["id"]`` its ``NAME = Problem(...)`` names, or else ``NAME``."""
+    registry = f"{PROBLEMS}.registry"
+    lines, _, bound = _parsed(registry)  # name -> (module, None) or (module, name imported from it)
+    listed = next((n.value for n in ast.parse("".join(lines)).body if isinstance(n, ast.Assign)
+                   and any(getattr(t, "id", None) == "BUILT_IN" for t in n.targets)), None)
+    found = {}
+    for item in getattr(listed, "elts", ()):
+        if isinstance(item, ast.Attribute) and isinstance(item.value, ast.Name) and item.value.id in bound:
+            owner, attribute = bound[item.value.id]
+            module, name = owner if attribute is None else f"{owner}.{attribute}", item.attr
+        elif isinstance(item, ast.Name) and bound.get(item.id, (None, None))[1] is not None:
+            module, name = bound[item.id]
+        else:
+            continue
+        if _module_file(module) is not None:
+            found[_declared_id(module, name)] = module
+    return found
+
+
+def _declared_id(module: str, name: str) -> str:
+    """The problem id ``NAME = Problem(FACTS["id"], ...)`` in ``module`` declares, else ``NAME``."""
+    for node in ast.parse(_module_file(module).read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            for sub in ast.walk(node.value):
+                if (isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Constant)
+                        and isinstance(sub.slice.value, str) and getattr(sub.value, "id", getattr(sub.value, "attr", None)) == "FACTS"):
+                    return sub.slice.value
+    return name
+
+
+def _plugin_digest(plugin, roots: tuple[str, ...], problem: bool = False) -> str:
+    """Hash of the roots, the dpbench modules the plugin's sources import, and the plugin's source
+    hash; for a problem (``problem``), the modules its imports reach beyond the harness
+    (``problem_modules``)."""
     from dpbench.plugins import source_files
 
     imported: set[str] = set()
@@ -151,9 +286,9 @@ def _plugin_digest(plugin, roots: tuple[str, ...]) -> str:
         module = name.removesuffix(".py").replace("/", ".")
         package = module.removesuffix(".__init__") if name.endswith("__init__.py") else module.rpartition(".")[0]
         imported |= _imports_in(path.read_text(), package)
-    modules = module_closure((*roots, *sorted(imported)))
-    return _digest([(n, _module_file(n).read_text()) for n in modules]
-                   + [(f"plugin {plugin.distribution} {plugin.entry_point}", plugin.source_sha256)])
+    wanted = (*roots, *sorted(imported))
+    modules = problem_modules(wanted) if problem else harness_closure(wanted)
+    return _modules_digest(modules, [(f"plugin {plugin.distribution} {plugin.entry_point}", plugin.source_sha256)])
 
 
 # Functions of these packages are followed from any module that references them (figures share
@@ -211,7 +346,7 @@ def figure_fingerprint(figure_id: str) -> str:
 
     spec = figures.spec_of(figure_id)
     functions = {f"{f.__module__}.{f.__qualname__}": f for f in function_closure(spec.build) + _plot_closure()}
-    parts = [(name, inspect.getsource(f)) for name, f in functions.items()]
+    parts = [(name, code_text(inspect.getsource(f))) for name, f in functions.items()]
     filters = figures.THESIS_FILTERS.get(figure_id)
     plugin = figures.FIGURES.plugin(figure_id)
     if plugin is not None:
@@ -337,13 +472,14 @@ def _builtin_figure_fingerprint(figure_id: str) -> str:
     """``figure_fingerprint`` of a built-in figure, from the sources (the same digest)."""
     build, defaults = _builtin_declarations()[figure_id]
     functions = {**_static_closure(*_resolve(FIGURES_PACKAGE, build)), **_static_closure(FIGURES_PACKAGE, "plot")}
-    return _digest(list(functions.items()) + [("defaults", repr(defaults)),
+    return _digest([(name, code_text(text)) for name, text in functions.items()] + [("defaults", repr(defaults)),
                                               ("thesis_filters", repr(_thesis_filters().get(figure_id)))])
 
 
 def modules_fingerprint(roots: tuple[str, ...]) -> str:
-    """Hash of some dpbench modules and everything they import (e.g. the matrix solvers)."""
-    return _digest([(n, _module_file(n).read_text()) for n in module_closure(roots)])
+    """Hash of the code of some dpbench modules and everything they import (e.g. the matrix
+    solvers; the audit: ``harness_closure``)."""
+    return _modules_digest(harness_closure(roots))
 
 
 # What a public pretraining executes (dpbench.training.pretrain): its loop, the recipes, the
@@ -352,5 +488,7 @@ PRETRAIN = ("dpbench.training.pretrain",)
 
 
 def pretrain_fingerprint() -> str:
-    """Hash of the code behind a pretrained checkpoint; with the recipe's key, what names it."""
-    return modules_fingerprint(PRETRAIN)
+    """Hash of the code behind a pretrained checkpoint; with the recipe's key, what names it.
+    It hashes the modules' text (a comment there makes the checkpoint again): the committed
+    checkpoints are named by this digest, which hashing the code instead would orphan."""
+    return _digest([(n, _module_file(n).read_text()) for n in module_closure(PRETRAIN)])

@@ -30,8 +30,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from dpbench.problems.encoders import ENCODER_TYPES
-
 # TransformerLM's defaults (P4's model; tests/problems/test_finetune.py checks them against the class)
 DEFAULT_DIMS = {"vocab_size": 258, "context": 128, "d_model": 128, "n_layers": 4, "n_heads": 4, "d_mlp": 512}
 BERT_DIMS = ("vocab_size", "max_position_embeddings", "type_vocab_size", "hidden_size", "num_hidden_layers",
@@ -118,6 +116,10 @@ def bert_encoder(model_dims: dict, classes: int | None) -> Architecture:
         raise ValueError(f"encoder dimension {missing[0]!r} is missing (a BERT config.json has {', '.join(BERT_DIMS)})")
     if classes is None:
         raise ValueError("a BERT encoder problem classifies: give its classes")
+    # imported here: the problems of other families do not depend on the encoders' module (the
+    # code fingerprints: dpbench.pipeline.fingerprint.harness_closure)
+    from dpbench.problems.encoders import ENCODER_TYPES
+
     model_type = model_dims.get("model_type", "bert")
     if model_type not in ENCODER_TYPES:
         raise ValueError(f"encoder model_type {model_type!r} is not one of {', '.join(ENCODER_TYPES)}")
