@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,6 +192,12 @@ def file_hashes(directory: str | Path) -> dict[str, str]:
     files and folders, such as a hub cache's ``.cache``, included: they are in the directory)."""
     root = Path(directory)
     return {p.relative_to(root).as_posix(): sha256(p) for p in directory_files(root)}
+
+
+def directory_sha256(directory: str | Path) -> str:
+    """One hash of a start's directory: the SHA-256 of its ``file_hashes`` as sorted JSON (the
+    run's ``checkpoint_sha256``, ``PublicEncoder.sha256``)."""
+    return hashlib.sha256(json.dumps(file_hashes(directory), sort_keys=True).encode()).hexdigest()
 
 
 def provenance(directory: str | Path, entry: CataloguedEncoder | None = None) -> dict:
