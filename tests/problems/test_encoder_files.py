@@ -88,7 +88,7 @@ def test_a_symlink_out_of_the_directory_is_refused_naming_it(tiny_bert_dir, tmp_
     (directory / "vocab.txt").symlink_to(tmp_path / "vocab.txt")
     assert refused(encoders.check_directory, directory) == (
         f"{directory / 'vocab.txt'}: a symlink to {tmp_path / 'vocab.txt'}, outside {directory}: every file of a "
-        "start is inside its directory, and so in its hash")
+        "start is inside its directory, and so in its hash (copy the files in: cp -rL)")
     assert refused(encoders.file_hashes, directory).startswith(f"{directory / 'vocab.txt'}: a symlink to")
 
 

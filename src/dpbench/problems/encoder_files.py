@@ -89,7 +89,7 @@ def directory_files(root: Path) -> list[Path]:
                 target = path.resolve()
                 if target != inside and inside not in target.parents:
                     raise EncoderError(f"{path}: a symlink to {target}, outside {root}: every file of a start is "
-                                       "inside its directory, and so in its hash")
+                                       "inside its directory, and so in its hash (copy the files in: cp -rL)")
             try:
                 mode = os.stat(path).st_mode
             except OSError as exc:
