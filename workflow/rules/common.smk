@@ -91,12 +91,12 @@ def figure_options(figure):
     return jobs.figure_options(FIGURES[figure])
 
 
-# Incremental reruns: a hash of the code behind each job is one of its params, so Snakemake
-# reruns exactly the jobs whose code changed (dpbench.pipeline.fingerprint): one optimizer's or
-# problem's modules rerun its cells, the harness all cells, one figure that figure; comments none.
+# Incremental reruns: a hash of the code behind each job is one of its params, so Snakemake reruns exactly
+# the jobs whose code changed (dpbench.pipeline.fingerprint): one optimizer's or problem's modules its cells,
+# the harness all cells, one figure that figure, comments none; a local encoder's files (JOBS.start_code) its cells.
 def train_code(wildcards):
     cell = CELLS[wildcards.cell]
-    return fingerprint.optimizer_fingerprint(cell.optimizer) + fingerprint.problem_fingerprint(cell.problem)
+    return fingerprint.optimizer_fingerprint(cell.optimizer) + fingerprint.problem_fingerprint(cell.problem) + JOBS.start_code(cell)
 
 
 def audit_code(wildcards):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import os
 import re
 from dataclasses import dataclass, fields
 from importlib import resources
@@ -249,7 +250,12 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
 def check_results_dir(results_dir: str) -> None:
     """Every output goes under ``results_dir``: an empty one would put them at the filesystem's
     top (``/runs``, ``/logs``, ...; the workflow runs as root on many machines), as would the
-    root itself: both refused."""
+    root itself: both refused. A path starting with ``~`` is refused too: nothing expands it (the
+    workflow would write into a folder literally named ``~`` in the checkout)."""
+    if results_dir.startswith("~"):
+        raise ConfigError(f"config key results_dir: {results_dir!r} starts with ~, which is not expanded (the "
+                          f"outputs would go to a folder named ~ here): give the path itself, e.g. "
+                          f"{os.path.expanduser(results_dir)!r}")
     if not results_dir.strip():
         raise ConfigError("config key results_dir: empty; every output would be written at the filesystem's "
                           "top (/runs, /logs, ...): give a directory, e.g. results")

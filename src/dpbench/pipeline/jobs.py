@@ -162,6 +162,15 @@ class Jobs:
         return json.dumps({k: v for k, v in recipe.to_json().items() if k == "name" or v != defaults[k]},
                           sort_keys=True)
 
+    def start_code(self, cell: Cell) -> str:
+        """What the train rule's ``code`` param adds for a cell's own start: for a fine-tuning cell
+        of a local encoder directory (``pretrained_dir``), ``-start`` and 16 hex digits of the
+        SHA-256 of its files' hashes (the run's ``checkpoint_sha256``,
+        ``encoders.directory_sha256``), so that replacing its weights reruns its cells and
+        nothing else; "" for every other cell (their param, and so their runs, unchanged)."""
+        path = getattr(cell.recipe, "path", None) if cell.fine_tunes else None
+        return "" if path is None else f"-start{_directory_sha256(str(path))[:16]}"
+
     def train_args(self, cell: Cell) -> str:
         """The ``dpbench train`` arguments of a cell, quoted for the shell, with the files it reads."""
         files = self.cache_files(cell)
@@ -191,6 +200,14 @@ class Jobs:
         jobs += [("audit", self.audit_file(name)) for name in self.audits]
         jobs += [("audit_table", self.audit_table)] if self.audits else []
         return jobs + [(f"plot_{figure}", self.figure_files(figure)[0]) for figure in self.figures]
+
+
+@lru_cache(maxsize=None)
+def _directory_sha256(path: str) -> str:
+    """An encoder directory's files hashed once per process (the workflow's every cell of it asks)."""
+    from dpbench.problems.encoders import directory_sha256
+
+    return directory_sha256(path)
 
 
 @lru_cache(maxsize=1)

@@ -26,6 +26,11 @@ DELTA = 1e-5
 # Opacus's default orders stop at 63; large sigma needs larger orders for a tight bound.
 RDP_ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [80, 100, 128, 160, 200, 256, 512, 1024]
 MAX_NOISE_MULTIPLIER = 1e4
+# The smallest sigma > 0 a run may be given (--noise-multiplier; 0 is no noise, epsilon infinite):
+# below it one step's Gaussian has mu = 1/sigma > 100, whose epsilon the exact Gaussian accountant
+# overflows on (exp(epsilon)) and RDP divides by zero near 0 (sigma 1e-300). Above
+# MAX_NOISE_MULTIPLIER the noise overflows float32 gradients' range (sigma 1e300 in add_noise).
+MIN_NOISE_MULTIPLIER = 1e-2
 # Steps beyond which the PRV accountant is refused at once: its discretised domain grows with
 # the compositions (10^9 steps ask numpy for 14 TiB); the thesis's longest runs take ~10^5.
 PRV_MAX_STEPS = 10**8

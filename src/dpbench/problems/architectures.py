@@ -123,6 +123,11 @@ def bert_encoder(model_dims: dict, classes: int | None) -> Architecture:
     model_type = model_dims.get("model_type", "bert")
     if model_type not in ENCODER_TYPES:
         raise ValueError(f"encoder model_type {model_type!r} is not one of {', '.join(ENCODER_TYPES)}")
+    from dpbench.problems.encoders import MAX_DIMS
+
+    for key in BERT_DIMS:  # bounded before the table is built row by row (10^7 layers filled memory)
+        if key in MAX_DIMS and model_dims[key] > MAX_DIMS[key]:
+            raise ValueError(f"encoder dimension {key} {model_dims[key]} is above {MAX_DIMS[key]}")
     V, P, TV = model_dims["vocab_size"], model_dims["max_position_embeddings"], model_dims["type_vocab_size"]
     H, n, I = model_dims["hidden_size"], model_dims["num_hidden_layers"], model_dims["intermediate_size"]
     e = "encoder.embeddings."

@@ -31,6 +31,7 @@ is a deterministic function of its seeds, and training and evaluation compute on
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ from torch import nn
 
 from dpbench.privacy.per_sample import check_per_sample, declare_per_sample, trainable_layers
 from dpbench.problems.encoders import (ENCODER_TYPES, SAFETENSORS, EncoderError, EncoderFacts, EncoderType,
-                                       Pooling, check_directory, config_facts, pooling)
+                                       Pooling, check_directory, config_facts, pooling, weight_tensors)
 
 # hidden_act activations (transformers.activations): elementwise functions
 _ACTIVATIONS = ("GELUActivation", "NewGELUActivation", "FastGELUActivation", "QuickGELUActivation", "GELUTanh")
@@ -93,10 +94,15 @@ def load_encoder(directory: str | Path) -> LoadedEncoder:
     transformers = _transformers()
     model_class = getattr(importlib.import_module(facts.encoder_type.module), facts.encoder_type.model_class)
     weights = next(root / name for name in SAFETENSORS if (root / name).is_file())
+    _check_activation(root, transformers)
+    _check_shapes(root, model_class)
     try:
+        # dtype float32 whatever config.json's torch_dtype says: half-precision weights (F16, BF16) are
+        # cast to float32 deliberately (exactly), so that every run computes in float32 (docs/encoders.md)
         model, info = model_class.from_pretrained(
             root, local_files_only=True, use_safetensors=True, add_pooling_layer=False, output_loading_info=True,
-            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="eager")
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="eager",
+            dtype=torch.float32)
     except Exception as exc:  # safetensors' and transformers' own errors: a damaged file, named
         first = (str(exc).strip().splitlines() or [""])[0]
         raise EncoderError(f"{weights}: not readable weights ({type(exc).__name__}: {first})") from None
@@ -111,12 +117,20 @@ def load_encoder(directory: str | Path) -> LoadedEncoder:
         tokenizer = transformers.AutoTokenizer.from_pretrained(root, local_files_only=True)
     except Exception as exc:  # a damaged tokenizer file: the files it is read from, named
         first = (str(exc).strip().splitlines() or [""])[0]
-        files = [name for group in facts.encoder_type.tokenizers for name in group if (root / name).is_file()]
+        files = tokenizer_files(root, facts)
         others = ", ".join(files[1:]) or "no other file"
         raise EncoderError(f"{root / files[0]}: not a readable tokenizer (with {others}; {type(exc).__name__}: "
                            f"{first})") from None
     if tokenizer.pad_token_id is None:
         raise EncoderError(f"{root}: the tokenizer has no pad token")
+    vocabulary = tokenizer.get_vocab()
+    if not vocabulary:
+        raise EncoderError(f"{root / tokenizer_files(root, facts)[0]}: the tokenizer has no token")
+    largest = max(vocabulary.values())
+    if largest >= facts.vocab_size:  # its ids index the embedding table: one past it is an IndexError mid-run
+        token = next(t for t, i in vocabulary.items() if i == largest)
+        raise EncoderError(f"{root / tokenizer_files(root, facts)[0]}: token {token!r} has id {largest}, past "
+                           f"config.json's vocab_size {facts.vocab_size} (the embedding table's rows)")
     if facts.encoder_type.positions_after_pad and tokenizer.pad_token_id != facts.pad_token_id:
         raise EncoderError(f"{root}: the tokenizer's pad id {tokenizer.pad_token_id} is not config.json's "
                            f"pad_token_id {facts.pad_token_id}, after which a {facts.model_type} numbers positions")
@@ -124,6 +138,43 @@ def load_encoder(directory: str | Path) -> LoadedEncoder:
         tokenizer.padding_side = "right"
     model.eval()
     return LoadedEncoder(root, model, tokenizer, how, facts)
+
+
+def tokenizer_files(root: Path, facts: EncoderFacts) -> list[str]:
+    """The tokenizer files of ``root`` that its type reads, in its groups' order."""
+    return [name for group in facts.encoder_type.tokenizers for name in group if (root / name).is_file()]
+
+
+def _check_activation(root: Path, transformers) -> None:
+    """config.json's hidden_act, one of transformers' activations (a bogus one is a KeyError while
+    the model is built, which named no file)."""
+    from transformers.activations import ACT2CLS
+
+    config = root / "config.json"
+    act = json.loads(config.read_text()).get("hidden_act", "gelu")
+    if not isinstance(act, str) or act not in ACT2CLS:
+        raise EncoderError(f"{config}: hidden_act {act!r} is not one of transformers' activations "
+                           f"({', '.join(sorted(ACT2CLS))})")
+
+
+def _check_shapes(root: Path, model_class) -> None:
+    """Every weight in the safetensors files of the shape the model of config.json has there, read
+    from the files' headers against the model built on the meta device (nothing allocated); a
+    mismatch is one line naming the file, the parameter and both shapes."""
+    from dpbench.problems.encoders import start_files
+
+    config = model_class.config_class.from_pretrained(root, local_files_only=True)
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in model_class(config, add_pooling_layer=False).state_dict().items()}
+    prefix = f"{model_class.base_model_prefix}."
+    for name in start_files(root):
+        if not name.endswith(".safetensors"):
+            continue
+        for key, (_, shape) in weight_tensors(root / name).items():
+            key = key[len(prefix):] if key.startswith(prefix) else key
+            if key in expected and shape != expected[key]:
+                raise EncoderError(f"{root / name}: parameter {key} has shape {list(shape)}, the model of "
+                                   f"config.json has {list(expected[key])}")
 
 
 def encode(tokenizer, texts: list[str], max_length: int) -> torch.Tensor:

@@ -214,6 +214,17 @@ def epoch_rows(run_id: str, metrics: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+class DuplicateRunError(ValueError):
+    """Two run files given to ``aggregate_runs`` are one run (the same ``run_id``)."""
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
+
+
 def aggregate_runs(paths: list[str | Path], out_runs: str | Path, out_epochs: str | Path,
                    audits: str | Path | None = None,
                    builtins: Mapping[str, Any] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -224,18 +235,24 @@ def aggregate_runs(paths: list[str | Path], out_runs: str | Path, out_epochs: st
     ``dpbench aggregate`` gives them): a run of one is labelled by the registry's ``private`` and
     caveat, never by what its file says. A run file whose record no run writes
     (``results.record_error``: a missing key, an epsilon that is no number >= 0, a delta outside
-    (0, 1), ...) is refused in one line naming the file and the key."""
+    (0, 1), ...) is refused in one line naming the file and the key, and so are two files of one
+    run (the same ``run_id``: one path given twice, or a copy), never counted as two seeds."""
     from dpbench.reporting.results import write_table
 
     paths = [Path(p) for p in paths]
-    rows, epochs = [], []
+    rows, epochs, seen = [], [], {}
     for path in paths:
         metrics, meta = read_run(path)
-        error = record_error(meta)
+        error = record_error(meta, builtins)
         if error is not None:
             raise DamagedFileError(f"run file {path} is damaged or edited ({error}); delete it and run the "
                                    "workflow again, which retrains that cell")
         run_id = meta.get("run_id", path.stem)
+        if run_id in seen:  # one run counted twice would be two seeds, with an interval
+            raise DuplicateRunError(f"run files {seen[run_id]} and {path} are one run (run_id {run_id}"
+                                    f"{', the same file' if _same_file(seen[run_id], path) else ''}): give each "
+                                    "run once (each its own dpbench train --run-id)")
+        seen[run_id] = path
         try:
             rows.append(run_row(run_id, path, meta, builtins))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a key the checks above do not cover

@@ -24,7 +24,7 @@ import platform
 import subprocess
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import pandas as pd
 import pyarrow as pa
@@ -56,12 +56,23 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def record_error(meta: Any) -> str | None:
+def claimed_private(meta: dict[str, Any], builtin: Any = None) -> bool:
+    """The run's privacy claim, the one source every label and every check reads: for a built-in
+    optimizer (``builtin``: its facts, ``dpbench.pipeline.catalog.OptimizerFacts``) the
+    registry's ``private``, never the file's (an edited file can neither make ``sgd`` private
+    nor take DP-SGD's numbers out of the checks); for another, the file's ``optimizer.private``."""
+    return (builtin.private if builtin is not None else meta["optimizer"]["private"]) is True
+
+
+def record_error(meta: Any, builtins: Mapping[str, Any] | None = None) -> str | None:
     """What in a run file's metadata no run writes (a damaged or edited file), as "<key>: <what>",
     or None: a key of the record missing or of the wrong type, a number out of its range, or a
-    privacy section that contradicts itself (an epsilon that is no number, negative or NaN; a
-    delta outside (0, 1); a finite epsilon with sigma <= 0). A label is only as good as the
-    record's numbers: such a file is refused, never labelled (``aggregate``)."""
+    privacy section that contradicts itself. sigma is always a finite number >= 0 (no run's
+    claim has another, ``PrivacyClaim``); for a run that claims privacy (``claimed_private``,
+    the registry's claim for a built-in of ``builtins``, as ``aggregate_runs`` is given them)
+    and a finite epsilon: delta in (0, 1), sigma > 0, and epsilon 0 only where nothing was
+    released (``privacy.steps`` 0). A label is only as good as the record's numbers: such a
+    file is refused, never labelled (``aggregate``)."""
     if not isinstance(meta, dict):
         return f"the metadata is a JSON {type(meta).__name__}, not an object"
     for section in ("config", "privacy", "result", "timing", "optimizer", "problem", "data", "environment"):
@@ -76,16 +87,25 @@ def record_error(meta: Any) -> str | None:
             return f"config.{key}: {cfg.get(key)!r} is not an integer from 0 to 2**63 - 1"
     if not isinstance(meta["optimizer"].get("private"), bool):
         return f"optimizer.private: {meta['optimizer'].get('private')!r} is not true or false"
+    builtin = (builtins or {}).get(cfg["optimizer"])
     epsilon, delta, sigma = priv.get("epsilon"), priv.get("delta"), priv.get("noise_multiplier")
     if not (_number(epsilon) and epsilon >= 0):  # NaN fails >= 0
         return f"privacy.epsilon: {epsilon!r} is not a number >= 0 (infinite where nothing is guaranteed)"
-    if not (_number(sigma) and sigma >= 0):
-        return f"privacy.noise_multiplier: {sigma!r} is not a number >= 0"
-    if meta["optimizer"]["private"] and math.isfinite(epsilon):
+    if not (_number(sigma) and 0 <= sigma < math.inf):
+        return f"privacy.noise_multiplier: {sigma!r} is not a finite number >= 0"
+    steps = priv.get("steps")
+    if not (_number(steps) and float(steps).is_integer() and 0 <= steps < 2**63):
+        return f"privacy.steps: {steps!r} is not an integer from 0 to 2**63 - 1"
+    if claimed_private(meta, builtin) and math.isfinite(epsilon):
+        claim = (f"the registry's {cfg['optimizer']} is private" if builtin is not None
+                 else "optimizer.private is true")
         if not (_number(delta) and 0 < delta < 1):
-            return f"privacy.delta: {delta!r} is not in (0, 1), yet epsilon {epsilon} is finite"
+            return f"privacy.delta: {delta!r} is not in (0, 1), yet epsilon {epsilon} is finite ({claim})"
         if sigma <= 0:
-            return f"privacy.noise_multiplier: {sigma!r}, no noise, yet epsilon {epsilon} is finite"
+            return f"privacy.noise_multiplier: {sigma!r}, no noise, yet epsilon {epsilon} is finite ({claim})"
+        if epsilon == 0 and steps > 0:
+            return (f"privacy.epsilon: 0 after {steps:g} noisy steps (sigma {sigma}): epsilon is 0 only where "
+                    f"nothing was released ({claim})")
     target = priv.get("target_epsilon")
     if target is not None and not (_number(target) and 0 < target < math.inf):
         return f"privacy.target_epsilon: {target!r} is not a finite positive number"
@@ -101,8 +121,7 @@ def is_private(meta: dict[str, Any], builtin: Any = None) -> bool:
     (``dpbench.pipeline.catalog.OptimizerFacts``), whose ``private`` is taken over the file's
     (an edited file cannot make ``sgd`` private)."""
     epsilon, target = meta["privacy"].get("epsilon"), meta["privacy"].get("target_epsilon")
-    private = builtin.private if builtin is not None else meta["optimizer"]["private"]
-    return (private is True and _number(epsilon) and math.isfinite(epsilon) and epsilon >= 0
+    return (claimed_private(meta, builtin) and _number(epsilon) and math.isfinite(epsilon) and epsilon >= 0
             and (target is None or meets_target(epsilon, target)))
 
 

@@ -50,8 +50,18 @@ def calibrate(spec: OptimizerSpec, plan: Plan, *, target_epsilon: float | None, 
         source = searches.SOURCE_TUNED
     else:
         sigma, source = spec.mechanism.calibrate(plan, Target(target_epsilon, delta, accountant)), SOURCE_CALIBRATED
-    return PrivacyClaim(spec.mechanism, plan, sigma, delta, accountant, target_epsilon, source,
-                        time.perf_counter() - t0, spec.private)
+    claim = PrivacyClaim(spec.mechanism, plan, sigma, delta, accountant, target_epsilon, source,
+                         time.perf_counter() - t0, spec.private)
+    if source == SOURCE_GIVEN and sigma > 0:
+        # the run's record accounts it after the last step: one that cannot be accounted is
+        # refused now, before any compute is spent on it
+        try:
+            claim.spent()
+        except (ValueError, ArithmeticError) as exc:
+            raise ValueError(f"noise multiplier {sigma:g} (--noise-multiplier): the epsilon of its "
+                             f"{plan.steps} planned steps cannot be accounted by {accountant.name} "
+                             f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})") from None
+    return claim
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from dpbench.privacy import accounting
 from dpbench.problems import facts, modes
 from dpbench.training.settings import (BlockKey, SettingError, check_values, choice, hyperparameter,
-                                       nonnegative_float, nonnegative_int, path, positive_float, positive_int,
+                                       noise_multiplier, nonnegative_int, path, positive_float, positive_int,
                                        probability, search_candidate, setting, switch, text, to_args, torch_device)
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class RunConfig:
                                          help="--finetune of an encoder problem (P7): a local Hugging Face encoder "
                                               "directory (config.json, model.safetensors, tokenizer) instead of the "
                                               "catalogued one; its files' SHA-256 are recorded")
-    noise_multiplier: float | None = setting(None, type=nonnegative_float, scope="command", metavar="SIGMA",
+    noise_multiplier: float | None = setting(None, type=noise_multiplier, scope="command", metavar="SIGMA",
                                              help="use this sigma instead of calibrating it from epsilon")
     data_dir: str | None = setting(None, type=path, scope="command", help="directory with the official dataset files")
     cache_dir: str | None = setting(None, type=path, scope="command",

@@ -36,6 +36,8 @@ import re
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, Callable
 
+from dpbench.privacy.accounting import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
+
 SCOPES = ("cell", "train", "command")
 
 
@@ -89,7 +91,10 @@ def _number(kind: type, ok: Callable[[Any], bool], what: str) -> ValueType:
 
 
 positive_float = _number(float, lambda x: x > 0, "a finite positive number")  # epsilon, lr, C, seconds
-nonnegative_float = _number(float, lambda x: x >= 0, "a finite number >= 0")  # a noise multiplier
+nonnegative_float = _number(float, lambda x: x >= 0, "a finite number >= 0")  # seconds between checkpoints
+# a given sigma: 0 (no noise) or within the range the accountants compute (privacy.accounting)
+noise_multiplier = _number(float, lambda x: x == 0 or MIN_NOISE_MULTIPLIER <= x <= MAX_NOISE_MULTIPLIER,
+                           f"a finite number, 0 (no noise) or from {MIN_NOISE_MULTIPLIER:g} to {MAX_NOISE_MULTIPLIER:g}")
 probability = _number(float, lambda x: 0 < x < 1, "a finite number in (0, 1)")  # delta
 positive_int = _number(int, lambda n: n > 0, "a positive integer")
 nonnegative_int = _number(int, lambda n: n >= 0, "an integer >= 0")  # a seed: SeedSequence takes no negative entropy
