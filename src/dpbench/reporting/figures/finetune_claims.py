@@ -5,15 +5,23 @@ Every number is one of ``finetune_data``'s: per (optimizer, ε, mode) the config
 best mean validation score over its seeds, among that mode's runs alone, and its test value
 (``chosen_runs``: P6 the accuracy, P5 the perplexity, or the exposure of the canaries inserted k
 times). A claim compares two of them, A and B; the difference A − B gets a 95 % interval
-(``intervals.contrast_interval``): paired by seed where both have the same seeds (runs of one seed
-share their data order and noise draws across optimizers), else Welch's. A claim's verdict:
+(``intervals.record_contrast_interval``): paired by seed where both have the same seeds (runs of
+one seed share their data order and noise draws across optimizers), else Welch's, and for a test
+accuracy counting the test records' noise as well as the seeds', paired on the same records,
+from the runs' per-record outcomes (``test_correct_at_best_val``), or where a run lacks them the
+least record noise the accuracies allow; never of width 0 (docs/figures.md). A configuration
+chosen from a tie on validation (``selection.TIE_TOLERANCE``) brings the configurations it tied
+with (``finetune.tied_runs``): the verdict is recomputed under each choice they allow and marked
+"tie-sensitive" where one changes it. ``sizing`` gives, from each row's variance components, the
+seeds and test records a ±2-point interval needs. A claim's verdict:
 
 * ``holds``: the interval excludes 0 on the claimed side and, for a claimed size, reaches it;
 * ``direction only``: excludes 0 on the claimed side, but lies short of the claimed size;
 * ``not supported``: the interval contains 0; ``reversed``: excludes 0 on the other side;
 * for a claim of no difference ("about as much"): ``no difference found`` (contains 0, which
   is not a proof of equality: the interval's width is what it leaves open) or ``differs``;
-* ``–``: fewer than two seeds, or a configuration that diverged.
+* ``–``: fewer than two seeds, a configuration that diverged, or an interval of width 0 (the
+  seeds alone, equal on every seed: no noise measured).
 
 An end of the interval within 1e-12 of 0 counts as 0 (``ZERO``: equal differences on every seed
 give an interval of width 0 whose ends are 0 up to rounding).
@@ -431,7 +439,7 @@ def sizing(data: dict[str, list[dict]], target: float = TARGET) -> list[dict]:
     its test records per seed and the test records per seed needed at its seeds for a 95 %
     interval within ± ``target`` (``intervals.seeds_needed``, ``records_needed``; None: not
     reachable that way). From runs without per-record outcomes the record variance is a lower
-    bound, and so are the counts (``lower_bound``)."""
+    bound and the counts estimates under it (``lower_bound``: the fallback interval)."""
     out = []
     for claim in CLAIMS:
         for r in data.get(claim.number, []):
@@ -459,13 +467,15 @@ def draw_sizing(rows: list[dict], target: float = TARGET) -> str:
              "by every seed; s²_residual: per record within a seed), its half-width now, and the seeds needed at "
              "its test records per seed, or the test records per seed needed at its seeds, for a half-width of "
              f"at most {target:.3f} (– : not reachable that way; dpbench.reporting.figures.intervals."
-             "seeds_needed, records_needed). Marked ≥: runs without per-record outcomes, whose record variance "
-             "is the least their accuracies allow, so the counts are lower bounds.", "",
+             "seeds_needed, records_needed). Marked ~: runs without per-record outcomes, whose record variance "
+             "(s²_residual) is the least their accuracies allow: the counts are estimates under that floor, "
+             "not bounds (the seeds needed at the same records per seed do not depend on it where s²_seed > "
+             "0; the records needed do). Runs that record their outcomes remove the mark.", "",
              "| claim | problem | ε | mode | A | B | ± now | seeds × records | s²_seed | s²_record | s²_residual "
              "| seeds needed | records needed |",
              "| --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        mark = "≥ " if r["lower_bound"] else ""
+        mark = "~ " if r["lower_bound"] else ""
 
         def count(v):
             return "–" if v is None else f"{mark}{v:,}"
