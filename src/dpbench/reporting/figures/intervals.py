@@ -5,7 +5,9 @@ The t interval rather than a bootstrap: with 3-5 seeds a bootstrap's resamples t
 values and its interval is too narrow. A ranking marks an entry as tied with the one ranked
 above it when their intervals overlap. A difference between two configurations (``contrast_interval``)
 is paired by seed where both have the same seeds (runs of one seed share their data order and
-noise draws across optimizers), else Welch's."""
+noise draws across optimizers), else Welch's. ``record_contrast_interval`` counts the test
+records' noise too, and ``seeds_needed``/``records_needed`` size a study from a pilot's variance
+components (below)."""
 
 from __future__ import annotations
 
@@ -117,13 +119,15 @@ def draw_intervals(ax, x, value, low, high) -> None:
 #   = s2_a / S + s2_b / n + s2_e / (n S), each component from the two-way ANOVA's mean squares
 #   (clipped at 0).
 #
-# t quantile at Welch-Satterthwaite's degrees of freedom over the components, and a floor: the
-# half-width is never below the exact (Clopper-Pearson) 95 % upper bound on the share of records
-# on which the two differ when none is seen, 1 - (0.025)^(1/N) over N record draws (scaled by
-# sum |w| / 2), which bounds |P(A right, B wrong) - P(A wrong, B right)|: an interval is never of
-# width 0, and never narrower than the seeds' t interval. Run files without per-record outcomes (made before ``test_outcomes``) fall back to the
-# least record noise their accuracies allow: an integer-valued d with mean D_s has variance at
-# least f (1 - f), f the fractional part of |D_s| (a lower bound, said so in ``how``).
+# t quantile at Welch-Satterthwaite's degrees of freedom over the mean squares used (Satterthwaite
+# 1946; one mean square: its own, S - 1 where the seeds' spread exceeds the records'), and two
+# floors: the seeds' own t interval, and the exact (Clopper-Pearson) 95 % upper bound on the share
+# of records on which the two differ when none is seen, 1 - (0.025)^(1/N) over N record draws
+# (scaled by sum |w| / 2), which bounds |P(A right, B wrong) - P(A wrong, B right)|: an interval is
+# never of width 0, and never narrower than the t interval over seeds. Run files without
+# per-record outcomes (made before ``test_outcomes``) fall back to the least record noise their
+# accuracies allow: an integer-valued d with mean D_s has variance at least f (1 - f), f the
+# fractional part of |D_s| (a lower bound, said so in ``how``).
 
 
 def zero_discordance_bound(records: int, level: float = LEVEL) -> float:
