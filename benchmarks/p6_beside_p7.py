@@ -114,7 +114,8 @@ def pretraining(p6_runs: pd.DataFrame, p7_runs: pd.DataFrame, labels: dict) -> l
     lines = [f"## Claim 5 ({claim.paper}): {claim.text}", "",
              "A: a private optimizer's gap to non-private training in P7's mode full (the public MiniLM start); "
              "B: the same optimizer's gap in P6 from scratch or in P6's mode full (the in-house start), on the same "
-             "records. A − B > 0: the public start shrinks the gap. Mean over seeds [95 % interval], paired by seed.",
+             "records. A − B > 0: the public start shrinks the gap. Mean over seeds [95 % interval], paired by seed "
+             "and counting the test records' noise as finetune_claims does (the seeds column says how).",
              ""]
     if not rows:
         return lines + ["No pair yet: it needs P7's mode full and P6's from-scratch or full runs, private and "

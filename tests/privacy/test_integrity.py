@@ -397,7 +397,8 @@ def test_columns_computed_from_private_data_without_noise_are_marked_private_fal
     # (the language model's columns: its validation and training losses, and what the canaries
     # planted in the training data show of the model)
     assert set(not_private_columns(tmp_path / "runs.parquet")) == {
-        "best_val_accuracy", "best_val_loss", "test_accuracy_at_best_val", "test_loss_at_best_val", "status",
+        "best_val_accuracy", "best_val_loss", "test_accuracy_at_best_val", "test_loss_at_best_val",
+        "test_correct_at_best_val", "status",
         "final_val_loss", "val_perplexity", "final_train_loss",
         *(f"{c}_k{k}" for k in (0, 1, 5, 25) for c in ("exposure", "exposure_std", "extracted"))}
     assert set(not_private_columns(tmp_path / "epochs.parquet")) == {

@@ -414,6 +414,15 @@ def test_evaluation_in_groups_is_the_one_pass_evaluation(start, mode):
     grouped = evaluate(problem, model, x, y, batch_size=4, seed=0, grouped=True)
     assert one[0] > 0 and 0 <= one[1] <= 1
     assert grouped[0] == pytest.approx(one[0], rel=1e-12) and grouped[1] == one[1]
+    # each record's correctness lands at its own row, whatever order the groups ran it in: labels
+    # made right on the even rows and wrong on the odd ones
+    with torch.no_grad():
+        predicted = model(x).argmax(1)
+    y = torch.where(torch.arange(9) % 2 == 0, predicted, (predicted + 1) % 40)
+    for grouped in (False, True):
+        outcomes = []
+        _, accuracy = evaluate(problem, model, x, y, batch_size=4, seed=0, grouped=grouped, outcomes=outcomes)
+        assert outcomes[0].tolist() == [True, False] * 4 + [True] and accuracy == pytest.approx(5 / 9)
 
 
 def test_a_step_clips_group_by_group_as_the_held_groups_do(start, monkeypatch):

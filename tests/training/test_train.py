@@ -196,7 +196,7 @@ def test_killed_run_resumes_to_identical_metrics(tiny_fmnist, tmp_path, monkeypa
     resumed = run_cell(cfg, checkpoint=ckpt, checkpoint_every_s=0.0)
     pd.testing.assert_frame_equal(resumed.metrics, reference.metrics)
     assert resumed.meta["timing"]["resumes"] == 2
-    for key in ("privacy", "result"):
+    for key in ("privacy", "result", "test_outcomes"):  # (the outcomes of epochs before a resume: checkpointed)
         assert {k: v for k, v in resumed.meta[key].items() if k != "calibration_time_s"} == \
                {k: v for k, v in reference.meta[key].items() if k != "calibration_time_s"}
 
@@ -229,6 +229,17 @@ def test_validation_split_is_held_out_and_selects_without_test(tiny_fmnist):
     assert r["best_val_accuracy"] == val.accuracy.max()
     assert r["test_accuracy_at_best_val"] == test.loc[best_epoch, "accuracy"]
     assert r["test_loss_at_best_val"] == test.loc[best_epoch, "loss"]
+    # each test record's correctness at that epoch, packed: as many records as the test split, and
+    # their mean the test accuracy recorded for the epoch
+    from dpbench.reporting.results import unpack_outcomes
+
+    outcomes = res.meta["test_outcomes"]
+    n_test = res.meta["data"]["n_test"]
+    assert outcomes["n_test"] == n_test and outcomes["epoch"] == best_epoch
+    correct = unpack_outcomes(outcomes["correct_at_best_val"], n_test)
+    assert correct.dtype == np.uint8 and set(correct.tolist()) <= {0, 1}
+    assert correct.mean() == pytest.approx(r["test_accuracy_at_best_val"], abs=1e-12)
+    assert len(outcomes["correct_at_best_val"]) == 4 * math.ceil(math.ceil(n_test / 8) / 3)  # base64 of n/8 bytes
 
 
 def test_the_privacy_section_is_written_whole_and_refuses_a_key_given_twice():

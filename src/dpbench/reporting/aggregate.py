@@ -58,6 +58,8 @@ RUNS_NOT_PRIVATE = {
     "test_accuracy_at_best_val": "not differentially private: the epoch is chosen on the validation split "
                                  "(training examples) without noise",
     "test_loss_at_best_val": "not differentially private: the epoch is chosen on the validation split",
+    "test_correct_at_best_val": "not differentially private: the epoch is chosen on the validation split "
+                                "(training examples) without noise",
     "status": "not differentially private when diverged: decided from the private training losses",
 }
 _CANARY = ("not differentially private: computed from the canaries inserted into the training data "
@@ -128,6 +130,10 @@ def run_row(run_id: str, path: Path, meta: dict, builtins: Mapping[str, Any] | N
         "test_accuracy_at_best_val": res.get("test_accuracy_at_best_val", math.nan),
         "test_loss_at_best_val": res.get("test_loss_at_best_val", math.nan),
         "val_perplexity": _perplexity(res["best_val_loss"]) if "best_val_loss" in res else math.nan,
+        # each test record's correctness at that epoch (results.pack_outcomes: base64 of packed
+        # bits, n_test of them); None where the run file predates it or has no accuracy
+        "n_test": meta["data"].get("n_test"),
+        "test_correct_at_best_val": meta.get("test_outcomes", {}).get("correct_at_best_val"),
         "n_val": meta["data"].get("n_val", 0),
         # the data a run trained and was tested on and its step cap (a grid block may set its own):
         # part of a configuration, so that runs on different subsets are never pooled as seeds of

@@ -16,6 +16,8 @@ with a note saying which rows (``NOT_PRIVATE``), here and in the aggregated tabl
 
 from __future__ import annotations
 
+import base64
+import binascii
 import errno
 import json
 import math
@@ -26,6 +28,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -282,3 +285,23 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 
 def read_run(path: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     return read_table(path), read_meta(path)
+
+
+def pack_outcomes(correct) -> str:
+    """Per-record correctness (booleans, in the test split's order) as a run record keeps it:
+    base64 of ``numpy.packbits(correct, bitorder="little")``, 1 bit a record (docs/results.md,
+    ``test_outcomes``)."""
+    bits = np.asarray(correct.cpu() if hasattr(correct, "cpu") else correct, dtype=bool)
+    return base64.b64encode(np.packbits(bits, bitorder="little").tobytes()).decode("ascii")
+
+
+def unpack_outcomes(text: str, n: int):
+    """``pack_outcomes``'s inverse: ``n`` records' correctness as a uint8 array of 0 and 1. A
+    text of another length than ``n`` bits need is refused in one line."""
+    try:
+        raw = np.frombuffer(base64.b64decode(text, validate=True), dtype=np.uint8)
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise ValueError(f"test outcomes: not base64 ({exc})") from None
+    if len(raw) != (n + 7) // 8:
+        raise ValueError(f"test outcomes: {len(raw)} bytes hold {8 * len(raw)} bits, not the {n} records recorded")
+    return np.unpackbits(raw, bitorder="little")[:n]

@@ -43,6 +43,7 @@ class Trace:
     eval_s: float = 0.0
     train_s: float = 0.0  # training seconds of the earlier sessions (before a resume)
     resumes: int = 0
+    test_correct: dict[int, str] = field(default_factory=dict)  # epoch -> packed per-record outcomes
 
     @classmethod
     def empty(cls, steps: int, device) -> Trace:
@@ -72,7 +73,8 @@ class Trace:
         return {"train_loss": self.train_loss.cpu(), "train_correct": self.train_correct.cpu(),
                 "batch_sizes": self.batch_sizes.cpu(),
                 "progress": {"step": self.step, "eval_rows": self.eval_rows, "stats": self.stats,
-                             "eval_s": self.eval_s, "train_s": self.train_time(), "resumes": self.resumes}}
+                             "eval_s": self.eval_s, "train_s": self.train_time(), "resumes": self.resumes,
+                             "test_correct": self.test_correct}}
 
     def load_state_dict(self, state: dict) -> None:
         for name in ("train_loss", "train_correct", "batch_sizes"):
@@ -80,6 +82,7 @@ class Trace:
         progress = state["progress"]
         self.step, self.eval_rows, self.stats = progress["step"], progress["eval_rows"], progress["stats"]
         self.eval_s, self.train_s, self.resumes = progress["eval_s"], progress["train_s"], progress["resumes"] + 1
+        self.test_correct = dict(progress.get("test_correct", {}))  # (older checkpoints: none)
 
 
 class Checkpoint:

@@ -31,7 +31,7 @@ from dpbench.problems import Problem, get_problem
 from dpbench.problems.finetune import start_record
 from dpbench.problems.modes import Full, Mode
 from dpbench.problems.catalog import TaskFacts
-from dpbench.reporting.results import provenance
+from dpbench.reporting.results import pack_outcomes, provenance
 from dpbench.seeds import stream_seeds
 from dpbench.training import capture, cuda
 from dpbench.training.calibration import PrivacySection, calibrate, plan_request
@@ -51,23 +51,31 @@ class RunResult:
 
 
 @torch.no_grad()
-def evaluate(problem, model, x, y, batch_size: int, seed: int, grouped: bool = False) -> tuple[float, float]:
+def evaluate(problem, model, x, y, batch_size: int, seed: int, grouped: bool = False,
+             outcomes: list | None = None) -> tuple[float, float]:
     """Mean per-sample test loss and accuracy (NaN for the VAE). The VAE's sampling noise
     comes from a generator reseeded identically at every evaluation. ``grouped``: each batch
-    runs in the task's groups (``Task.groups``), the sums the same up to floating-point order."""
+    runs in the task's groups (``Task.groups``), the sums the same up to floating-point order.
+    ``outcomes``: a list that gets, for a task with an accuracy, each record's correctness (a
+    bool tensor in the order of ``x``), the per-record outcomes a paired interval needs."""
     gen = torch.Generator(device=x.device)
     gen.manual_seed(seed)
     was_training = model.training
     model.eval()
     total_loss, total_correct = 0.0, 0.0
-    passes = ((x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, x.shape[0], batch_size))
-    if grouped:
-        passes = ((xb[g], yb[g]) for xb, yb in passes for g in problem.task.groups(xb) or [slice(None)])
-    for xb, yb in passes:
-        losses, correct = problem.per_sample_loss(model, xb, yb, gen)
-        total_loss += losses.double().sum().item()
-        if correct is not None:
-            total_correct += correct.double().sum().item()
+    record_correct = torch.zeros(x.shape[0], dtype=torch.bool)
+    passes = ((i, x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, x.shape[0], batch_size))
+    for i, xb, yb in passes:
+        for g in (problem.task.groups(xb) if grouped else None) or [slice(None)]:
+            losses, correct = problem.per_sample_loss(model, xb[g], yb[g], gen)
+            total_loss += losses.double().sum().item()
+            if correct is not None:
+                total_correct += correct.double().sum().item()
+                if outcomes is not None:
+                    rows = torch.arange(i, i + xb.shape[0])[g if isinstance(g, slice) else g.cpu()]
+                    record_correct[rows] = correct.bool().cpu()
+    if outcomes is not None and problem.task.facts.measures_accuracy:
+        outcomes.append(record_correct)
     model.train(was_training)
     n = x.shape[0]
     return total_loss / n, (total_correct / n if problem.task.facts.measures_accuracy else math.nan)
@@ -145,7 +153,11 @@ def evaluate_splits(problem: Problem, model: nn.Module, splits: Splits, trace: T
     for split, x, y in (("val", splits.x_val, splits.y_val), ("test", splits.x_test, splits.y_test)):
         if x is None:
             continue
-        loss, acc = (math.inf, math.nan) if is_diverged else evaluate(problem, model, x, y, batch_size, seed, grouped)
+        outcomes = [] if split == "test" else None
+        loss, acc = ((math.inf, math.nan) if is_diverged
+                     else evaluate(problem, model, x, y, batch_size, seed, grouped, outcomes))
+        if outcomes:
+            trace.test_correct[epoch] = pack_outcomes(outcomes[0])
         trace.eval_rows.append({"split": split, "step": trace.step, "epoch": epoch, "loss": loss,
                                 "accuracy": acc, "batch_size": x.shape[0]})
     trace.eval_s += time.perf_counter() - t_eval
@@ -210,6 +222,9 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
                  "n_val": int(splits.x_val.shape[0]) if splits.x_val is not None else 0},
         "privacy": privacy_section(setup, parts, trace.step).run_file(),
         "result": {"status": status, **summarize(metrics, problem.task.facts)},
+        # each test record's correctness at the epoch validation chose (results.pack_outcomes;
+        # docs/results.md): released model and test set, post-processing as the accuracy is
+        **test_outcomes(trace, metrics, problem.task.facts, int(splits.x_test.shape[0])),
         "timing": timing,
         "environment": {**provenance(), "device": str(setup.device), "torch_threads": torch.get_num_threads(),
                         **({"cuda": cuda.settings(), "gpu": torch.cuda.get_device_name(setup.device)}
@@ -337,6 +352,7 @@ def summarize(metrics: pd.DataFrame, task: TaskFacts) -> dict[str, float]:
     test = metrics[metrics.split == "test"].set_index("epoch")
     val = metrics[metrics.split == "val"].set_index("epoch")
     nan = math.nan
+    epoch = best_val_epoch(metrics, task)
     out = {
         "final_test_loss": float(test["loss"].iloc[-1]) if len(test) else nan,
         "final_test_accuracy": float(test["accuracy"].iloc[-1]) if len(test) else nan,
@@ -344,9 +360,6 @@ def summarize(metrics: pd.DataFrame, task: TaskFacts) -> dict[str, float]:
         "best_test_accuracy": float(test["accuracy"].max()) if len(test) else nan,
     }
     if len(val):
-        metric = val[task.metric] if task.select_higher else -val[task.metric]
-        metric = metric.replace([np.inf, -np.inf], np.nan)
-        epoch = metric.idxmax() if metric.notna().any() else None
         out.update({
             "best_val_loss": float(val["loss"].min()),
             "best_val_accuracy": float(val["accuracy"].max()),
@@ -354,3 +367,26 @@ def summarize(metrics: pd.DataFrame, task: TaskFacts) -> dict[str, float]:
             "test_accuracy_at_best_val": float(test.loc[epoch, "accuracy"]) if epoch is not None else nan,
         })
     return out
+
+
+def best_val_epoch(metrics: pd.DataFrame, task: TaskFacts) -> int | None:
+    """The epoch whose validation metric is best (the task's: the highest accuracy or the lowest
+    loss; the first of equal ones), None without a validation split or a finite value."""
+    val = metrics[metrics.split == "val"].set_index("epoch")
+    if not len(val):
+        return None
+    metric = val[task.metric] if task.select_higher else -val[task.metric]
+    metric = metric.replace([np.inf, -np.inf], np.nan)
+    return metric.idxmax() if metric.notna().any() else None
+
+
+def test_outcomes(trace: Trace, metrics: pd.DataFrame, task: TaskFacts, n_test: int) -> dict:
+    """The run record's ``test_outcomes`` section: each test record's correctness at the epoch
+    validation chose (``best_val_epoch``), packed (``results.pack_outcomes``), with the count of
+    records; {} for a task without an accuracy, without a validation split, or where that
+    epoch was not evaluated here (a run resumed from a checkpoint older than the outcomes)."""
+    epoch = best_val_epoch(metrics, task)
+    if not task.measures_accuracy or epoch is None or int(epoch) not in trace.test_correct:
+        return {}
+    return {"test_outcomes": {"correct_at_best_val": trace.test_correct[int(epoch)], "n_test": n_test,
+                              "epoch": int(epoch)}}

@@ -6,8 +6,9 @@ A run's *mode* is its ``finetune`` column (the runs table's start columns: ``ful
 rank (``lora-r16``); runs without a recorded start are left out. For every (optimizer, ε, mode)
 the configuration (learning rate, batch size, epochs, hyperparameters: everything but the seed)
 is chosen as every comparison chooses it (``selection.select_best_config``: the best mean
-selection score over its seeds, a seed that diverged rules it out, ties to the first in config
-order), among that mode's runs only: the mode is part of a configuration (``CONFIG_KEYS``), so
+selection score over its seeds, a seed that diverged rules it out, a tie on that score to the
+lowest mean validation loss, then the first in config order: ``selection.TIE_TOLERANCE``), among
+that mode's runs only: the mode is part of a configuration (``CONFIG_KEYS``), so
 runs of two modes are never pooled as seeds or rates of one setting. The number shown is the
 chosen configuration's mean over its seeds of the reported test metric, with the 95 % t interval
 over them (``intervals``): P6 the test accuracy, P5 the test perplexity exp(test loss), at the
@@ -19,7 +20,9 @@ epoch the split ``select_by`` chose (default the validation split). ε_sel is wh
   reference of the same mode and to the same optimizer from scratch, and for a language model the
   exposure of the canaries inserted k times (pooled over seeds and canaries as ``lm_exposure``).
 * ``chosen_runs``: the runs behind those rows, one per seed of each chosen configuration
-  (``finetune_claims`` pairs them by seed).
+  (``finetune_claims`` pairs them by seed); ``tied_runs``: those of the configurations the tie
+  rule passed over (``n_tied`` counts them with the chosen one), under which a claim's verdict
+  is recomputed.
 * ``finetune_figure``: panels per ε (non-private last), groups per optimizer, one bar per mode,
   the scratch bar hatched; ``finetune_exposure_figure``: the same bars of the exposure at k;
   ``finetune_table``: the numbers as Markdown.
@@ -43,7 +46,7 @@ from dpbench.problems.modes import SCRATCH, Start, option_settings, start_of
 from dpbench.reporting.figures.intervals import INTERVAL, draw_intervals, t_interval, tied_with_above
 from dpbench.reporting.figures.language_model import pooled_exposure
 from dpbench.reporting.figures.selection import (CONFIG_KEYS, by_privacy, select_best_config, select_runs,
-                                                 selection_columns)
+                                                 selection_columns, tied_configs)
 from dpbench.reporting.figures.spent import caption, selection_privacy
 from dpbench.reporting.figures.style import empty_figure, fmt_tick, label, legend_labels, ordered
 
@@ -53,7 +56,7 @@ SCRATCH_HATCH = "///"
 COLUMNS = ["problem", "optimizer", "private", "epsilon", "mode", "finetune", "lora_rank", "value", "ci_low",
            "ci_high", "n_seeds", "diverged", "metric", "higher_is_better", "rank", "tied", "gap_non_private",
            "gap_scratch", "lr", "batch_size", "epochs", "hyperparameters", "trainable_parameters", "n_runs",
-           "n_configs", "selection_epsilon", "not_composed", "exposure", "exposure_std", "n_canaries",
+           "n_configs", "n_tied", "selection_epsilon", "not_composed", "exposure", "exposure_std", "n_canaries",
            "extracted", "select_by"]
 
 
@@ -169,7 +172,8 @@ def finetune_data(runs: pd.DataFrame, problem: str = "P6", modes: Iterable[str] 
             "lr": float(b["lr"]), "batch_size": b["batch_size"], "epochs": b["epochs"],
             "hyperparameters": b.get("hyperparameters", "{}"),
             "trainable_parameters": trained.dropna().iloc[0] if trained.notna().any() else np.nan,
-            "n_runs": spent["k"], "n_configs": spent["n_configs"], "selection_epsilon": spent["selection_epsilon"],
+            "n_runs": spent["k"], "n_configs": spent["n_configs"], "n_tied": int(b.get("n_tied", 1)),
+            "selection_epsilon": spent["selection_epsilon"],
             "not_composed": spent["not_composed"], "exposure": exposure["mean"], "exposure_std": exposure["std"],
             "n_canaries": exposure["n_canaries"], "extracted": exposure["extracted"], "select_by": select_by})
     out = pd.DataFrame(rows)
@@ -207,6 +211,32 @@ def chosen_runs(runs: pd.DataFrame, problem: str = "P6", modes: Iterable[str] | 
     parts = [chosen.assign(test_value=values, chosen_score=float(b["score"]), chosen_diverged=bool(b["diverged"]))
              for b, chosen, values in _choices(r, select_by)]
     return pd.concat(parts, ignore_index=True)
+
+
+def tied_runs(runs: pd.DataFrame, problem: str = "P6", modes: Iterable[str] | None = None,
+              epsilons: Iterable[float] | None = None, select_by: str = "val",
+              non_private: bool = True) -> pd.DataFrame:
+    """The runs of every configuration tied with a chosen one on its mean selection score and
+    passed over by the tie rule (``selection.tied_configs``), in ``chosen_runs``' columns plus
+    ``choice`` (1, 2, ...: the rule's order after the chosen one); empty where nothing tied."""
+    r = _shown(runs, problem, modes, epsilons, non_private)
+    empty = r.iloc[:0].assign(test_value=pd.Series(dtype=float), chosen_score=pd.Series(dtype=float),
+                              chosen_diverged=pd.Series(dtype=bool), choice=pd.Series(dtype=int))
+    if r.empty:
+        return empty
+    facts = task_facts(r["task"].iloc[0])
+    reported = selection_columns(r["task"].iloc[0], select_by)[1]
+    parts = []
+    for _, configs in tied_configs(r, ["optimizer", "epsilon", "mode"], select_by):
+        for choice, c in enumerate(configs[1:], start=1):
+            values = c[reported].astype(float)
+            if not facts.measures_accuracy:
+                with np.errstate(over="ignore"):
+                    values = np.exp(values)
+            parts.append(c.drop(columns=["score", "value", "lower_is_better", "metric", "run_diverged"])
+                         .assign(test_value=values.to_numpy(), chosen_score=float(c["score"].mean()),
+                                 chosen_diverged=False, choice=choice))
+    return pd.concat(parts, ignore_index=True) if parts else empty
 
 
 def _ranks_and_gaps(out: pd.DataFrame) -> None:

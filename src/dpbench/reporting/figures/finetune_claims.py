@@ -5,15 +5,23 @@ Every number is one of ``finetune_data``'s: per (optimizer, ε, mode) the config
 best mean validation score over its seeds, among that mode's runs alone, and its test value
 (``chosen_runs``: P6 the accuracy, P5 the perplexity, or the exposure of the canaries inserted k
 times). A claim compares two of them, A and B; the difference A − B gets a 95 % interval
-(``intervals.contrast_interval``): paired by seed where both have the same seeds (runs of one seed
-share their data order and noise draws across optimizers), else Welch's. A claim's verdict:
+(``intervals.record_contrast_interval``): paired by seed where both have the same seeds (runs of
+one seed share their data order and noise draws across optimizers), else Welch's, and for a test
+accuracy counting the test records' noise as well as the seeds', paired on the same records,
+from the runs' per-record outcomes (``test_correct_at_best_val``), or where a run lacks them the
+least record noise the accuracies allow; never of width 0 (docs/figures.md). A configuration
+chosen from a tie on validation (``selection.TIE_TOLERANCE``) brings the configurations it tied
+with (``finetune.tied_runs``): the verdict is recomputed under each choice they allow and marked
+"tie-sensitive" where one changes it. ``sizing`` gives, from each row's variance components, the
+seeds and test records a ±2-point interval needs. A claim's verdict:
 
 * ``holds``: the interval excludes 0 on the claimed side and, for a claimed size, reaches it;
 * ``direction only``: excludes 0 on the claimed side, but lies short of the claimed size;
 * ``not supported``: the interval contains 0; ``reversed``: excludes 0 on the other side;
 * for a claim of no difference ("about as much"): ``no difference found`` (contains 0, which
   is not a proof of equality: the interval's width is what it leaves open) or ``differs``;
-* ``–``: fewer than two seeds, or a configuration that diverged.
+* ``–``: fewer than two seeds, a configuration that diverged, or an interval of width 0 (the
+  seeds alone, equal on every seed: no noise measured).
 
 An end of the interval within 1e-12 of 0 counts as 0 (``ZERO``: equal differences on every seed
 give an interval of width 0 whose ends are 0 up to rounding).
@@ -23,15 +31,19 @@ A claim with no runs in the table says "not run".
 
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from dpbench.problems.modes import SCRATCH, Full, Head, LastBlock, LoRA
-from dpbench.reporting.figures.finetune import chosen_runs, mode_name, mode_label, number, ordered_modes
-from dpbench.reporting.figures.intervals import contrast_interval
+from dpbench.problems.catalog import task_facts
+from dpbench.reporting.figures.finetune import chosen_runs, mode_name, mode_label, number, ordered_modes, tied_runs
+from dpbench.reporting.figures.intervals import (Contrast, contrast_interval, record_contrast_interval,
+                                                 records_needed, seeds_needed)
+from dpbench.reporting.results import unpack_outcomes
 from dpbench.reporting.figures.selection import select_runs
 from dpbench.reporting.figures.style import fmt_tick, label, legend_labels
 
@@ -83,8 +95,10 @@ ZERO = 1e-12  # an end of an interval nearer 0 than this is 0 (rounding of equal
 
 
 def verdict(low: float, high: float, n: int, direction: int, size: float | None = None) -> str:
-    """A claim's verdict from the interval [low, high] of A − B over n seeds (module docstring)."""
-    if n < 2 or not (np.isfinite(low) and np.isfinite(high)):
+    """A claim's verdict from the interval [low, high] of A − B over n seeds (module docstring);
+    "–" for an interval of width 0, which measured no noise (equal differences on every seed,
+    without test records to count: ``record_contrast_interval`` never gives one)."""
+    if n < 2 or not (np.isfinite(low) and np.isfinite(high)) or high - low <= ZERO:
         return "–"
     low, high = (0.0 if abs(v) < ZERO else v for v in (low, high))
     contains = low <= 0.0 <= high
@@ -101,13 +115,43 @@ def verdict(low: float, high: float, n: int, direction: int, size: float | None 
 
 @dataclass
 class _Config:
-    """One chosen configuration's values by seed; ``diverged``: its choice was a diverged one."""
+    """One chosen configuration's values by seed; ``diverged``: its choice was a diverged one;
+    for a test accuracy its runs' per-record outcomes and test records by seed (None: not
+    known), whether the seeds share their test records, and the configurations tied with it
+    that the tie rule passed over (``alternatives``, each a ``_Config``)."""
 
     values: pd.Series
     diverged: bool = False
+    outcomes: pd.Series | None = None
+    n_test: pd.Series | None = None
+    shared: bool = True
+    alternatives: list = field(default_factory=list)
+
+
+def _records(c: pd.DataFrame) -> tuple[pd.Series | None, pd.Series | None, bool]:
+    """(per-record outcomes by seed, test records by seed, shared) of one configuration's runs:
+    the outcomes where a run recorded them (``test_correct_at_best_val``), the records from
+    ``n_test`` or else the ``test_subset`` drawn; the seeds share their records where none drew
+    a subset."""
+    seeds = c["seed"].to_numpy()
+    subset = c["test_subset"].astype(float) if "test_subset" in c else pd.Series(np.nan, index=c.index)
+    n = c["n_test"].astype(float) if "n_test" in c else pd.Series(np.nan, index=c.index)
+    n = n.where(n.notna(), subset)
+    n_test = None if n.isna().any() else pd.Series(n.astype(int).to_numpy(), index=seeds)
+    outcomes = None
+    if n_test is not None and "test_correct_at_best_val" in c:
+        packed = c["test_correct_at_best_val"].tolist()
+        outcomes = pd.Series([unpack_outcomes(p, int(k)) if isinstance(p, str) else None
+                              for p, k in zip(packed, n_test)], index=seeds, dtype=object)
+    return outcomes, n_test, bool(subset.isna().all())
 
 
 def _config(chosen: pd.DataFrame, optimizer, eps: float, mode: str, column: str = "test_value"):
+    """The chosen configuration of (optimizer, ε, mode) in ``chosen`` (``claims_data``'s runs:
+    ``choice`` 0 the chosen, 1, 2, ... the tied ones passed over), None where it has none."""
+    tied = None
+    if "choice" in chosen:
+        tied, chosen = chosen[chosen["choice"] > 0], chosen[chosen["choice"] == 0]
     c = chosen[(chosen["optimizer"] == optimizer) & (chosen["epsilon"] == eps) & (chosen["mode"] == mode)]
     if c.empty:
         return None
@@ -120,12 +164,52 @@ def _config(chosen: pd.DataFrame, optimizer, eps: float, mode: str, column: str 
         values = values.where(c[f"canaries_k{column[len('exposure_k'):]}"].astype(float).fillna(0) > 0)
         if not values.notna().any():
             return None
-    return _Config(pd.Series(values.to_numpy(), index=c["seed"].to_numpy()))
+    out = _Config(pd.Series(values.to_numpy(), index=c["seed"].to_numpy()))
+    if column == "test_value" and task_facts(str(c["task"].iloc[0])).measures_accuracy:
+        out.outcomes, out.n_test, out.shared = _records(c)
+    if tied is not None and len(tied):
+        others = tied[(tied["optimizer"] == optimizer) & (tied["epsilon"] == eps) & (tied["mode"] == mode)]
+        for _, alt in others.groupby("choice", sort=True):
+            a = _config(alt.drop(columns="choice"), optimizer, eps, mode, column)
+            if a is not None:
+                out.alternatives.append(a)
+    return out
+
+
+def _contrast(terms) -> Contrast:
+    """A − B's interval over [(w, _Config)] (``record_contrast_interval``)."""
+    return record_contrast_interval([(w, c.values, c.outcomes, c.n_test) for w, c in terms],
+                                    shared_records=all(c.shared for _, c in terms))
+
+
+MOST_CHOICES = 4096  # the tied choices a row's verdict is recomputed under, at most (then: each term's alone)
+
+
+def _tie_verdicts(claim: Claim, eps: float, terms) -> tuple[int, list[str]]:
+    """(the choices tied configurations allow, beyond the chosen one, and the verdict under each):
+    every combination of each term's tied alternatives (``_Config.alternatives``), or where they
+    are more than ``MOST_CHOICES`` each term's alternatives with the other terms as chosen."""
+    options = [[c, *c.alternatives] for _, c in terms]
+    total = math.prod(len(o) for o in options)
+    if total == 1:
+        return 0, []
+    if total <= MOST_CHOICES:
+        combos = list(itertools.product(*options))[1:]
+    else:
+        chosen = [o[0] for o in options]
+        combos = [chosen[:i] + [a] + chosen[i + 1:] for i, o in enumerate(options) for a in o[1:]]
+    size, out = claimed_size(claim, eps), []
+    for combo in combos:
+        ct = _contrast([(w, c) for (w, _), c in zip(terms, combo)])
+        out.append(verdict(ct.low, ct.high, ct.n, claim.direction, size))
+    return len(combos), out
 
 
 def _reference(chosen: pd.DataFrame, mode: str) -> str | None:
     """The non-private reference of ``mode``: its best non-private configuration by the selection
     score (as ``finetune_data``'s gap_non_private)."""
+    if "choice" in chosen:
+        chosen = chosen[chosen["choice"] == 0]
     np_ = chosen[~chosen["private"].astype(bool) & (chosen["mode"] == mode) & np.isfinite(chosen["chosen_score"])]
     return None if np_.empty else np_.loc[np_["chosen_score"].idxmax(), "optimizer"]
 
@@ -154,14 +238,26 @@ def _row(claim: Claim, problem: str, eps: float, mode: str, a_name: str, b_name:
         mean, low, high, n, _ = contrast_interval([(w, c.values) for w, c in terms])
         shown.append("diverged" if any(c.diverged for _, c in terms)
                      else _cell(mean, low, high, n, fmt, signed=len(terms) > 1))
-    mean, low, high, n, how = contrast_interval([(w, c.values) for w, c in a_terms]
-                                                + [(-w, c.values) for w, c in b_terms])
+    terms = [(w, c) for w, c in a_terms] + [(-w, c) for w, c in b_terms]
+    ct = _contrast(terms)
+    mean, low, high, n, how = ct.mean, ct.low, ct.high, ct.n, ct.how
     size = claimed_size(claim, eps)
+    said = "–" if diverged else verdict(low, high, n, claim.direction, size)
+    k, others = (0, []) if diverged else _tie_verdicts(claim, eps, terms)
+    flips = [v for v in others if v != said]
+    if not k:
+        ties = "–"
+    elif flips:
+        ties = f"{len(flips)} of {k}: " + ", ".join(f"{v} ({flips.count(v)})" for v in dict.fromkeys(flips))
+    else:
+        ties = f"{k}: same"
     return {**cells, "A value": shown[0], "B value": shown[1],
-            "A − B": _cell(mean, low, high, n, fmt, signed=True), "seeds": f"{n}, {how}" if n else "–",
+            "A − B": _cell(mean, low, high, n, fmt, signed=True),
+            "seeds": (f"{n}, {how}" + (f", n = {ct.records}" if ct.records else "")) if n else "–",
             "claimed": "–" if size is None else format(claim.direction * size, "+" + fmt).replace("-", "−"),
-            "verdict": "–" if diverged else verdict(low, high, n, claim.direction, size),
-            "diff": mean, "low": low, "high": high, "n": n}
+            "verdict": said + (" · tie-sensitive" if flips else ""), "ties": ties,
+            "diff": mean, "low": low, "high": high, "n": n, "tie_sensitive": bool(flips), "contrast": ct,
+            "claim_number": claim.number, "scale": ct.scale}
 
 
 def _pairs(chosen, claim, pairs, bases, labels, fmt, problem="P6"):
@@ -264,8 +360,8 @@ def claims_data(runs: pd.DataFrame, select_by: str = "val", k: int = 25,
     low, high, n); an empty list: not run. ``problem``: the classifier the claims 1-5 and 7 are
     tested on (P6, or P7 from the public encoder); P5's are always P5's."""
     labels = legend_labels(runs)
-    p6 = chosen_runs(runs, problem, select_by=select_by)
-    p5 = chosen_runs(runs, "P5", select_by=select_by)
+    p6, p5 = (pd.concat([chosen_runs(runs, p, select_by=select_by).assign(choice=0),
+                         tied_runs(runs, p, select_by=select_by)], ignore_index=True) for p in (problem, "P5"))
     by = {c.number: c for c in CLAIMS}
     trained = (FULL, LAST_BLOCK, LORA, HEAD_MODE)  # last-block: the DP-AdamW paper's own mode
     out = {
@@ -282,7 +378,8 @@ def claims_data(runs: pd.DataFrame, select_by: str = "val", k: int = 25,
     return out
 
 
-HEAD = ["claim", "problem", "ε", "mode", "A", "B", "A value", "B value", "A − B", "claimed", "seeds", "verdict"]
+HEAD = ["claim", "problem", "ε", "mode", "A", "B", "A value", "B value", "A − B", "claimed", "seeds", "ties",
+        "verdict"]
 
 
 # the model a classifier's claims were tested on, for the reading paragraph's scale sentence
@@ -303,12 +400,20 @@ def draw_claims_table(data: dict[str, list[dict]], k: int = 25, select_by: str =
              f"the test perplexity (lower is better) or the exposure (bits) of the canaries inserted k = {k} times "
              "(claim 6; a measurement of memorisation, not a private release). A value: mean over seeds [95 % t "
              "interval]; A − B: mean [95 % interval], paired by seed where A and B have the same seeds (runs of "
-             "one seed share their data order and noise draws across optimizers), else Welch's; claimed: the "
-             "difference the paper reports. Verdict: holds (the interval excludes 0 on the claimed side and "
+             "one seed share their data order and noise draws across optimizers), else Welch's, and for a test "
+             "accuracy counting the test records' noise too, paired on the same records (seeds: \"seeds + "
+             "records\" from each run's per-record outcomes, records drawn per seed; \"seeds × records\" the "
+             "same records for every seed; \"seeds + record floor\" for runs that did not record them: the least "
+             "record noise their accuracies allow, a lower bound; \"paired\": seeds alone; n the test records "
+             "per seed; never of width 0: at least the exact bound on records that differ when none is seen); "
+             "claimed: the difference the paper reports. ties: where a configuration was chosen from a tie on "
+             "the mean selection score (broken by the lower mean validation loss, then config order), the "
+             "other choices the tie allowed and how many of them give another verdict; such a verdict is marked "
+             "tie-sensitive. Verdict: holds (the interval excludes 0 on the claimed side and "
              "reaches the claimed size), direction only (excludes 0 on the claimed side, short of the size), not "
              "supported (contains 0), reversed (excludes 0 on the other side); for claim 6c, of no difference, "
-             "no difference found (contains 0; not a proof of equality) or differs; – with fewer than two seeds "
-             "or a diverged configuration. The papers fine-tune BERT-, RoBERTa- or GPT-2-sized models for "
+             "no difference found (contains 0; not a proof of equality) or differs; – with fewer than two seeds, "
+             "a diverged configuration or an interval of width 0 (no noise measured). The papers fine-tune BERT-, RoBERTa- or GPT-2-sized models for "
              f"epochs on QNLI and GLUE; this study fine-tunes {SCALE.get(problem, problem + ' from its start')} "
              "for a few dozen to a few hundred steps on ~1,400 records, so a verdict here is about this scale only. "
              "The choice of each configuration spent privacy of its own (ε_sel in finetune_table), which the ε here does not include.", "",
@@ -317,10 +422,68 @@ def draw_claims_table(data: dict[str, list[dict]], k: int = 25, select_by: str =
     for claim in CLAIMS:
         rows = data.get(claim.number, [])
         if not rows:
-            lines.append(f"| {claim.number} ({claim.paper}): {claim.text} | " + " | ".join(["–"] * 10)
+            lines.append(f"| {claim.number} ({claim.paper}): {claim.text} | " + " | ".join(["–"] * (len(HEAD) - 2))
                          + " | not run |")
         for r in rows:
             lines.append("| " + " | ".join(str(r[h]) for h in HEAD) + " |")
+    size = draw_sizing(sizing(data))
+    return "\n".join(lines) + "\n" + ("\n" + size if size else "")
+
+
+TARGET = 0.02  # the half-width a study's differences should reach: ±2 points of accuracy
+
+
+def sizing(data: dict[str, list[dict]], target: float = TARGET) -> list[dict]:
+    """Per row of ``claims_data`` whose interval counted test records: its variance components
+    (``Contrast.components``, the study as a pilot), its half-width now, and the seeds needed at
+    its test records per seed and the test records per seed needed at its seeds for a 95 %
+    interval within ± ``target`` (``intervals.seeds_needed``, ``records_needed``; None: not
+    reachable that way). From runs without per-record outcomes the record variance is a lower
+    bound and the counts estimates under it (``lower_bound``: the fallback interval)."""
+    out = []
+    for claim in CLAIMS:
+        for r in data.get(claim.number, []):
+            ct = r.get("contrast")
+            if ct is None or ct.components is None or not ct.records:
+                continue
+            comp = ct.components
+            out.append({"claim": claim.number, "problem": r["problem"], "ε": r["ε"], "mode": r["mode"],
+                        "A": r["A"], "B": r["B"], "half_width": (ct.high - ct.low) / 2, "seeds": ct.n,
+                        "records": ct.records, "var_seed": comp.seed, "var_record": comp.record,
+                        "var_residual": comp.residual, "shared": comp.shared,
+                        "seeds_needed": seeds_needed(comp, ct.records, target, scale=ct.scale),
+                        "records_needed": records_needed(comp, ct.n, target, scale=ct.scale),
+                        "lower_bound": ct.how == "seeds + record floor"})
+    return out
+
+
+def draw_sizing(rows: list[dict], target: float = TARGET) -> str:
+    """``sizing`` as Markdown: a section after the claims table."""
+    if not rows:
+        return ""
+    lines = [f"## Sizing: seeds and test records for a 95 % interval within ±{target:.3f}", "",
+             "Each row above whose interval counted test records, as a pilot: its variance components per "
+             "seed and record (s²_seed: between seeds beyond the record noise; s²_record: of the records shared "
+             "by every seed; s²_residual: per record within a seed), its half-width now, and the seeds needed at "
+             "its test records per seed, or the test records per seed needed at its seeds, for a half-width of "
+             f"at most {target:.3f} (– : not reachable that way; dpbench.reporting.figures.intervals."
+             "seeds_needed, records_needed). Marked ~: runs without per-record outcomes, whose record variance "
+             "(s²_residual) is the least their accuracies allow: the counts are estimates under that floor, "
+             "not bounds (the seeds needed at the same records per seed do not depend on it where s²_seed > "
+             "0; the records needed do). Runs that record their outcomes remove the mark.", "",
+             "| claim | problem | ε | mode | A | B | ± now | seeds × records | s²_seed | s²_record | s²_residual "
+             "| seeds needed | records needed |",
+             "| --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        mark = "~ " if r["lower_bound"] else ""
+
+        def count(v):
+            return "–" if v is None else f"{mark}{v:,}"
+
+        lines.append(f"| {r['claim']} | {r['problem']} | {r['ε']} | {r['mode']} | {r['A']} | {r['B']} | "
+                     f"{r['half_width']:.3f} | {r['seeds']} × {r['records']} | {r['var_seed']:.2e} | "
+                     f"{r['var_record']:.2e} | {mark}{r['var_residual']:.2e} | {count(r['seeds_needed'])} | "
+                     f"{count(r['records_needed'])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -160,33 +160,86 @@ def select_best(runs: pd.DataFrame, by: list[str], select_by: str = "test") -> p
 
 
 
+# The tie rule of a configuration choice. Mean selection scores within TIE_TOLERANCE of the best
+# are a tie (accuracies are counts over a split: three seeds' means tie exactly, up to the order
+# of a float sum); a tie goes to the configuration with the lowest mean of the same split's loss
+# (``tie_break_column``: best_val_loss when choosing on validation), a finer measure of the same
+# held-out fit (a loss moves where a count of right answers does not), then to the first in
+# config order (CONFIG_KEYS ascending: the lower learning rate first). The choice reads only the
+# selection split's numbers, as before: what it spends (ε_sel) is unchanged. ``tied_configs``
+# lists every configuration of a tie, so a verdict can be recomputed under each (finetune_claims).
+TIE_TOLERANCE = 1e-9
+
+
+def tie_break_column(task: str, select_by: str = "test") -> str | None:
+    """The column that breaks a tie on the selection score: the selection split's loss for a
+    task chosen on its accuracy (``best_val_loss``, ``best_test_loss``), None otherwise (a loss
+    is itself the score: config order alone)."""
+    if task_facts(task).metric != "accuracy" or select_by not in ("val", "test"):
+        return None
+    return f"best_{select_by}_loss"
+
+
+def _ranked_configs(group: pd.DataFrame, keys: list[str], select_by: str) -> tuple[list, list[float], list[int]]:
+    """(configurations [(key, runs)], their mean scores, the indices of the tie the rule chooses
+    from, the chosen first then the others in the rule's order). A configuration with a
+    non-finite score is in no tie."""
+    configs = list(group.groupby(keys, dropna=False, sort=False)) if keys else [(None, group)]
+    means = [float(np.mean(c["score"])) for _, c in configs]
+    best = max(means)
+    if not np.isfinite(best):
+        return configs, means, [int(np.argmax(means))]
+    tied = [i for i, m in enumerate(means) if np.isfinite(m) and m >= best - TIE_TOLERANCE]
+    column = tie_break_column(str(group["task"].iloc[0]), select_by) if "task" in group else None
+    if column is not None and column in group:
+        def loss(i):
+            v = float(np.mean(configs[i][1][column].astype(float)))
+            return v if np.isfinite(v) else np.inf
+        tied.sort(key=lambda i: (loss(i), i))  # stable: equal losses keep config order
+    return configs, means, tied
+
+
+def tied_configs(runs: pd.DataFrame, by: list[str], select_by: str = "test"):
+    """Per group of ``by``: (the group's values of ``by`` as a dict, [the runs of every
+    configuration tied on the best mean selection score, the chosen one first]) — the
+    alternatives the tie rule decided between (one entry: no tie)."""
+    s = scored(runs, select_by)
+    if s.empty:
+        return
+    s = s.sort_values(_sort_keys(s), kind="stable").reset_index(drop=True)
+    keys = [k for k in CONFIG_KEYS if k in s.columns and k not in by]
+    for values, group in s.groupby(list(by), dropna=False, sort=True):
+        configs, _, tied = _ranked_configs(group, keys, select_by)
+        yield dict(zip(by, values if isinstance(values, tuple) else (values,))), [configs[i][1] for i in tied]
+
+
 def select_best_config(runs: pd.DataFrame, by: list[str], select_by: str = "test") -> pd.DataFrame:
     """One row per group of `by`: the configuration (the settings of ``CONFIG_KEYS``, all its
     seeds) with the best mean selection score over its seeds (a seed that diverged makes the
-    mean -inf; ties: the first in config order), as the row of its first seed with `value` the
+    mean -inf; ties: the tie rule, ``TIE_TOLERANCE``), as the row of its first seed with `value` the
     mean of its seeds' finite reported metrics, `ci_low`, `ci_high` (the 95 % t interval over
     them: ``intervals``), `n_seeds` (finite), `n_runs` (the group's runs: every candidate the
-    choice looked at), `n_configs`, `diverged`, `score` (the chosen configuration's mean selection
-    score). With one seed a configuration is its run, and
-    this is ``select_best``."""
+    choice looked at), `n_configs`, `n_tied` (the configurations tied on the best mean score, the
+    chosen one included: the tie rule, ``TIE_TOLERANCE``, decided between them), `diverged`,
+    `score` (the chosen configuration's mean selection score). With one seed a configuration is
+    its run, and this is ``select_best`` (up to the tie rule's loss)."""
     from dpbench.reporting.figures.intervals import t_interval
 
     s = scored(runs, select_by)
-    extra = ["ci_low", "ci_high", "n_seeds", "n_runs", "n_configs", "diverged"]
+    extra = ["ci_low", "ci_high", "n_seeds", "n_runs", "n_configs", "n_tied", "diverged"]
     if s.empty:
         return s.assign(**{c: pd.Series(dtype=float) for c in extra})
     s = s.sort_values(_sort_keys(s), kind="stable").reset_index(drop=True)
     keys = [k for k in CONFIG_KEYS if k in s.columns and k not in by]
     rows = []
     for _, group in s.groupby(list(by), dropna=False, sort=True):
-        configs = list(group.groupby(keys, dropna=False, sort=False)) if keys else [(None, group)]
-        means = [float(np.mean(c["score"])) for _, c in configs]
-        best = int(np.argmax(means))  # the first of equal means
+        configs, means, tied = _ranked_configs(group, keys, select_by)
+        best = tied[0]  # the tie rule's choice (TIE_TOLERANCE)
         chosen = configs[best][1]
         row = chosen.iloc[0].copy()
         mean, low, high, n = t_interval(chosen["value"].to_numpy(dtype=float))
         row["value"], row["ci_low"], row["ci_high"], row["n_seeds"] = mean, low, high, n
-        row["n_runs"], row["n_configs"] = len(group), len(configs)
+        row["n_runs"], row["n_configs"], row["n_tied"] = len(group), len(configs), len(tied)
         row["score"] = means[best]  # the mean selection score the choice was made by
         row["diverged"] = False
         if not np.isfinite(means[best]):  # no configuration without a non-finite seed
