@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpbench.privacy import accounting
 from dpbench.problems import facts, modes
-from dpbench.training import schedules
+from dpbench.training.schedules import DEFAULT as DEFAULT_SCHEDULE, SCHEDULES
 from dpbench.training.settings import (BlockKey, SettingError, check_values, choice, hyperparameter,
                                        nonnegative_float, nonnegative_int, path, positive_float, positive_int,
                                        probability, search_candidate, setting, switch, text, to_args, torch_device)
@@ -91,7 +91,7 @@ class RunConfig:
         help="process each sampled batch in pieces of at most P records (bounded memory; the same step, "
              "sigma, T and epsilon); not given: one piece")
     # the learning rate of step t of T: lr times the schedule's factor (training.schedules), every optimizer
-    lr_schedule: str = setting(schedules.DEFAULT, type=choice(tuple(schedules.SCHEDULES)), scope="train",
+    lr_schedule: str = setting(DEFAULT_SCHEDULE, type=choice(tuple(SCHEDULES)), scope="train",
                                configuration=True,
                                help="the learning rate over the T planned steps: constant, or linear decay to 0 "
                                     "(lr (1 - t/T) at step t = 0..T-1)")
@@ -142,7 +142,7 @@ class RunConfig:
             raise ValueError(f"optimizer {self.optimizer!r} is private: give --epsilon or --noise-multiplier")
         check_data(self.problem, self.train_subset, self.test_subset, self.validation_size)
         if self.cuda_graphs:  # a graph replays one pass's fixed shapes and a fixed lr
-            for name, default in (("physical_batch_size", None), ("lr_schedule", schedules.DEFAULT)):
+            for name, default in (("physical_batch_size", None), ("lr_schedule", DEFAULT_SCHEDULE)):
                 if getattr(self, name) != default:
                     raise SettingError(name, "not with `cuda_graphs`, whose graph replays one pass of fixed shapes "
                                              "at a fixed learning rate")
