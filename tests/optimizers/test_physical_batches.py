@@ -72,12 +72,12 @@ def noise_for(name, plan, seed):
     return spec.mechanism.noise(plan, seed, "cpu")
 
 
-def build(name, piece_size=None, groups=None, model=None):
+def build(name, piece_size=None, groups=None, model=None, hp=None):
     spec = get_optimizer(name)
     if model is None:
         torch.manual_seed(0)
         model = Tiny().double()
-    hp = HP.get(name)
+    hp = hp or HP.get(name)
     plan = None if file_based(name) else spec.mechanism.plan(PlanRequest(1000, L, 1, hyperparameters=hp))
     ctx = Context(model=model, loss_fn=ce_loss, lr=0.05 if "adam" in name else 0.3, expected_batch_size=L,
                   noise_multiplier=SIGMA if spec.private else 0.0,
@@ -98,12 +98,17 @@ def noise_state(noise):
     return {k: (v.tolist() if torch.is_tensor(v) else v) for k, v in state.items()}
 
 
+# DiSK at a = 1 (only the shifted point, the loss by a forward pass), Dice's residual unclipped
+VARIANTS = [("dpdisk", {"kappa": 0.6, "gamma": 0.4 / 0.6}), ("dpdice", {"c2": 50.0})]
+
+
 @pytest.mark.parametrize("groups", [None, by_sign], ids=["rows", "groups"])
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_a_step_in_pieces_is_the_step_in_one_piece(name, groups):
+@pytest.mark.parametrize("name,hp", [(n, None) for n in OPTIMIZERS] + VARIANTS,
+                         ids=list(OPTIMIZERS) + ["dpdisk-one-point", "dpdice-unclipped-residual"])
+def test_a_step_in_pieces_is_the_step_in_one_piece(name, hp, groups):
     runs = {}
     for piece_size in (None, 4):
-        step, model = build(name, piece_size, groups)
+        step, model = build(name, piece_size, groups, hp=hp)
         outs = []
         for x, y in data():
             outs.append(step(x, y))
