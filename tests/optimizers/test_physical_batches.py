@@ -236,3 +236,10 @@ def test_a_plugin_that_replaces_clip_and_sum_alone_holds_its_pieces_and_is_the_s
     for p, q in zip(*results):
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
     assert not math.isnan(results[0][0].sum().item())
+
+
+def test_a_step_in_pieces_is_never_captured():
+    from dpbench.training import capture
+
+    assert "pieces of at most 4 records" in capture.refusal(build("dpsgd", 4)[0])
+    assert capture.refusal(build("dpsgd")[0]) is None
