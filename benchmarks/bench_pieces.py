@@ -4,8 +4,8 @@ and in pieces of at most P records (``Context.piece_size``, the run setting ``ph
 
 Each configuration (mode, optimizer, layout, P) runs in its own fresh process: the model built as
 a run builds it (``bench_encoder_step.build_step``: sigma = 1, C = 1, the default
-hyperparameters), the same L real P7 training records, one logical step (a shared 2-core CPU
-makes each step at L = 1,024 take minutes). Memory: bench_finetune's ``step_memory``, the peak
+hyperparameters), the same L real P7 training records a logical step, one step (``--steps``: a
+shared 2-core CPU makes each step at L = 1,024 take minutes; DiSK's first step is at one point). Memory: bench_finetune's ``step_memory``, the peak
 resident set size (VmHWM, Linux) over the step less the resident size before it, glibc keeping
 freed memory as ``dpbench train`` sets it (``machine.keep_freed_memory``). Time: the step's wall
 time (a first step: allocations included).
@@ -13,7 +13,7 @@ Layouts: ``groups``, P7's groups of similar length (``Task.groups``, as a run on
 a batch), and ``one pass``, the batch padded to its longest record in one pass (as on a GPU),
 each with P = all (one piece) or a piece size.
 
-Usage:  python benchmarks/bench_pieces.py [--batch-size 1024] [--threads 1]
+Usage:  python benchmarks/bench_pieces.py [--batch-size 1024] [--threads 1] [--steps 1]
         [--configs last-block:dpsgd:one-pass:all,last-block:dpsgd:one-pass:64,...]
 Prints Markdown for benchmarks/results/encoder/pieces.md.
 """
@@ -44,7 +44,8 @@ CONFIGS = ("last-block:dpsgd:one-pass:all", "last-block:dpsgd:one-pass:64", "las
 
 
 def child(config: str, batches_file: str) -> None:
-    """In a fresh process: JSON {before_kb, peak_kb, step_s} of one logical step of ``config``."""
+    """In a fresh process: JSON {before_kb, peak_kb, step_s} of ``config``'s logical steps, one a
+    batch (the last step's time)."""
     mode, name, layout, piece = config.split(":")
     batches = torch.load(batches_file)
     start = PublicEncoder.load(_es.ENCODER)
@@ -63,6 +64,8 @@ def child(config: str, batches_file: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=1,
+                        help="logical steps per configuration (DiSK's second step is its first at two points)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--configs", default=",".join(CONFIGS), help="mode:optimizer:layout:P, comma-separated")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -76,7 +79,9 @@ def main() -> None:
         return
     load, started = os.getloadavg(), time.perf_counter()
     start = PublicEncoder.load(_es.ENCODER)
-    batches = [_es.records(start, args.batch_size)]
+    x, y = _es.records(start, args.steps * args.batch_size)
+    size = args.batch_size
+    batches = [(x[i * size:(i + 1) * size], y[i * size:(i + 1) * size]) for i in range(args.steps)]
     widths = [int((b != start.loaded.pad_id).sum(1).max()) for b, _ in batches]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,11 +102,12 @@ def main() -> None:
              f"- load average at the start: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}; at the end: "
              f"{end[0]:.2f}, {end[1]:.2f}, {end[2]:.2f} (a shared machine: times are inflated and noisy)",
              f"- glibc malloc keeps freed memory (as `dpbench train`): {'yes' if kept else 'no'}",
-             f"- records: one batch of {args.batch_size} real P7 training records (WordPiece rows cut at 128; "
-             f"its longest record: {widths[0]} tokens), the same for every configuration; each configuration "
-             "in a fresh process, one logical step",
-             "- memory: peak resident set size (VmHWM) over the step less the resident size before it "
-             "(bench_finetune.step_memory); time: the step's wall time (a first step, allocations included)",
+             f"- records: {args.steps} batch(es) of {args.batch_size} real P7 training records (WordPiece rows cut "
+             f"at 128; the longest record of each: {widths} tokens), the same for every configuration; each "
+             f"configuration in a fresh process, {args.steps} logical step(s), one a batch",
+             "- memory: peak resident set size (VmHWM) over the steps less the resident size before them "
+             "(bench_finetune.step_memory); time: the last step's wall time (with one step: a first step, "
+             "allocations included)",
              f"- total wall time: {time.perf_counter() - started:.0f} s", "",
              "| mode | optimizer | layout | P (records a piece) | peak memory over the step (MB) | time per logical step (s) |",
              "| --- | --- | --- | --- | ---: | ---: |"]
