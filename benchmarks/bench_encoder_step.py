@@ -191,7 +191,7 @@ def held(start: PublicEncoder, mode: str, x: torch.Tensor, y: torch.Tensor) -> d
     """What the book-keeping DP step holds beyond a non-private backward, in MB, on the batch (x, y):
     the trained layers' inputs ``x`` and output gradients ``gy`` of one group (``Task.groups``, the
     largest such), kept from its backward pass until its per-sample norms are known and its clipped
-    sum is added (``DPStep._clip_and_sum_by_group``), each storage counted once; and the step's two
+    sum is added (``DPStep._clip_and_sum_by_pass``), each storage counted once; and the step's two
     gradient buffers (the clipped sum and the noise drawn into its own buffer, ``GradBuffer``:
     2 x d floats, kept between steps)."""
     model, problem = model_of(start, mode), problem_of(start)

@@ -427,7 +427,7 @@ def test_evaluation_in_groups_is_the_one_pass_evaluation(start, mode):
 
 def test_a_step_clips_group_by_group_as_the_held_groups_do(start, monkeypatch):
     """DP-SGD's step on a batch in groups sums each group's clipped sum as its pass ends, holding
-    one group's records (``DPStep._clip_and_sum_by_group``): the step that holds every group's
+    one group's records (``DPStep._clip_and_sum_by_pass``): the step that holds every group's
     until the last norm (``GroupedGradients``), float32, noise on."""
     from dpbench.mechanisms.base import PlanRequest
     from dpbench.optimizers.base import Context, DPStep
@@ -436,8 +436,8 @@ def test_a_step_clips_group_by_group_as_the_held_groups_do(start, monkeypatch):
     plan = spec.mechanism.plan(PlanRequest(N_TRAIN, L, 1, target_epsilon=4.0))
     x, y = tokens(start), torch.arange(6) % 40
     task, params, calls = grouped_task(start, 12), {}, []
-    real = DPStep._clip_and_sum_by_group
-    monkeypatch.setattr(DPStep, "_clip_and_sum_by_group", lambda *a: calls.append(1) or real(*a))
+    real = DPStep._clip_and_sum_by_pass
+    monkeypatch.setattr(DPStep, "_clip_and_sum_by_pass", lambda *a: calls.append(1) or real(*a))
     for by_group in (True, False):
         model = built(start, modes.Full())
         ctx = Context(model=model, loss_fn=p7_loss, lr=0.5, expected_batch_size=L, noise_multiplier=0.7,
@@ -445,7 +445,7 @@ def test_a_step_clips_group_by_group_as_the_held_groups_do(start, monkeypatch):
                       steps=plan.steps, hyperparameters=spec.hyperparameters(None), groups=task.groups)
         step = spec.build(ctx)
         if not by_group:
-            monkeypatch.setattr(type(step), "_clips_by_group", lambda self: False)
+            monkeypatch.setattr(type(step), "_sums_by_pass", lambda self: False)
         for _ in range(2):
             step(x, y)
         params[by_group] = [p.detach().clone() for p in model.parameters()]

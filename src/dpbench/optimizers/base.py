@@ -52,6 +52,11 @@ class Context:
     # them (``Task.groups``: a token batch by length), or None: one pass. Every row's loss and
     # gradient are its own in any pass, so the groups change the cost, not the step.
     groups: Callable[[torch.Tensor], list[torch.Tensor] | None] | None = None
+    # The physical batch size P: the most rows one pass takes (a logical batch of more is cut into
+    # pieces of at most P rows, in row order, each piece into the task's groups), or None: one
+    # piece. Performance only: a step in pieces is the same step (one sampled batch, one noise
+    # draw, one update, one accountant step), up to floating-point order (``step_passes``).
+    piece_size: int | None = None
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -176,9 +181,9 @@ class DPStep:
         return self.ctx.noise_multiplier * self.ctx.clipping.sensitivity
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> StepOutput:
-        groups = self.ctx.groups(x) if self.ctx.groups is not None and x.shape[0] else None
-        if groups is not None and len(groups) > 1 and self._clips_by_group():
-            grads, out = self._clip_and_sum_by_group(x, y, groups)
+        passes = step_passes(self.ctx, x)
+        if passes is not None and self._sums_by_pass():
+            grads, out = self._clip_and_sum_by_pass(x, y, passes)
         else:
             psg, out = self.per_sample_gradients(x, y)
             grads = self.clip_and_sum(psg)
@@ -197,19 +202,26 @@ class DPStep:
         noise. A replacement must keep example i's gradient a function of example i alone."""
         if x.shape[0] == 0:  # an empty Poisson batch still releases noise
             return None, StepOutput(x.new_zeros(0), None)
-        groups = self.ctx.groups(x) if self.ctx.groups is not None else None
-        if groups is None or len(groups) == 1:
-            with self.tape:
-                losses, correct = self.ctx.loss_fn(self.model, x, y)
-            return self.tape.per_sample_gradients(losses), StepOutput(losses.detach(), correct)
+        groups = step_passes(self.ctx, x)
+        if groups is None:
+            return DPStep.pass_gradients(self, x, y)
         parts, losses, correct = [], [], []
         for idx in groups:  # one pass per group; every row's gradient is its own in any pass
-            with self.tape:
-                losses_k, correct_k = self.ctx.loss_fn(self.model, x[idx], None if y is None else y[idx])
-            parts.append(self.tape.per_sample_gradients(losses_k))
-            losses.append(losses_k.detach())
-            correct.append(correct_k)
+            psg, out_k = DPStep.pass_gradients(self, x[idx], None if y is None else y[idx])
+            parts.append(psg)
+            losses.append(out_k.losses)
+            correct.append(out_k.correct)
         return GroupedGradients(parts, groups, x.shape[0]), output_in_rows(losses, correct, groups)
+
+    def pass_gradients(self, x, y) -> tuple[PerSampleGradients, StepOutput]:
+        """The per-sample gradients of the rows ``x`` (B > 0) in one pass, whatever the groups
+        and pieces: the form of ``per_sample_gradients`` that a step taken pass by pass
+        (``_clip_and_sum_by_pass``) calls once per pass. A class that replaces
+        ``per_sample_gradients`` replaces this too (DiSK), or its steps hold every pass's layer
+        records at once."""
+        with self.tape:
+            losses, correct = self.ctx.loss_fn(self.model, x, y)
+        return self.tape.per_sample_gradients(losses), StepOutput(losses.detach(), correct)
 
     def clip_and_sum(self, psg: PerSampleGradients | None) -> list[torch.Tensor]:
         """The release before noise: sum_i c_i g_i, shaped like the parameters, c_i the
@@ -234,37 +246,60 @@ class DPStep:
         psg.weighted_sum(coef, out=buffer.by_param)
         return buffer.views
 
-    def _clips_by_group(self) -> bool:
-        """Whether a batch in groups may be clipped and summed group by group: where both stages
-        are DPStep's (a row's coefficient is then a function of its own norm, so the batch's
-        clipped sum is the sum of its groups'), the batch unweighted and the buffer there."""
-        cls = type(self)
-        return (cls.per_sample_gradients is DPStep.per_sample_gradients and cls.clip_and_sum is DPStep.clip_and_sum
-                and self.sample_weights is None and self._buffer() is not None)
-
-    def _clip_and_sum_by_group(self, x, y, groups) -> tuple[list[torch.Tensor], StepOutput]:
-        """``clip_and_sum(per_sample_gradients(x, y))`` with the batch in ``groups``, one group at a
-        time: each group's clipped sum is added into the buffer as its pass ends and its layer
-        records are dropped, so a step holds one group's, as a non-private step does (the held
-        form, ``GroupedGradients``, keeps every group's until the last norm is known). The
-        groups' sums are added in group order, through the noise buffer (drawn into later)."""
+    def sum_pass(self, psg: PerSampleGradients, first: bool) -> None:
+        """Adds one pass's part of ``clip_and_sum`` into the step's buffer (``first``: writes it):
+        sum_i c_i g_i over the pass's rows, c_i a function of row i's own norm, so that the passes'
+        parts add up to the batch's clipped sum. The passes' parts are added in pass order,
+        through the noise buffer (drawn into later). A class that replaces ``clip_and_sum``
+        replaces this and ``finish_sum`` too (Dice), or its steps hold every pass at once."""
         buffer = self._buffer()
-        scratch = dict(zip(self.params, buffer.noise_views))
-        losses, correct = [], []
-        for k, idx in enumerate(groups):
-            with self.tape:
-                losses_k, correct_k = self.ctx.loss_fn(self.model, x[idx], None if y is None else y[idx])
-            psg = self.tape.per_sample_gradients(losses_k)
-            coef = self.ctx.clipping.coefficients(psg.norms())
-            if k == 0:
-                psg.weighted_sum(coef, out=buffer.by_param)
-            else:
-                psg.weighted_sum(coef, out=scratch)
-                buffer.flat.add_(buffer.noise_flat)
-            del psg  # this group's layer records go before the next group's pass
-            losses.append(losses_k.detach())
-            correct.append(correct_k)
-        return buffer.views, output_in_rows(losses, correct, groups)
+        coef = self.ctx.clipping.coefficients(psg.norms())
+        if first:
+            psg.weighted_sum(coef, out=buffer.by_param)
+        else:
+            psg.weighted_sum(coef, out=dict(zip(self.params, buffer.noise_views)))
+            buffer.flat.add_(buffer.noise_flat)
+
+    def finish_sum(self) -> list[torch.Tensor]:
+        """The release before noise once every pass's part is in (``sum_pass``): the buffer's views."""
+        return self._buffer().views
+
+    def _sums_by_pass(self) -> bool:
+        """Whether a batch in several passes may be clipped and summed pass by pass, each pass's
+        layer records dropped as its part is in: where the buffer is there, the batch unweighted
+        and, for each of ``per_sample_gradients`` and ``clip_and_sum``, the stage and its
+        pass-by-pass forms (``pass_gradients``; ``sum_pass`` and ``finish_sum``) are all DPStep's,
+        or, with pieces (``Context.piece_size``), all one class's (DiSK, Dice). So the forms that
+        run are always those of the class whose stages the run records (``optimizers.stages``);
+        a class that replaces a stage alone holds every pass (``GroupedGradients``), and without
+        pieces DiSK and Dice hold their groups as they always did (the same floats as before)."""
+        if self.sample_weights is not None or self._buffer() is None:
+            return False
+        cls = type(self)
+        for names in (("per_sample_gradients", "pass_gradients"), ("clip_and_sum", "sum_pass", "finish_sum")):
+            definers = {_definer(cls, name) for name in names}
+            if len(definers) > 1 or (definers != {DPStep} and self.ctx.piece_size is None):
+                return False
+        return True
+
+    def _clip_and_sum_by_pass(self, x, y, passes) -> tuple[list[torch.Tensor], StepOutput]:
+        """``clip_and_sum(per_sample_gradients(x, y))`` with the batch in ``passes`` (pieces of at
+        most ``Context.piece_size`` rows, each in the task's groups: ``step_passes``), one pass at
+        a time: each pass's part is added into the buffer as the pass ends (``sum_pass``) and its
+        layer records are dropped, so a step holds one pass's, as a non-private step does (the
+        held form, ``GroupedGradients``, keeps every pass's until the last norm is known). The
+        step's stats are its first pass's (a pass count, per logical step)."""
+        losses, correct, stats = [], [], None
+        for k, idx in enumerate(passes):
+            psg, out_k = self.pass_gradients(x[idx], None if y is None else y[idx])
+            self.sum_pass(psg, k == 0)
+            del psg  # this pass's layer records go before the next pass
+            losses.append(out_k.losses)
+            correct.append(out_k.correct)
+            stats = out_k.stats if stats is None else stats
+        out = output_in_rows(losses, correct, passes)
+        out.stats.update(stats)
+        return self.finish_sum(), out
 
     def add_noise(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         """The clipped sum plus ``noise_std`` times the noise source's unit-variance draws (one
@@ -321,11 +356,11 @@ class NonPrivateStep(DPStep):
     def __call__(self, x, y) -> StepOutput:
         if x.shape[0] == 0:
             return StepOutput(x.new_zeros(0), None)
-        groups = self.ctx.groups(x) if self.ctx.groups is not None else None
-        if groups is None or len(groups) == 1:
+        groups = step_passes(self.ctx, x)
+        if groups is None:
             losses, correct = self.ctx.loss_fn(self.model, x, y)
             grads = torch.autograd.grad(losses.sum(), self.params)
-        else:  # one pass per group, as DPStep's (Context.groups), the gradients added
+        else:  # one pass per piece and group, as DPStep's (step_passes), the gradients added
             grads, losses, correct = None, [], []
             for idx in groups:
                 losses_k, correct_k = self.ctx.loss_fn(self.model, x[idx], None if y is None else y[idx])
@@ -340,6 +375,39 @@ class NonPrivateStep(DPStep):
             losses, correct = out.losses, out.correct
         stats = self.rule.update(self.params, [g.div_(self.ctx.expected_batch_size) for g in grads])
         return StepOutput(losses.detach(), correct, dict(stats or {}))
+
+
+def _definer(cls: type, name: str) -> type:
+    """The class that defines ``name`` first in ``cls``'s method resolution order."""
+    return next(k for k in cls.__mro__ if name in k.__dict__)
+
+
+def pieces(ctx: Context, batch_size: int, device=None) -> list[torch.Tensor] | None:
+    """A batch's pieces: row indices of at most ``ctx.piece_size`` consecutive rows each, in row
+    order; None where the batch is one piece (no piece size, or B <= P)."""
+    size = ctx.piece_size
+    if size is None or batch_size <= size:
+        return None
+    return [torch.arange(start, min(start + size, batch_size), device=device)
+            for start in range(0, batch_size, size)]
+
+
+def step_passes(ctx: Context, x: torch.Tensor) -> list[torch.Tensor] | None:
+    """The passes of a step on the rows ``x``: the batch cut into pieces (``pieces``), each piece
+    into the task's groups (``Context.groups``), as row indices of ``x`` (disjoint, covering it);
+    None where one pass takes the whole batch (B = 0 included). Without pieces, the task's groups
+    themselves, as before pieces were."""
+    if x.shape[0] == 0:
+        return None
+    cut = pieces(ctx, x.shape[0], x.device)
+    if cut is None:
+        groups = ctx.groups(x) if ctx.groups is not None else None
+        return groups if groups is not None and len(groups) > 1 else None
+    out = []
+    for piece in cut:
+        groups = ctx.groups(x[piece]) if ctx.groups is not None else None
+        out.extend([piece] if groups is None or len(groups) == 1 else [piece[g] for g in groups])
+    return out
 
 
 def output_in_rows(losses: list[torch.Tensor], correct: list, groups: list[torch.Tensor]) -> StepOutput:

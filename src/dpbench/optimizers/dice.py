@@ -56,15 +56,35 @@ class DiceStep(DPStep):
 
     @torch.no_grad()
     def clip_and_sum(self, psg) -> list[torch.Tensor]:
-        L = self.ctx.expected_batch_size
-        if self.residual is None:
-            self.residual = [torch.zeros_like(p) for p in self.params]
         clipped = super().clip_and_sum(psg)  # sum_i clip(g_i)
         if psg is None:
             raw = [torch.zeros_like(p) for p in self.params]
         else:
             summed = psg.weighted_sum(self.params[0].new_full((psg.batch_size,), self.units))
             raw = [summed[p] for p in self.params]  # sum_i g_i, in clipped units
+        return self._feed_back(clipped, raw)
+
+    @torch.no_grad()
+    def sum_pass(self, psg, first: bool) -> None:
+        """One pass's part of both sums ``clip_and_sum`` needs, sum_i clip(g_i) (into the buffer)
+        and sum_i g_i (raw, into ``_raw``): a step in pieces holds one pass's layer records."""
+        super().sum_pass(psg, first)
+        summed = psg.weighted_sum(self.params[0].new_full((psg.batch_size,), self.units))
+        if first:
+            self._raw = [summed[p] for p in self.params]
+        else:
+            torch._foreach_add_(self._raw, [summed[p] for p in self.params])
+
+    @torch.no_grad()
+    def finish_sum(self) -> list[torch.Tensor]:
+        raw, self._raw = self._raw, None
+        return self._feed_back(super().finish_sum(), raw)
+
+    def _feed_back(self, clipped: list[torch.Tensor], raw: list[torch.Tensor]) -> list[torch.Tensor]:
+        """L clip(e, C2) added to the clipped sum, and e <- e + g - g_bar (``raw``: sum_i g_i)."""
+        L = self.ctx.expected_batch_size
+        if self.residual is None:
+            self.residual = [torch.zeros_like(p) for p in self.params]
         e = self.residual
         if self.c2 > 0:
             lanes = self.ctx.lanes  # ||e|| per lane (one lane in training)

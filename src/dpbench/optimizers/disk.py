@@ -55,6 +55,15 @@ class KalmanFilter:
         self.g_tilde: list[torch.Tensor] | None = None
         self.direction: list[torch.Tensor] | None = None  # None: d = 0
 
+    @property
+    def lr(self) -> float:
+        """The base rule's learning rate (a schedule sets it: dpbench.training.schedules)."""
+        return self.base.lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self.base.lr = value
+
     @torch.no_grad()
     def update(self, params, grads):
         if self.g_tilde is None:
@@ -88,16 +97,27 @@ class DiskStep(DPStep):
         self.a = (1 - rule.kappa) / (rule.kappa * gamma)
 
     def per_sample_gradients(self, x, y):
+        return self._two_points(x, y, super().per_sample_gradients)
+
+    def pass_gradients(self, x, y):
+        """``per_sample_gradients`` of the rows of one pass (a step in pieces,
+        ``DPStep._clip_and_sum_by_pass``): both points' passes on these rows, so that a step
+        holds one pass's layer records at each point, never the whole batch's."""
+        return self._two_points(x, y, super().pass_gradients)
+
+    def _two_points(self, x, y, gradients):
+        """DiSK's per-sample gradients of the rows ``x``, each point's from ``gradients``
+        (DPStep's held ``per_sample_gradients`` or its one-pass ``pass_gradients``)."""
         d = self.rule.direction
         if x.shape[0] == 0 or self.a == 0 or d is None:  # one pass at theta
-            psg, out = super().per_sample_gradients(x, y)
+            psg, out = gradients(x, y)
             out.stats["passes"] = float(x.shape[0] > 0)
             return psg, out
         saved = [p.detach().clone() for p in self.params]
         try:
             with torch.no_grad():
                 torch._foreach_add_(self.params, d, alpha=self.gamma)
-            shifted, _ = super().per_sample_gradients(x, y)
+            shifted, _ = gradients(x, y)
         finally:
             with torch.no_grad():
                 torch._foreach_copy_(self.params, saved)  # theta restored bit for bit
@@ -105,7 +125,7 @@ class DiskStep(DPStep):
             with torch.no_grad():
                 losses, correct = self.ctx.loss_fn(self.model, x, y)
             return shifted, StepOutput(losses.detach(), correct, {"passes": 1.0, "loss_only_passes": 1.0})
-        current, out = super().per_sample_gradients(x, y)
+        current, out = gradients(x, y)
         out.stats["passes"] = 2.0
         return CombinedGradients(shifted, current, self.a), out
 

@@ -35,6 +35,11 @@ update are ours. The privacy guarantee is unchanged by a post-processing scale.
   (``opacus_functorch_layers``).
 * Opacus's hooks are enabled only inside the step's own forward and backward pass: any other
   pass through the model (evaluation, a memorisation test) records no activations.
+* A logical batch in pieces (``Context.piece_size``, the run setting ``physical_batch_size``) runs
+  one forward and backward pass per piece, each piece's clipped sum added into Opacus's
+  ``summed_grad`` by ``clip_and_accumulate`` and its ``grad_sample`` dropped, then one
+  ``add_noise`` and one ``scale_grad``: the step Opacus's ``BatchMemoryManager`` takes, with
+  one noise draw and one accountant step per logical batch.
 * Lanes (``Context.lanes`` > 1, the empirical audit's replicas) need nothing of Opacus: an
   example's loss depends on its own lane's parameters only, so its per-sample gradient is zero
   outside that lane, its norm over the whole vector is its lane's norm, and Opacus's clipping is
@@ -47,7 +52,7 @@ import warnings
 
 import torch
 
-from dpbench.optimizers.base import SGD, Context, DPStep, StepOutput
+from dpbench.optimizers.base import SGD, Context, DPStep, StepOutput, output_in_rows, pieces
 from dpbench.privacy.clipping import Clipping
 from dpbench.mechanisms.noise import GaussianNoise
 from dpbench.privacy.per_sample import UnsupportedLayerError
@@ -112,8 +117,23 @@ class OpacusDPStep(DPStep):
         self.scale = ctx.clipping.sensitivity / ctx.clipping.clip_norm
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> StepOutput:
-        _, out = self.per_sample_gradients(x, y)
-        self.optimizer.clip_and_accumulate()
+        cut = pieces(self.ctx, x.shape[0], x.device)
+        if cut is None:
+            _, out = self.per_sample_gradients(x, y)
+            self.optimizer.clip_and_accumulate()
+        else:  # a logical batch in pieces: each piece's clipped sum into summed_grad, then one noise draw
+            self.optimizer.zero_grad(set_to_none=True)
+            losses, correct = [], []
+            for idx in cut:
+                out_k = self._backward(x[idx], None if y is None else y[idx])
+                self.optimizer.clip_and_accumulate()  # adds into p.summed_grad
+                for p in self.params:  # this piece's per-sample gradients go before the next piece's
+                    p.grad_sample, p.grad = None, None
+                losses.append(out_k.losses)
+                correct.append(out_k.correct)
+            for p in self.params:  # one accumulated iteration for scale_grad (it divides by L times their count)
+                p.grad_sample = p.new_zeros((0, *p.shape))
+            out = output_in_rows(losses, correct, cut)
         self.optimizer.add_noise()
         self.optimizer.scale_grad()
         grads = [p.grad.detach() * self.scale for p in self.params]
@@ -131,6 +151,11 @@ class OpacusDPStep(DPStep):
             for p in self.params:
                 p.grad_sample = p.new_zeros((0, *p.shape))
             return None, StepOutput(x.new_zeros(0), None)
+        return None, self._backward(x, y)
+
+    def _backward(self, x, y) -> StepOutput:
+        """One forward and backward pass of Opacus's hooks on the rows ``x`` (B > 0), its
+        per-sample gradients into ``p.grad_sample``; ``summed_grad`` is left as it is."""
         self.gsm.enable_hooks()
         try:
             losses, correct = self.ctx.loss_fn(self.gsm, x, y)
@@ -139,7 +164,7 @@ class OpacusDPStep(DPStep):
                 losses.sum().backward()
         finally:
             self.gsm.disable_hooks()
-        return None, StepOutput(losses.detach(), correct)
+        return StepOutput(losses.detach(), correct)
 
     def clip_and_sum(self, psg=None) -> list[torch.Tensor]:
         """Opacus's clipped sum (``clip_and_accumulate``) on our clipping's scale: sum_i c_i g_i."""

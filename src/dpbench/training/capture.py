@@ -130,6 +130,8 @@ def refusal(step, problem=None, sampler=None) -> str | None:
                 "(e.g. Adam's step count in the bias correction): a graph would freeze it")
     if step.ctx.lanes != 1:
         return f"it runs {step.ctx.lanes} lanes (the audit's replicas)"
+    if step.ctx.piece_size is not None:  # a graph replays one pass of fixed shapes
+        return f"it runs each batch in pieces of at most {step.ctx.piece_size} records (physical_batch_size)"
     # a subclass that keeps its built-in parent's sample (e.g. another row store) reads shapes only too
     if step.private and step.noise_std != 0 and \
             getattr(type(step.ctx.noise), "sample", None) not in {c.sample for c in SHAPE_ONLY_NOISE}:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpbench.privacy import accounting
 from dpbench.problems import facts, modes
+from dpbench.training.schedules import DEFAULT as DEFAULT_SCHEDULE, SCHEDULES
 from dpbench.training.settings import (BlockKey, SettingError, check_values, choice, hyperparameter,
                                        noise_multiplier, nonnegative_int, path, positive_float, positive_int,
                                        probability, search_candidate, setting, switch, text, to_args, torch_device)
@@ -82,6 +83,18 @@ class RunConfig:
     # off until measured on a GPU; a no-op, with a message, on a CPU
     cuda_graphs: bool = setting(False, type=switch, scope="train",
                                 help="replay each step as a CUDA graph on padded batches (a GPU only; docs/gpu.md)")
+    # performance only (not a configuration key): a logical batch of L expected rows, drawn as ever, is
+    # processed in pieces of at most P rows; one noise draw, one update and one accountant step per logical
+    # step (optimizers.base.step_passes; docs/privacy.md)
+    physical_batch_size: int | None = setting(
+        None, type=positive_int, scope="train", metavar="P", configuration=False,
+        help="process each sampled batch in pieces of at most P records (bounded memory; the same step, "
+             "sigma, T and epsilon); not given: one piece")
+    # the learning rate of step t of T: lr times the schedule's factor (training.schedules), every optimizer
+    lr_schedule: str = setting(DEFAULT_SCHEDULE, type=choice(tuple(SCHEDULES)), scope="train",
+                               configuration=True,
+                               help="the learning rate over the T planned steps: constant, or linear decay to 0 "
+                                    "(lr (1 - t/T) at step t = 0..T-1)")
     # -- given where dpbench train is called (the workflow's rule gives the same to every cell) --
     # matrix mechanisms: the factorization and noise files (computed into cache_dir if absent)
     factorization: str | None = setting(None, type=path, scope="command",
@@ -128,6 +141,11 @@ class RunConfig:
         if spec.private and self.noise_multiplier is None and self.epsilon is None:
             raise ValueError(f"optimizer {self.optimizer!r} is private: give --epsilon or --noise-multiplier")
         check_data(self.problem, self.train_subset, self.test_subset, self.validation_size)
+        if self.cuda_graphs:  # a graph replays one pass's fixed shapes and a fixed lr
+            for name, default in (("physical_batch_size", None), ("lr_schedule", DEFAULT_SCHEDULE)):
+                if getattr(self, name) != default:
+                    raise SettingError(name, "not with `cuda_graphs`, whose graph replays one pass of fixed shapes "
+                                             "at a fixed learning rate")
         spec.hyperparameters(self.hyperparameters)
         self.check_finetune()
         if self.tuning is not None:  # refused as the config check refuses it, in the same words

@@ -60,14 +60,15 @@ class Assembly:
 def assemble(spec: OptimizerSpec, plan: Plan, model: nn.Module, loss_fn: LossFn, *, lr: float,
              noise_multiplier: float, clip_norm: float, normalize_clipping: bool,
              hyperparameters: dict | None, noise_seed: int, sampler_seed: int, n_train: int,
-             device: torch.device | str, lanes: int = 1, groups=None) -> Assembly:
+             device: torch.device | str, lanes: int = 1, groups=None, piece_size: int | None = None) -> Assembly:
     """The optimizer's step and sampler for one run. ``hyperparameters`` are the given ones
     (the spec's defaults fill in the rest; an unknown name is an error); ``noise_seed`` and
     ``sampler_seed`` are the run's "noise" and "sampler" streams (``dpbench.seeds``).
     ``lanes`` > 1 builds that many independent replicas side by side (``Context.lanes``; the
     empirical audit's trials): the model's parameters carry the lane on their first axis and
     the sampler draws ``lanes`` blocks of ``n_train`` examples. ``groups``: how a step splits a
-    batch into passes (``Context.groups``), or None."""
+    batch into passes (``Context.groups``), or None; ``piece_size``: the physical batch size P
+    (``Context.piece_size``), or None: one piece."""
     mechanism = spec.mechanism
     clipping = Clipping(clip_norm, normalize_clipping) if spec.private else NoClipping()
     context = Context(
@@ -82,6 +83,7 @@ def assemble(spec: OptimizerSpec, plan: Plan, model: nn.Module, loss_fn: LossFn,
         hyperparameters=spec.hyperparameters(hyperparameters),
         lanes=lanes,
         groups=groups,
+        piece_size=piece_size,
     )
     step = spec.build(context)
     sampler = mechanism.sampler(plan, n_train, sampler_seed, device, lanes=lanes)

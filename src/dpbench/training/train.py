@@ -33,7 +33,7 @@ from dpbench.problems.modes import Full, Mode
 from dpbench.problems.catalog import TaskFacts
 from dpbench.reporting.results import pack_outcomes, provenance
 from dpbench.seeds import stream_seeds
-from dpbench.training import capture, cuda
+from dpbench.training import capture, cuda, schedules
 from dpbench.training.calibration import PrivacySection, calibrate, plan_request
 from dpbench.training.checkpoint import Checkpoint, Trace, checkpoint_state, restore
 from dpbench.training.config import RunConfig
@@ -113,12 +113,14 @@ def diverged(model: nn.Module, trace: Trace) -> bool:
 
 def train_loop(parts: Assembly, splits: Splits, trace: Trace, ends: list[int],
                evaluate_epoch: Callable[[int, bool], dict], save: Callable[[], None],
-               checkpoint_every_s: float, progress: Progress, step: Callable | None = None) -> str:
+               checkpoint_every_s: float, progress: Progress, step: Callable | None = None,
+               schedule: Callable[[int], None] | None = None) -> str:
     """Steps from ``trace.step`` to the last epoch end, evaluating at each epoch end; saves
     (``save``) at every epoch end but the last and every ``checkpoint_every_s`` seconds.
     Returns the status: "completed", or "diverged" at the first epoch end with a non-finite
     loss or parameter (the run stops there and saves nothing more). ``step`` stands in for
-    ``parts.step`` (its captured form, ``training.capture``)."""
+    ``parts.step`` (its captured form, ``training.capture``); ``schedule(t)``, where given, sets the
+    learning rate of step t (0-based) before it runs (``training.schedules``)."""
     step = step or parts.step
     trace.start_session()
     last_save = time.perf_counter()
@@ -127,6 +129,8 @@ def train_loop(parts: Assembly, splits: Splits, trace: Trace, ends: list[int],
             continue  # finished before the checkpoint
         while trace.step < end:
             idx = parts.sampler.sample()
+            if schedule is not None:
+                schedule(trace.step)
             trace.record(idx.numel(), step(splits.x_train[idx], splits.y_train[idx]))
             if progress.due():
                 progress(trace.step, f"epoch {epoch}/{len(ends)} loss {trace.train_loss[trace.step - 1].item():.4g}")
@@ -296,7 +300,7 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
                      noise_multiplier=claim.noise_multiplier, clip_norm=cfg.clip_norm,
                      normalize_clipping=cfg.normalize_clipping, hyperparameters=cfg.hyperparameters,
                      noise_seed=seeds["noise"], sampler_seed=seeds["sampler"], n_train=n_train, device=device,
-                     groups=problem.task.groups if grouped else None)
+                     groups=problem.task.groups if grouped else None, piece_size=cfg.physical_batch_size)
     # a noise source whose state is secret (streamed correlated noise) makes checkpoints private files
     ckpt.private = bool(getattr(parts.context.noise, "private_state", False))
     steps = plan.steps if cfg.max_steps is None else min(plan.steps, cfg.max_steps)
@@ -304,6 +308,8 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     if saved:
         restore(saved, parts, loss_gen, trace)
 
+    if cfg.lr_schedule != schedules.DEFAULT:
+        schedules.check_rule(parts.step.rule, spec.name)
     stepper, capture_record = capture.for_run(
         cfg.cuda_graphs, parts.step, problem, parts.sampler, device,
         loss_fn=lambda m, x, y: problem.task.fixed_shape_loss(m, x, y, loss_gen))
@@ -316,7 +322,9 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
         evaluate_epoch=lambda epoch, is_diverged: evaluate_splits(problem, model, splits, trace, epoch, is_diverged,
                                                                   cfg.eval_batch_size, seeds["eval"], grouped),
         save=lambda: ckpt.save(checkpoint_state(claim, parts, loss_gen, trace)),
-        checkpoint_every_s=checkpoint_every_s, progress=Progress(label, steps, cfg.progress_every_s), step=stepper)
+        checkpoint_every_s=checkpoint_every_s, progress=Progress(label, steps, cfg.progress_every_s), step=stepper,
+        schedule=None if cfg.lr_schedule == schedules.DEFAULT else
+        lambda t: schedules.apply(parts.step.rule, cfg.lr, cfg.lr_schedule, t, plan.steps))
     train_s = trace.train_time()
 
     metrics = metrics_table(trace, ends, problem.task.facts)
@@ -338,6 +346,8 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     }
     if cfg.cuda_graphs:  # how the steps ran: captured, padded or eager (and why)
         timing["cuda_graphs"] = capture_record()
+    if cfg.physical_batch_size is not None:  # how the steps ran: each logical batch in pieces of at most P
+        timing["physical_batch_size"] = cfg.physical_batch_size
     record = run_record(setup, parts, trace, metrics, status, timing)
     if memorisation is not None:
         record["memorisation"] = memorisation
