@@ -113,7 +113,7 @@ edit("problems/catalog.py", "from dataclasses import dataclass", "from dataclass
 prints()
 edit("optimizers/sgd.py", None, "\\n_AN_EDIT = 1\\n")
 prints()
-edit("problems/encoders.py", "\\nclass EncoderError", "\\n_AN_EDIT = 1\\n\\n\\nclass EncoderError")
+edit("problems/encoders.py", "\\ndef package_directory(", "\\n_AN_EDIT = 1\\n\\n\\ndef package_directory(")
 prints()
 edit("training/train.py", "def epoch_ends(", "_AN_EDIT = 1\\n\\n\\ndef epoch_ends(")
 prints()
