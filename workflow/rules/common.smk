@@ -79,22 +79,8 @@ STREAMED_CACHE = f"{RESULTS}/cache/streaming"  # the folder's first name: runs r
 def train_inputs(wildcards):
     cell = CELLS[wildcards.cell]
     pretrained = JOBS.pretrained_of(cell)  # a fine-tuning cell's public checkpoint (pretrain.smk)
-    files = {"manifest": JOBS.manifest(cell.dataset), **{k: str(p) for k, p in JOBS.cache_files(cell).items()}}
-    store = JOBS.prefix_store_of(cell)  # a frozen prefix's store (store.smk; config key prefix_store)
-    if store:
-        files["prefix_store"] = store
+    files = {"manifest": JOBS.manifest(cell.dataset), **{k: str(p) for k, p in JOBS.cache_files(cell).items()}, **JOBS.prefix_inputs(cell)}
     return {**files, "pretrained": pretrained} if pretrained else files
-
-
-# Encoder problems' prefix stores (store.smk), made once for every cell that reads one
-# (JOBS.prefix_store_of): a store's dataset and `dpbench prefix-store` arguments, by its wildcards.
-PREFIX_CACHE = f"{RESULTS}/cache/prefix"
-PREFIX_CODE = fingerprint.modules_fingerprint(("dpbench.problems.prefix_store",))
-
-
-def prefix_store_job(wildcards):
-    return JOBS.prefix_store_job(f"{PREFIX_CACHE}/{wildcards.prefix_problem}/{wildcards.prefix_encoder}/"
-                                 f"{wildcards.prefix_mode}.npy")
 
 
 def train_args(wildcards):

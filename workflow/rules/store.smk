@@ -4,7 +4,10 @@
 # and shared by all of them. Written to temporary names and renamed (the activations last), so a
 # reader never sees a partial store; each store is the output of exactly one job, whose command
 # verifies and keeps a store already there. Its data manifest is an input: new records make it again.
-# (PREFIX_CACHE and prefix_store_job, the dataset and arguments of a store: common.smk)
+PREFIX_CACHE = f"{RESULTS}/cache/prefix"
+PREFIX_CODE = fingerprint.modules_fingerprint(("dpbench.problems.prefix_store",))
+# a store's (dataset, `dpbench prefix-store` arguments), by its path (JOBS.prefix_store_job)
+PREFIX_STORE = "{0}/{1.prefix_problem}/{1.prefix_encoder}/{1.prefix_mode}.npy"
 
 
 wildcard_constraints:
@@ -15,7 +18,7 @@ wildcard_constraints:
 
 rule prefix_store:
     input:
-        manifest=lambda wildcards: JOBS.manifest(prefix_store_job(wildcards)[0]),
+        manifest=lambda wildcards: JOBS.manifest(JOBS.prefix_store_job(PREFIX_STORE.format(PREFIX_CACHE, wildcards))[0]),
     output:
         store=f"{PREFIX_CACHE}/{{prefix_problem}}/{{prefix_encoder}}/{{prefix_mode}}.npy",
         records=f"{PREFIX_CACHE}/{{prefix_problem}}/{{prefix_encoder}}/{{prefix_mode}}.records.npy",
@@ -26,7 +29,7 @@ rule prefix_store:
         f"{RESULTS}/benchmarks/prefix/{{prefix_problem}}/{{prefix_encoder}}/{{prefix_mode}}.tsv"
     params:
         dpbench=DPBENCH,
-        args=lambda wildcards: prefix_store_job(wildcards)[1],
+        args=lambda wildcards: JOBS.prefix_store_job(PREFIX_STORE.format(PREFIX_CACHE, wildcards))[1],
         data_dir=DATA_DIR,
         code=PREFIX_CODE,
     threads: 1

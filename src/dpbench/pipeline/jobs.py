@@ -123,6 +123,11 @@ class Jobs:
         encoder = f.pretrained if directory is None else f"dir-{_directory_sha256(directory)[:16]}"
         return f"{self.results}/cache/prefix/{cell.problem}/{encoder}/{cell.start.mode.name}.npy"
 
+    def prefix_inputs(self, cell: Cell) -> dict[str, str]:
+        """The train rule's input of a cell's prefix store ({"prefix_store": path}; {} without one)."""
+        store = self.prefix_store_of(cell)
+        return {"prefix_store": store} if store else {}
+
     def prefix_store_job(self, path: str) -> tuple[str, str]:
         """The (dataset, ``dpbench prefix-store`` arguments quoted for the shell) of the store at
         ``path``, from the first cell that reads it."""
