@@ -26,8 +26,14 @@ fresh process (``--memory-child``), bench_finetune's ``step_memory``: peak resid
 two steps less the resident size before them; the DP step's excess is that over the
 non-private step's.
 
+Mode last-block with a prefix store (``--store``): the DP step (``--steps-of``, dpsgd by default)
+with the embeddings' and first five blocks' output read from a prefix store made once for the
+batches' records (``dpbench.problems.prefix_store``) against the same step computing them, both in
+P7's groups, alternating step by step; the store's build time and size.
+
 Usage:  python benchmarks/bench_encoder_step.py [--steps 5] [--batch-size 32] [--threads 2]
         [--modes full,last-block,lora,bias,head] [--memory sgd,dpsgd] [--memory-repeats 3]
+        python benchmarks/bench_encoder_step.py --store --steps 20 [--steps-of dpsgd,sgd]
 Prints Markdown for benchmarks/results/encoder/speed.md and docs/encoders.md.
 """
 
@@ -243,6 +249,72 @@ def budget_sweep(start: PublicEncoder, batches, budgets: list[int], mode: str, n
     return "\n".join(lines)
 
 
+def store_comparison(start: PublicEncoder, batches, names: list[str], args) -> str:
+    """Mode last-block's steps ``names`` with the frozen prefix (embeddings and the first five
+    blocks) read from a prefix store (``dpbench.problems.prefix_store``, made here once for the
+    batches' records, float32, as a run's) against the same steps computing it, both in P7's groups
+    of similar length as a run on the CPU takes them, timed round-robin (A B A B ...) over the same
+    batches: the Markdown table of docs/encoders.md's store section."""
+    from dpbench.problems.encoder_model import EncoderClassifier
+    from dpbench.problems.layout import StepLayout
+    from dpbench.problems.prefix_store import build_store, key_for
+
+    mode, L = modes.LastBlock(), len(batches[0][0])
+    pad = start.loaded.pad_id
+    width = max(x.shape[1] for x, _ in batches)
+    rows = torch.full((sum(len(x) for x, _ in batches), width), pad, dtype=torch.int64)
+    i = 0
+    for x, _ in batches:
+        rows[i:i + len(x), :x.shape[1]] = x
+        i += len(x)
+    rows = rows.numpy()
+    steps = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "store.npy"
+        with torch.random.fork_rng(devices=[]):
+            encoder = EncoderClassifier.from_loaded(start.loaded, 1)
+        t0 = time.perf_counter()
+        info = build_store(path, encoder, rows, pad, key_for(start, rows, mode))
+        build_s = time.perf_counter() - t0
+        bound = start.bind(get_problem("P7"), mode, StepLayout.choose(mode, "cpu", str(path)))
+        for name in names:
+            steps[name], _ = build_step(start, "last-block", name, L)
+            spec = OPTIMIZERS[name]
+            model = build_model(bound, 0, "cpu", start, mode)
+            plan = spec.mechanism.plan(PlanRequest(N_TRAIN, L, 1, hyperparameters=spec.hyperparameters(None),
+                                                   target_epsilon=8.0, delta=1e-5))
+            ctx = Context(model=model, loss_fn=bound.per_sample_loss, lr=1e-5, expected_batch_size=L,
+                          noise_multiplier=1.0 if spec.private else 0.0,
+                          clipping=Clipping(1.0) if spec.private else NoClipping(),
+                          noise=spec.mechanism.noise(plan, 1, "cpu"), steps=plan.steps,
+                          hyperparameters=spec.hyperparameters(None), groups=bound.task.groups)
+            steps[name + "-store"] = spec.build(ctx)
+        t = _ft.round_robin(steps, batches)
+    load = os.getloadavg()
+    lines = [f"# P7's last-block step with the frozen prefix read from a prefix store (all-MiniLM-L6-v2, L = {L})",
+             "", f"- command: `{' '.join(['python', 'benchmarks/bench_encoder_step.py', *sys.argv[1:]])}`",
+             f"- code: {_commit()}",
+             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; CPU: {_ft._cpu()} "
+             f"({os.cpu_count()} cores visible), torch {torch.__version__}, {args.threads} thread(s); load average "
+             f"at the start {args.load_at_start}, at the end {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} (a shared "
+             "machine: the ratios, measured round by round on the same batch, are the numbers to read)",
+             f"- {len(batches) - 1} timed batches of real P7 training records after one untimed (widths "
+             f"{args.widths}); both steps in P7's groups of similar length (at most "
+             f"{bound.task.GROUP_TOKENS} tokens a group), the configurations alternating step by step",
+             f"- the store of these {info['records']} records: {info['rows']} x {info['hidden']} float32 "
+             f"({info['bytes'] / 1e6:.1f} MB, {info['bytes'] / info['tokens']:.0f} bytes per token), built in "
+             f"{build_s:.1f} s ({1e3 * build_s / info['records']:.1f} ms per record, each alone)", "",
+             "| step | ms / step, median | range | store over computed prefix, median (range) of per-step ratios |",
+             "| --- | ---: | ---: | ---: |"]
+    for name in names:
+        for c in (name, name + "-store"):
+            ratio = _ft._ratio_range([b / a for a, b in zip(t[c], t[name])]) if c != name else ""
+            label = LABELS[name] + (", prefix from the store" if c != name else ", prefix computed")
+            lines.append(f"| {label} | {_ms(t[c])} | {ratio} |")
+    lines += ["", "Speed-up: the computed-prefix step's time over the stored-prefix step's, round by round."]
+    return "\n".join(lines)
+
+
 def feature_cost(start: PublicEncoder, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
     """(seconds per record, records): mode head's one-off feature computation, each record alone
     (what ``CachedFeatureClassifier`` does the first time it sees a record)."""
@@ -374,6 +446,9 @@ def main() -> None:
     parser.add_argument("--group-budgets", default=None,
                         help="only time the first of --steps-of in the first of --modes with the batch in groups of "
                              "at most each of these tokens (comma-separated) against one padded pass")
+    parser.add_argument("--store", action="store_true",
+                        help="only time mode last-block's --steps-of (dpsgd by default here) with the frozen prefix "
+                             "read from a prefix store against computing it")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batches", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -393,6 +468,9 @@ def main() -> None:
     args.widths = ", ".join(str(b.shape[1]) for b, _ in batches)
     if args.group_budgets:
         print(budget_sweep(start, batches, [int(b) for b in args.group_budgets.split(",")], chosen[0], names[0], args))
+        return
+    if args.store:
+        print(store_comparison(start, batches, names if args.steps_of != ",".join(STEPS) else ["dpsgd"], args))
         return
     task = problem_of(start).task
     args.group_tokens = task.GROUP_TOKENS

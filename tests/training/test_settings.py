@@ -23,7 +23,7 @@ from dpbench.training.settings import SettingError
 CELL = {"problem", "optimizer", "lr", "batch_size", "epochs", "seed", "epsilon", "hyperparameters", "tuning",
         "finetune", "lora_rank"}
 COMMAND = {"factorization", "noise_file", "pretrained", "pretrained_dir", "noise_multiplier", "data_dir", "cache_dir", "device", "eval_batch_size",
-           "progress_every_s"}
+           "progress_every_s", "prefix_store"}
 
 # A value away from the default for each value type: a new setting of an existing type is
 # round-tripped without editing this test.

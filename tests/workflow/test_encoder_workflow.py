@@ -1,7 +1,7 @@
 """P7 through the workflow, from a local encoder: the tiny BERT fixture (tests/tiny_bert.py,
 the Hugging Face file format, kilobytes) named by the config's ``pretrained_dir``, DP-SGD in
 modes lora and head on 64 of the real fortunes records, the aggregate and the fine-tuning
-table; and the grid's d and command lines of P7's cells (no files read but config.json)."""
+table; prefix stores opt-in (config key prefix_store); and the grid's d and command lines of P7's cells (no files read but config.json)."""
 
 from __future__ import annotations
 
@@ -86,6 +86,33 @@ def test_a_changed_local_encoder_reruns_its_cells_and_nothing_else(tiny_bert_dir
     assert "+ JOBS.start_code(cell)" in rules.split("def train_code(wildcards):")[1].split("\ndef ")[0]
 
 
+def test_prefix_stores_are_opt_in_one_per_problem_encoder_and_mode(tiny_bert_dir, tmp_path):
+    """Config key prefix_store: the head cell reads its mode's store (its command line gains
+    --prefix-store, its id does not change), the lora cell none; one prefix_store job per store,
+    named by the encoder (a local directory by its files' hash); off, the command lines are as before."""
+    import hashlib
+    import json
+
+    from dpbench.pipeline.jobs import load_jobs
+
+    for directory in (None, tiny_bert_dir):
+        listings = {}
+        for on in (False, True):
+            (tmp_path / "c.yaml").write_text(yaml.safe_dump({**config(directory), "prefix_store": on}))
+            jobs = load_jobs(tmp_path / "c.yaml")
+            listings[on] = {cell: jobs.train_args(c) for cell, c in jobs.cells.items()}, jobs.listing(), jobs
+        (args_off, listing_off, _), (args_on, listing_on, jobs) = listings[False], listings[True]
+        head, lora = "P7/dpsgd/L16-E1-eps10-lr0.5-fthead-s0", "P7/dpsgd/L16-E1-eps10-lr0.5-ftlora4-s0"
+        assert args_on.keys() == args_off.keys() == {head, lora} and args_on[lora] == args_off[lora]
+        encoder = ("all-MiniLM-L6-v2" if directory is None else "dir-" + hashlib.sha256(json.dumps(
+            encoders.file_hashes(directory), sort_keys=True).encode()).hexdigest()[:16])
+        store = f"results-encoder/cache/prefix/P7/{encoder}/head.npy"
+        assert args_on[head] == f"{args_off[head]} --prefix-store {store}"
+        assert [j for j in listing_on if j not in listing_off] == [("prefix_store", store)]
+        assert jobs.prefix_store_job(store) == ("fortunes", "--problem P7 --finetune head" + (
+            f" --pretrained-dir {directory}" if directory else ""))
+
+
 def test_a_pretrained_dir_that_is_no_encoder_is_refused_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match=r"config key pretrained_dir: .*config.json: missing"):
         expand(validate(config(tmp_path)))
@@ -115,5 +142,6 @@ def test_the_tiny_encoder_workflow_end_to_end(tmp_path, tiny_bert_dir):
         mode = modes.parse(start["mode"], lora_rank=start["lora_rank"])
         assert start["trainable_parameters"] == facts("P7").trainable(start["model_dims"], mode)
         assert meta["result"]["status"] == "completed" and meta["privacy"]["epsilon"] <= 10.0
+        assert meta["layout"]["prefix"] == ("memory" if start["mode"] == "head" else "none")
     table = (results / "figures" / "finetune_table.md").read_text()
     assert "LoRA (r = 4)" in table and "head (linear probe)" in table

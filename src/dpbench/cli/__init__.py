@@ -1,8 +1,8 @@
-"""Command line: ``dpbench train | data | aggregate | plot | grid | cost | list | factorize | noise | audit | audits |
+"""Command line: ``dpbench train | prefix-store | data | aggregate | plot | grid | cost | list | factorize | noise | audit | audits |
 pretrain``.
 
 ``main`` and the parser's assembly are here; the commands are grouped by concern, and each
-group adds its own sub-commands (``add_parsers``): ``training`` (train, data), ``reporting``
+group adds its own sub-commands (``add_parsers``): ``training`` (train, prefix-store, data), ``reporting``
 (aggregate, plot, grid, cost, list), ``matrix`` (factorize, noise), ``audit`` (audit, audits), ``pretrain`` (pretrain);
 ``arguments`` holds the argument types every command shares and the options made from a
 settings dataclass (``dpbench train``'s, from ``RunConfig``). Diagnostics (progress, what a

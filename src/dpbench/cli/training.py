@@ -1,4 +1,6 @@
-"""``dpbench train`` (one grid cell, one run file) and ``dpbench data`` (a dataset, verified)."""
+"""``dpbench train`` (one grid cell, one run file), ``dpbench prefix-store`` (an encoder problem's frozen
+prefix computed once per record, ``dpbench.problems.prefix_store``) and ``dpbench data`` (a dataset,
+verified)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from pathlib import Path
 from dpbench import log
 from dpbench.cli.arguments import add_settings, check_output, nonnegative_float, positive_int, settings_of
 from dpbench.files import refuse_special
+from dpbench.problems.layout import STORED_MODES
 
 _LOG = log.get(__name__)
 
@@ -34,6 +37,20 @@ def add_parsers(sub) -> None:
                    help="seconds between mid-epoch checkpoints (default: %(default)s)")
     o.add_argument("--threads", type=positive_int, help="torch CPU threads")
     t.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("prefix-store", help="compute an encoder problem's frozen prefix once per record and store it "
+                                            "(modes head and last-block)",
+                       description="Compute the frozen public prefix of an encoder problem's model once per record "
+                                   "(mode head: the pooled feature; last-block: the hidden states entering the last "
+                                   "block) and write the store (dpbench.problems.prefix_store) that runs read with "
+                                   "--prefix-store. An existing store is verified and kept.")
+    s.add_argument("--problem", required=True, help="an encoder problem (P7)")
+    s.add_argument("--finetune", required=True, choices=STORED_MODES, help="the mode whose frozen prefix is stored")
+    s.add_argument("--pretrained-dir", metavar="DIR", help="a local encoder directory instead of the catalogued one")
+    s.add_argument("--data-dir", help="directory with the official dataset files")
+    s.add_argument("--out", required=True, help="the store's .npy (its records .records.npy and sidecar .json beside it)")
+    s.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    s.set_defaults(func=cmd_prefix_store)
 
     d = sub.add_parser("data", help="find (or download) a dataset, verify its checksums, write a manifest")
     d.add_argument("--dataset", required=True,
@@ -121,6 +138,37 @@ def load_public_start(cfg):
         return PublicEncoder.load(cfg.pretrained_dir or f.pretrained)
     except EncoderError as exc:
         raise ValueError(f"argument {flag}: {exc}") from None
+
+
+def cmd_prefix_store(args) -> int:
+    check_output(args.out, "--out")
+    from dpbench.problems import facts, get_problem, modes
+    from dpbench.problems import prefix_store
+    from dpbench.problems.encoder_classification import PublicEncoder
+    from dpbench.problems.encoders import EncoderError
+
+    f = facts(args.problem)
+    if f.family != "bert-encoder":
+        raise ValueError(f"argument --problem: {args.problem} is not an encoder problem (its start is {f.pretrained!r})")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        start = PublicEncoder.load(args.pretrained_dir or f.pretrained)
+    except EncoderError as exc:
+        raise ValueError(f"argument {'--pretrained-dir' if args.pretrained_dir else '--problem'}: {exc}") from None
+    mode = modes.parse(args.finetune)
+    problem = start.bind(get_problem(args.problem), mode)
+    out = Path(args.out)
+    if out.exists():  # verified and kept (a damaged or foreign one is refused, naming it)
+        prefix_store.PrefixStore.open(out, encoder_sha256=start.sha256, max_tokens=start.max_tokens,
+                                      cut=prefix_store.cut_of(mode, start.loaded.facts.num_hidden_layers),
+                                      log=_LOG.info)
+        return 0
+    prefix_store.ensure_store(out, lambda path: prefix_store.make_store(path, start, problem, mode, args.data_dir,
+                                                                       log=_LOG.info), log=_LOG.info)
+    return 0
 
 
 def problem_help() -> str:

@@ -102,6 +102,42 @@ class Jobs:
 
         return self.pretrained_file(cell.recipe) if cell.fine_tunes and isinstance(cell.recipe, Recipe) else None
 
+    def prefix_store_of(self, cell: Cell) -> str | None:
+        """The prefix store a cell's run reads (``dpbench.problems.prefix_store``): where the config
+        asks for stores (``prefix_store: true``) and the cell fine-tunes an encoder problem in a
+        mode whose frozen part is a prefix of the encoder (head, last-block); else None, and the
+        cell's command line is as without the key. ``cache/prefix/<problem>/<encoder>/<mode>.npy``:
+        one per problem (its records), encoder (the catalogued one's name, or ``dir-`` and 16 hex
+        digits of the SHA-256 of a local directory's files) and mode (the cut), shared by every
+        cell that reads it; the store's own key (the encoder's hash, the records' hash, the token
+        limit and the cut) is in its sidecar, which every run checks."""
+        from dpbench.problems import facts
+        from dpbench.problems.layout import STORED_MODES
+
+        if not self.config.get("prefix_store") or not cell.fine_tunes or cell.start.mode.name not in STORED_MODES:
+            return None
+        f = facts(cell.problem)
+        if f.family != "bert-encoder":
+            return None
+        directory = getattr(cell.recipe, "path", None)
+        encoder = f.pretrained if directory is None else f"dir-{_directory_sha256(directory)[:16]}"
+        return f"{self.results}/cache/prefix/{cell.problem}/{encoder}/{cell.start.mode.name}.npy"
+
+    def prefix_inputs(self, cell: Cell) -> dict[str, str]:
+        """The train rule's input of a cell's prefix store ({"prefix_store": path}; {} without one)."""
+        store = self.prefix_store_of(cell)
+        return {"prefix_store": store} if store else {}
+
+    def prefix_store_job(self, path: str) -> tuple[str, str]:
+        """The (dataset, ``dpbench prefix-store`` arguments quoted for the shell) of the store at
+        ``path``, from the first cell that reads it."""
+        for cell in self.cells.values():
+            if self.prefix_store_of(cell) == path:
+                directory = getattr(cell.recipe, "path", None)
+                args = ["--problem", cell.problem, "--finetune", cell.start.mode.name]
+                return cell.dataset, shlex.join(args + (["--pretrained-dir", directory] if directory else []))
+        raise ValueError(f"no cell of the config reads the prefix store {path}")
+
     def check_pretrained(self) -> None:
         """Each public checkpoint the jobs start from that is already made (checkpoint and
         sidecar) is read once, when the workflow starts, and its SHA-256 checked against its
@@ -178,12 +214,13 @@ class Jobs:
                       factorization=str(files["factorization"]) if "factorization" in files else None,
                       noise_file=str(files["noise"]) if "noise" in files else None,
                       pretrained=self.pretrained_of(cell),
-                      pretrained_dir=getattr(cell.recipe, "path", None) if cell.fine_tunes else None)
+                      pretrained_dir=getattr(cell.recipe, "path", None) if cell.fine_tunes else None,
+                      prefix_store=self.prefix_store_of(cell))
         return shlex.join(run.to_args())
 
     def listing(self) -> list[tuple[str, str]]:
         """Every job, as (its rule, the file it writes: the first where it writes several), stage
-        by stage: datasets, public pretraining, the matrix mechanisms' factorizations and noise
+        by stage: datasets, public pretraining, prefix stores, the matrix mechanisms' factorizations and noise
         files, training, aggregation, audits, figures. The jobs ``snakemake -n`` counts, less its
         target ``all``."""
         cells = list(self.cells.values())
@@ -191,6 +228,7 @@ class Jobs:
         dense = [f for f in files if "noise" in f]  # a streamed mechanism's cell has no noise file
         jobs = [("data", self.manifest(d)) for d in sorted({cell.dataset for cell in cells})]
         jobs += [("pretrain", p) for p in sorted({self.pretrained_of(cell) for cell in cells} - {None})]
+        jobs += [("prefix_store", p) for p in sorted({self.prefix_store_of(cell) for cell in cells} - {None})]
         jobs += [("factorize", p) for p in sorted({str(f["factorization"]) for f in dense})]
         jobs += [("noise", p) for p in sorted({str(f["noise"]) for f in dense})]
         jobs += [("factorize_streamed", p) for p in sorted({str(f["factorization"]) for f in files
@@ -217,6 +255,17 @@ def _pretrain_code() -> str:
     from dpbench.pipeline.fingerprint import pretrain_fingerprint
 
     return pretrain_fingerprint()
+
+
+@lru_cache(maxsize=None)
+def _directory_sha256(directory: str) -> str:
+    """A local encoder directory's hash as ``PublicEncoder.sha256`` computes it (its files' names
+    and SHA-256, sorted JSON), once per process."""
+    import hashlib
+
+    from dpbench.problems.encoders import file_hashes
+
+    return hashlib.sha256(json.dumps(file_hashes(directory), sort_keys=True).encode()).hexdigest()
 
 
 def dpbench_command(src: str, python: str) -> str:

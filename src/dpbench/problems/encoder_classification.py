@@ -45,7 +45,8 @@ from dpbench.data import fortunes
 from dpbench.data.dataset import Dataset
 import dpbench.problems.encoders as encoders
 from dpbench.problems.architectures import encoder_dims
-from dpbench.problems.modes import Head, Mode
+from dpbench.problems.layout import StepLayout
+from dpbench.problems.modes import Mode
 from dpbench.problems.spec import Problem
 from dpbench.problems.tasks import Task
 from dpbench.problems.text_classification import labels
@@ -114,27 +115,45 @@ class PublicEncoder:
         return min(MAX_TOKENS, self.loaded.facts.usable_positions)
 
     def build_model(self, problem: Problem, mode: Mode) -> nn.Module:
-        """A fresh classifier of ``problem``'s classes from this encoder under ``mode`` (its
-        features cached in mode ``head``: ``CachedFeatureClassifier``)."""
+        """A fresh classifier of ``problem``'s classes from this encoder under ``mode``, its
+        frozen prefix as the bound task's layout says (``StepLayout.prefix``: computed in the
+        forward pass; mode head's features cached in memory, ``CachedFeatureClassifier``; or read
+        from a prefix store, ``prefix_store.StoredPrefixClassifier``)."""
         em = _encoder_model()
         arch = problem.facts.architecture(self.model_dims)
-        kind = _cached_classifier() if caches_features(mode) else em.EncoderClassifier
+        layout = getattr(problem.task, "layout", None) or StepLayout.choose(mode)  # unbound: a CPU's, no store
+        kind = {"none": lambda: em.EncoderClassifier, "memory": _cached_classifier,
+                "store": _stored_classifier}[layout.prefix]()
         model = kind(copy.deepcopy(self.loaded.model), self.loaded.pooling, len(problem.facts.classes),
                      self.loaded.pad_id)
         model = mode.apply(model, arch)
+        if layout.prefix == "store":
+            from dpbench.problems.prefix_store import PrefixStore, cut_of
+
+            model.attach(PrefixStore.open(layout.store, encoder_sha256=self.sha256, max_tokens=self.max_tokens,
+                                          cut=cut_of(mode, self.loaded.facts.num_hidden_layers)))
         em.check_encoder(model)
         return model
 
-    def bind(self, problem: Problem, mode: Mode | None) -> Problem:
-        """``problem`` reading its records through this encoder's tokenizer."""
+    def bind(self, problem: Problem, mode: Mode | None, layout: StepLayout | None = None) -> Problem:
+        """``problem`` reading its records through this encoder's tokenizer, its steps laid out
+        by ``layout`` (``StepLayout``; None: ``StepLayout.choose(mode)``, a CPU's without a store)."""
+        layout = layout or StepLayout.choose(mode)
         return dataclasses.replace(problem, load=partial(load_tokens, tokenizer=self.loaded.tokenizer,
                                                          max_tokens=self.max_tokens),
-                                   task=EncoderTextClassification(self.loaded.pad_id, grouped=not caches_features(mode)))
+                                   task=EncoderTextClassification(self.loaded.pad_id, layout))
 
 
 def caches_features(mode: Mode | None) -> bool:
-    """Whether a run in ``mode`` computes each record's features once: the encoder frozen whole."""
-    return isinstance(mode, Head)
+    """Whether a run in ``mode`` without a prefix store computes each record's features once, in
+    memory: the encoder frozen whole (``StepLayout.choose``)."""
+    return StepLayout.choose(mode).prefix == "memory"
+
+
+def _stored_classifier():
+    from dpbench.problems.prefix_store import stored_classifier
+
+    return stored_classifier()
 
 
 def load_tokens(data_dir: str | None = None, *, tokenizer=None, max_tokens: int = MAX_TOKENS) -> Dataset:
@@ -200,8 +219,10 @@ class EncoderTextClassification(Task):
     facts = catalog.CLASSIFICATION
     capture_refusal = None  # captured steps run the uncut batch (fixed_shape_loss)
 
-    def __init__(self, pad_id: int = 0, grouped: bool = True):
-        self.pad_id, self.grouped = pad_id, grouped  # grouped: False where features are cached (mode head)
+    def __init__(self, pad_id: int = 0, layout: StepLayout | None = None):
+        # how a step is laid out (problems.layout), chosen once by PublicEncoder.bind; None (unbound):
+        # in groups, the prefix as the model's mode makes it (PublicEncoder.build_model)
+        self.pad_id, self.layout = pad_id, layout
 
     def preprocess(self, raw: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(raw, dtype=np.int64))
@@ -220,7 +241,7 @@ class EncoderTextClassification(Task):
     GROUP_TOKENS = 512
 
     def groups(self, x):
-        if not self.grouped:  # a cached record's features are computed alone: no padding to shed
+        if self.layout is not None and not self.layout.groups:  # one padded pass, or one feature per record: no padding to shed
             return None
         lengths = (x != self.pad_id).sum(1)
         order = torch.argsort(lengths, stable=True)

@@ -218,6 +218,10 @@ class EncoderClassifier(nn.Module):
         token_types = torch.zeros_like(tokens)
         hidden = self.encoder(input_ids=tokens, attention_mask=mask.long(), position_ids=positions,
                               token_type_ids=token_types).last_hidden_state
+        return self.pool(hidden, mask)
+
+    def pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The encoder's last hidden states (B, T, H) pooled over each record's tokens (``mask``)."""
         if self.pooling.mode == "cls":
             pooled = hidden[:, 0]
         else:  # mean over the record's tokens (sentence-transformers' clamp against an empty record)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from dpbench.privacy import accounting
 from dpbench.problems import facts, modes
 from dpbench.training.schedules import DEFAULT as DEFAULT_SCHEDULE, SCHEDULES
+from dpbench.problems.layout import STORED_MODES
 from dpbench.training.settings import (BlockKey, SettingError, check_values, choice, hyperparameter,
                                        noise_multiplier, nonnegative_int, path, positive_float, positive_int,
                                        probability, search_candidate, setting, switch, text, to_args, torch_device)
@@ -115,6 +116,12 @@ class RunConfig:
     cache_dir: str | None = setting(None, type=path, scope="command",
                                     help="matrix mechanisms: where missing factorization/noise files are made "
                                          "(default $DPBENCH_CACHE_DIR or <tmp>/dpbench-cache)")
+    # modes head and last-block of an encoder problem: the frozen prefix's output read from a store
+    # (dpbench.problems.prefix_store), made there under a lock if absent; a layout, never a result
+    prefix_store: str | None = setting(None, type=path, scope="command", metavar="FILE",
+                                       help="--finetune head or last-block of an encoder problem (P7): read the "
+                                            "frozen prefix's output from this prefix store (.npy; made there if "
+                                            "absent: dpbench prefix-store)")
     device: str = setting("auto", type=torch_device, scope="command", help="auto, cpu, cuda, cuda:1, ...")
     eval_batch_size: int = setting(1000, type=positive_int, scope="command", metavar="N",
                                    help="examples per forward pass of an evaluation")
@@ -148,6 +155,9 @@ class RunConfig:
                                              "at a fixed learning rate")
         spec.hyperparameters(self.hyperparameters)
         self.check_finetune()
+        if self.prefix_store is not None and self.finetune not in STORED_MODES:
+            raise SettingError("prefix_store", f"a prefix store serves --finetune {' or '.join(STORED_MODES)} (a frozen "
+                                               f"prefix of the encoder), not {self.finetune or 'training from scratch'}")
         if self.tuning is not None:  # refused as the config check refuses it, in the same words
             from dpbench.training.tuning import check_search
 

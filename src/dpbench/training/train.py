@@ -29,6 +29,7 @@ from dpbench.plugins import mechanism_origin, record_of
 from dpbench.optimizers.stages import own_stages
 from dpbench.problems import Problem, get_problem
 from dpbench.problems.finetune import start_record
+from dpbench.problems.layout import StepLayout
 from dpbench.problems.modes import Full, Mode
 from dpbench.problems.catalog import TaskFacts
 from dpbench.reporting.results import pack_outcomes, provenance
@@ -271,9 +272,15 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     t_start = time.perf_counter()
     started_at = pd.Timestamp.now(tz="UTC").isoformat()
     problem = get_problem(cfg.problem)
-    if hasattr(pretrained, "bind"):  # a start that reads the records itself (an encoder's tokenizer)
-        problem = pretrained.bind(problem, mode)
     device = resolve_device(cfg.device)
+    if hasattr(pretrained, "bind"):  # a start that reads the records itself (an encoder's tokenizer)
+        # how its steps are laid out, chosen once (problems.layout: groups on the CPU, a prefix store)
+        problem = pretrained.bind(problem, mode, StepLayout.choose(mode, device.type, cfg.prefix_store))
+    if cfg.prefix_store is not None:  # made here, under a lock, where no workflow made it first
+        from dpbench.problems import prefix_store
+
+        prefix_store.ensure_store(cfg.prefix_store, lambda path: prefix_store.make_store(
+            path, pretrained, problem, mode, cfg.data_dir, log=_LOG.info), log=_LOG.info)
     if device.type == "cuda":
         cuda.configure()  # IEEE float32 (no TF32) and deterministic kernels: dpbench.training.cuda
     seeds = stream_seeds(cfg.seed)
@@ -293,9 +300,10 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     model = build_model(problem, seeds["init"], device, pretrained, mode)
     loss_gen = torch.Generator(device=device)
     loss_gen.manual_seed(seeds["loss"])
-    # Groups (Task.groups) where they were measured to pay: on the CPU (on a GPU, one padded pass
-    # is one kernel per layer, and more passes more launches; not measured here).
-    grouped = device.type == "cpu"
+    # Groups (Task.groups) where the step's layout has them (problems.layout: on the CPU; on a GPU one
+    # padded pass): the bound encoder task's, chosen once above, else the device's
+    layout = getattr(problem.task, "layout", None) or StepLayout.choose(mode, device.type)
+    grouped = layout.groups
     parts = assemble(spec, plan, model, lambda m, x, y: problem.per_sample_loss(m, x, y, loss_gen), lr=cfg.lr,
                      noise_multiplier=claim.noise_multiplier, clip_norm=cfg.clip_norm,
                      normalize_clipping=cfg.normalize_clipping, hyperparameters=cfg.hyperparameters,
@@ -349,6 +357,8 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     if cfg.physical_batch_size is not None:  # how the steps ran: each logical batch in pieces of at most P
         timing["physical_batch_size"] = cfg.physical_batch_size
     record = run_record(setup, parts, trace, metrics, status, timing)
+    if getattr(problem.task, "layout", None) is not None:  # an encoder problem's: how its steps ran
+        record["layout"] = layout.record()
     if memorisation is not None:
         record["memorisation"] = memorisation
     return RunResult(metrics, record)
