@@ -29,7 +29,7 @@ def test_the_grids_lists_are_runconfigs_declarations():
     # the configuration keys: the grid's axes but the seed and a search's candidate, and the block settings
     assert configuration_keys(RunConfig) == (
         "problem", "optimizer", "lr", "batch_size", "epochs", "epsilon", "hyperparameters", "finetune", "lora_rank",
-        "max_steps", "train_subset", "test_subset", "validation_size")
+        "max_steps", "train_subset", "test_subset", "validation_size", "lr_schedule")
     assert CONFIG_KEYS == (*configuration_keys(RunConfig), "checkpoint_sha256")
     assert aggregate.DATA_KEYS == tuple(blocks.BLOCK_SETTINGS)
     assert list(aggregate.SETTING_COLUMNS) == [s for s in declared if s in configuration_keys(RunConfig) or s == "seed"]
