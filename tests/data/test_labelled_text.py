@@ -215,6 +215,8 @@ def test_missing_columns_empty_files_and_extensions(tmp_path):
     (tmp_path / "header.csv").write_text("text,label\n")
     refused(lt.LocalFile(tmp_path / "header.csv"), "header.csv", "no rows")
     refused(lt.LocalFile(tmp_path / "missing.csv"), "missing.csv", "no such file")
+    (tmp_path / "ragged.csv").write_text('text,label\n"a, quoted\nline",1\nb,0,extra\n')
+    refused(lt.LocalFile(tmp_path / "ragged.csv"), "ragged.csv", "row 2 has 3 fields, the header 2")
     (tmp_path / "r.xlsx").write_text("x")
     refused(lt.LocalFile(tmp_path / "r.xlsx"), "r.xlsx", "'.xlsx'", ".csv")
 

@@ -208,7 +208,7 @@ class CataloguedFile:
             raise DataError(f"{path}: columns {tuple(frame.columns)} are not the catalogue's {self.columns}")
         if self.keep is not None:
             column, value = self.keep
-            frame = frame[frame[column] == value]
+            frame = frame.where(column, value)
         rows = frame_rows(path, frame, self.text, self.label, None)
         counts = {}
         for label in rows.labels:

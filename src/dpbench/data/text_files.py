@@ -2,10 +2,11 @@
 Parquet, and GLUE's TSV layouts (``GLUE_LAYOUTS``); a file that is empty, not UTF-8, binary or
 not what its extension says, or lacks a named column, is refused in one line naming it and the
 column or row. What the rows mean (labels, duplicates, the split) is
-``dpbench.data.labelled_text``'s. No torch; pandas and pyarrow are imported on use."""
+``dpbench.data.labelled_text``'s. No torch or pandas; pyarrow is imported for Parquet only."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import io
 import json
@@ -63,26 +64,53 @@ def _decode(path: Path, data: bytes, what: str) -> str:
     return text.removeprefix("\ufeff")
 
 
-def frame_rows(path: Path, frame, text: str, label: str, text_pair: str | None, unit: str = "row") -> Rows:
-    """Rows of a pandas frame: the named columns, each present or refused."""
+@dataclass(frozen=True)
+class Table:
+    """A text file's cells as read, every one a string: its header and rows (no pandas: the
+    workflow's data environment reads the catalogued CSV with numpy and the standard library only)."""
+
+    columns: tuple[str, ...]
+    cells: tuple[tuple[str, ...], ...]
+
+    def __len__(self) -> int:
+        return len(self.cells)
+
+    def column(self, name: str) -> tuple[str, ...]:
+        k = self.columns.index(name)
+        return tuple(row[k] for row in self.cells)
+
+    def where(self, name: str, value: str) -> "Table":
+        k = self.columns.index(name)
+        return Table(self.columns, tuple(row for row in self.cells if row[k] == value))
+
+
+def frame_rows(path: Path, frame: Table, text: str, label: str, text_pair: str | None) -> Rows:
+    """Rows of a table: the named columns, each present or refused."""
     for role, column in (("text", text), ("text_pair", text_pair), ("label", label)):
         if column is not None and column not in frame.columns:
             raise DataError(f"{path}: no column {column!r} (the {role} column; the file has "
-                            f"{', '.join(map(repr, map(str, frame.columns)))})")
+                            f"{', '.join(map(repr, frame.columns))})")
     if len(frame) == 0:
         raise DataError(f"{path}: no rows (only a header)")
-    return Rows(tuple(frame[text].tolist()), None if text_pair is None else tuple(frame[text_pair].tolist()),
-                tuple(frame[label].tolist()), unit)
+    return Rows(frame.column(text), None if text_pair is None else frame.column(text_pair), frame.column(label))
 
 
-def csv_frame(path: Path, data: bytes):
-    import pandas as pd
-
+def csv_frame(path: Path, data: bytes) -> Table:
+    """The CSV file's cells as written (RFC 4180 quoting; a quoted cell may span lines), each row
+    as wide as the header or refused."""
     body = _decode(path, data, "a CSV file")
-    try:  # every cell a string, nothing read as NaN: labels are checked as written
-        return pd.read_csv(io.StringIO(body), dtype=str, keep_default_na=False, na_filter=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
-        raise DataError(f"{path}: not a readable CSV file ({str(e).strip().splitlines()[-1]})") from None
+    try:
+        lines = list(csv.reader(io.StringIO(body, newline=""), strict=True))
+    except csv.Error as e:
+        raise DataError(f"{path}: not a readable CSV file ({e})") from None
+    lines = [line for line in lines if line]  # blank lines hold no row
+    if not lines:
+        raise DataError(f"{path}: no header")
+    header = tuple(lines[0])
+    for i, cells in enumerate(lines[1:]):
+        if len(cells) != len(header):
+            raise DataError(f"{path}: row {i + 1} has {len(cells)} fields, the header {len(header)}")
+    return Table(header, tuple(tuple(cells) for cells in lines[1:]))
 
 
 def _read_csv(path: Path, data: bytes, text: str, label: str, text_pair: str | None) -> Rows:
