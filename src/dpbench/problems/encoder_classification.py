@@ -283,6 +283,7 @@ def _scratch(problem_id: str = "P7") -> nn.Module:
 
 
 P7 = Problem(catalog.FACTS["P7"], EncoderTextClassification(), _scratch, load_tokens)
-P8, P9 = (Problem(catalog.FACTS[id_], EncoderTextClassification(), partial(_scratch, id_),
-                  partial(load_tokens, source=RECORDS[id_].source, max_tokens=RECORDS[id_].max_tokens))
-          for id_ in ("P8", "P9"))
+P8 = Problem(catalog.FACTS["P8"], EncoderTextClassification(), partial(_scratch, "P8"),
+             partial(load_tokens, source=RECORDS["P8"].source, max_tokens=RECORDS["P8"].max_tokens))
+P9 = Problem(catalog.FACTS["P9"], EncoderTextClassification(), partial(_scratch, "P9"),
+             partial(load_tokens, source=RECORDS["P9"].source, max_tokens=RECORDS["P9"].max_tokens))
