@@ -101,3 +101,54 @@ def test_a_p8_run_from_a_local_encoder(tiny_bert_dir, tmp_path):
     meta = read_meta(out)
     assert meta["start"]["max_tokens"] == 64 and meta["privacy"]["epsilon"] <= 3.0
     assert meta["result"]["status"] == "completed"
+
+
+# -- a user's own file ------------------------------------------------------------------------------
+
+def sentiment_csv(path, n=48):
+    words = ["good", "fine", "great", "bad", "dull", "awful"]
+    rows = [(f"the {words[i % 6]} film number {i}", int(words[i % 6] in ("good", "fine", "great"))) for i in range(n)]
+    path.write_text("review,stars\n" + "".join(f"{t},{y}\n" for t, y in rows) + f"{rows[0][0]},{rows[0][1]}\n")
+    return path
+
+
+def test_a_run_on_a_users_file_records_it_and_its_n(tiny_bert_dir, tmp_path):
+    from dpbench.cli import main
+    from dpbench.reporting.results import read_meta
+
+    path = sentiment_csv(tmp_path / "mine.csv")
+    data = lt.load(lt.LocalFile(path, text="review", label="stars"))
+    out = tmp_path / "run.parquet"
+    args = ["train", "--problem", "P8", "--optimizer", "dpsgd", "--lr", "0.5", "--batch-size", "8", "--epochs", "1",
+            "--seed", "0", "--epsilon", "3", "--finetune", "head", "--pretrained-dir", str(tiny_bert_dir),
+            "--text-file", str(path), "--text-column", "review", "--label-column", "stars", "--max-steps", "2",
+            "--out", str(out)]
+    assert main(args + ["--text-sha256", data.sha256]) == 0
+    meta = read_meta(out)
+    assert meta["data"]["file"] == data.record() and meta["data"]["file"]["duplicates_removed"] == 1
+    assert meta["data"]["n_train"] == len(data.train) and meta["data"]["n_test"] == len(data.test)
+    assert meta["problem"]["dataset"] == "mine.csv" and meta["privacy"]["epsilon"] <= 3.0
+
+
+@pytest.mark.parametrize("extra, line", [
+    (["--text-sha256", "0" * 64], "the file changed since"),
+    (["--label-column", "label"], "no column 'label'"),
+    (["--problem", "P6"], "argument --text-file: problem P6 does not read its records through a public encoder"),
+])
+def test_a_bad_users_file_is_refused_in_one_line(tiny_bert_dir, tmp_path, capsys, extra, line):
+    from dpbench.cli import main
+
+    path = sentiment_csv(tmp_path / "mine.csv")
+    args = ["train", "--problem", "P8", "--optimizer", "dpsgd", "--lr", "0.5", "--batch-size", "8", "--epochs", "1",
+            "--seed", "0", "--epsilon", "3", "--finetune", "head", "--pretrained-dir", str(tiny_bert_dir),
+            "--text-file", str(path), "--text-column", "review", "--label-column", "stars", "--max-steps", "1",
+            "--out", str(tmp_path / "run.parquet")]
+    if extra[0] == "--problem":
+        args[args.index("--problem") + 1] = extra[1]
+        args[args.index("--pretrained-dir"):args.index("--pretrained-dir") + 2] = []
+    else:
+        args = [a for i, a in enumerate(args) if not (extra[0] in args and a == extra[0] or
+                                                        (i and args[i - 1] == extra[0]))] + extra
+    assert main(args) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any(line in e for e in err), err

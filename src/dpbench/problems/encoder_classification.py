@@ -150,12 +150,18 @@ class PublicEncoder:
         em.check_encoder(model)
         return model
 
-    def bind(self, problem: Problem, mode: Mode | None) -> Problem:
-        """``problem`` reading its records (``RECORDS``) through this encoder's tokenizer."""
+    def bind(self, problem: Problem, mode: Mode | None, data: labelled_text.LabelledText | None = None) -> Problem:
+        """``problem`` reading its records (``RECORDS``; ``data``: a user's file, read, whose sizes
+        and classes replace the problem's facts) through this encoder's tokenizer."""
         records = RECORDS[problem.id]
         self.token_limit = records.max_tokens
+        if data is not None:
+            problem = dataclasses.replace(problem, facts=dataclasses.replace(
+                problem.facts, dataset=data.name, train_size=len(data.train), test_size=len(data.test),
+                classes=data.classes))
         return dataclasses.replace(problem, load=partial(load_tokens, tokenizer=self.loaded.tokenizer,
-                                                         max_tokens=self.max_tokens, source=records.source),
+                                                         max_tokens=self.max_tokens,
+                                                         source=records.source if data is None else data),
                                    task=EncoderTextClassification(self.loaded.pad_id, grouped=not caches_features(mode)))
 
 
@@ -166,7 +172,7 @@ def caches_features(mode: Mode | None) -> bool:
 
 def load_tokens(data_dir: str | None = None, *, tokenizer=None, max_tokens: int = MAX_TOKENS,
                 source=None) -> Dataset:
-    """The records of ``source`` (a ``labelled_text`` source: its training split, and its test
+    """The records of ``source`` (a ``labelled_text`` source or its ``LabelledText``: its training split, and its test
     split as the test set; its hash validation split is not read) or, with none, P6's records and
     split (``dpbench.data.fortunes``) labelled with their files, as WordPiece token rows
     (N, max_tokens) of ``tokenizer`` (the catalogued encoder's where none is given)."""
@@ -180,8 +186,8 @@ def load_tokens(data_dir: str | None = None, *, tokenizer=None, max_tokens: int 
             out[:, :ids.shape[1]] = ids
         return out
 
-    if source is not None:
-        data = labelled_text.load(source)
+    if source is not None:  # a source, or its records already read
+        data = source if isinstance(source, labelled_text.LabelledText) else labelled_text.load(source)
         return Dataset(data.name, rows(data.train.texts, data.train.pairs), data.train.labels,
                        rows(data.test.texts, data.test.pairs), data.test.labels, data.path)
     corpus = fortunes.load(data_dir)
