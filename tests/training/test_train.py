@@ -85,7 +85,7 @@ def test_noise_multiplier_given_is_recorded(tiny_fmnist):
     (dict(optimizer="nope", epsilon=1.0), "unknown optimizer 'nope'"),
     (dict(optimizer="dpsgd", epsilon=1.0, hyperparameters={"kappa": 1}), "no hyperparameter 'kappa'"),
     (dict(optimizer="dpsgd", epsilon=-1.0), "^epsilon: expected a finite positive number, got -1.0$"),
-    (dict(optimizer="dpsgd", problem="P9", epsilon=1.0), "unknown problem 'P9'"),
+    (dict(optimizer="dpsgd", problem="P10", epsilon=1.0), "unknown problem 'P10'"),
     (dict(optimizer="dpsgd", epsilon=1.0, noise_multiplier=0.3), "--epsilon .* or --noise-multiplier .*not both"),
 ])
 def test_bad_settings_are_named(kwargs, match):

@@ -79,7 +79,7 @@ STREAMED_CACHE = f"{RESULTS}/cache/streaming"  # the folder's first name: runs r
 def train_inputs(wildcards):
     cell = CELLS[wildcards.cell]
     pretrained = JOBS.pretrained_of(cell)  # a fine-tuning cell's public checkpoint (pretrain.smk)
-    files = {"manifest": JOBS.manifest(cell.dataset), **{k: str(p) for k, p in JOBS.cache_files(cell).items()}, **JOBS.prefix_inputs(cell)}
+    files = {**JOBS.data_inputs(cell), **{k: str(p) for k, p in JOBS.cache_files(cell).items()}, **JOBS.prefix_inputs(cell)}
     return {**files, "pretrained": pretrained} if pretrained else files
 
 

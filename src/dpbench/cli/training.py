@@ -200,12 +200,15 @@ def load_public_checkpoint(path: str):
 
 
 def cmd_data(args) -> int:
-    from dpbench.data import fortunes, image_datasets
+    from dpbench.data import fortunes, image_datasets, labelled_text
 
     if args.manifest:
         refuse_special(args.manifest, "argument --manifest:")
     if args.dataset == fortunes.NAME:  # a Debian package: verified, never downloaded
         manifest = fortunes.prepare(args.data_dir, args.context)
+    elif args.dataset in labelled_text.CATALOG:  # a catalogued package file: hash and counts checked
+        data = labelled_text.load(labelled_text.CATALOG[args.dataset])
+        manifest = {"dataset": args.dataset, **data.record()}
     elif args.dataset in image_datasets.DATASETS:
         manifest = image_datasets.prepare(args.dataset, args.data_dir, allow_download=args.download)
     else:  # a plugin problem's dataset: its own loader verifies it

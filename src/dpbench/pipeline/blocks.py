@@ -33,15 +33,17 @@ def id_part(train_settings: tuple[tuple[str, Any], ...]) -> str:
 
 
 def check_train_data(config: dict[str, Any], problem: str, block: dict[str, Any] | None = None,
-                     where: str = "") -> None:
+                     where: str = "", problem_facts=None) -> None:
     """``train.train_subset``, ``test_subset`` and ``validation_size`` against the problem's
     dataset (``dpbench.training.config.check_data``: the run's own check, without torch), with
     the values a grid block (config key ``where``) gives over them; refused naming the key that
-    gave the value: ``<where>.<key>`` or ``train.<key>``."""
+    gave the value: ``<where>.<key>`` or ``train.<key>``. ``problem_facts``: those of a problem
+    reading the config's text_file (``starts.TextData.facts``)."""
     block = block or {}
     train = {**(config.get("train") or {}), **{k: block[k] for k in BLOCK_SETTINGS if k in block}}
     try:
-        check_data(problem, train.get("train_subset"), train.get("test_subset"), train.get("validation_size") or 0)
+        check_data(problem, train.get("train_subset"), train.get("test_subset"), train.get("validation_size") or 0,
+                   problem_facts)
     except SettingError as exc:
         raise ConfigError(exc.as_given(lambda name: f"{where}.{name}" if name in block else f"train.{name}",
                                        "config key ")) from None

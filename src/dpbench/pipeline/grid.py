@@ -26,7 +26,7 @@ from dpbench.pipeline.configfile import ConfigError, check_configfiles, configfi
 from dpbench.pipeline.configfile import closest as _closest
 from dpbench.pipeline import blocks, catalog, searches
 from dpbench.pipeline.blocks import BLOCK_SETTINGS, block_settings, check_train_data  # noqa: F401
-from dpbench.pipeline.starts import CONTEXT, SCRATCH, pretrain_recipe, starts_of  # noqa: F401
+from dpbench.pipeline.starts import CONTEXT, SCRATCH, TextData, pretrain_recipe, starts_of, text_data  # noqa: F401
 from dpbench.problems import facts
 from dpbench.problems.modes import Start
 from dpbench.training.config import RunConfig
@@ -69,6 +69,15 @@ class Cell:
     # its block's own values of BLOCK_SETTINGS where they differ from the config's train: section,
     # (key, value) pairs in BLOCK_SETTINGS' order; () where the cell's run takes train:'s values
     train_settings: tuple[tuple[str, Any], ...] = ()
+    # an encoder problem's fine-tuning cell reading the config's text_file (starts.TextData): its
+    # records, N and classes are the file's; None: the problem's own records
+    data: TextData | None = None
+
+    @property
+    def facts(self):
+        """The problem's facts (``dpbench.problems.facts``), with the records of ``data`` where given."""
+        f = facts(self.problem)
+        return f if self.data is None else self.data.facts(f)
 
     @property
     def id(self) -> str:
@@ -103,14 +112,14 @@ class Cell:
         """d, the parameters this cell trains, which a matrix mechanism's noise rows are as wide
         as: under a fine-tuning mode, of the public start's model (``ProblemFacts.trainable``);
         from scratch, the problem's own model (``ProblemFacts.parameters``)."""
-        f = facts(self.problem)
+        f = self.facts
         if not self.fine_tunes:
             return f.parameters
         return f.trainable(None if self.recipe is None else self.recipe.model_dims, self.start.mode)
 
     @property
     def dataset(self) -> str:
-        return facts(self.problem).dataset
+        return self.facts.dataset
 
     def n_train(self, train: dict[str, Any]) -> int:
         """N, the examples the run trains on: the official training set (or its ``train_subset``)
@@ -119,7 +128,7 @@ class Cell:
         by ``catalog.training_examples``, as the run counts its own. ``train``: the config's
         section, which the cell's own settings override (``train_section``)."""
         train = self.train_section(train)
-        return facts(self.problem).n_train(train.get("train_subset"), train.get("validation_size") or 0)
+        return self.facts.n_train(train.get("train_subset"), train.get("validation_size") or 0)
 
     def cache_files(self, train: dict[str, Any], cache_dir: str | Path) -> dict[str, Path]:
         """The cached files this cell's run reads, under ``cache_dir`` (nothing is computed here),
@@ -145,6 +154,7 @@ class Cell:
                          epochs=self.epochs, seed=self.seed, epsilon=self.epsilon,
                          hyperparameters=dict(self.hyperparameters), tuning=dict(self.tuning) or None,
                          **(self.start.settings() if self.fine_tunes else Start().settings()),
+                         **(self.data.settings() if self.data is not None else {}),
                          **self.train_section(train))
 
     def train_args(self, train: dict[str, Any]) -> list[str]:
@@ -429,9 +439,12 @@ def expand(config: dict[str, Any]) -> list[Cell]:
             epsilons = [None] if not spec.private else [float(e) for e in block.get("epsilons", [])]
             if not epsilons:
                 raise ConfigError(f"config key {where}.epsilons: private optimizer {name!r} needs at least one epsilon")
+            data = {problem: text_data(config) if facts(problem).family == "bert-encoder" else None
+                    for problem in block["problems"]}
             for problem, L in itertools.product(block["problems"], block["batch_sizes"]):
-                check_train_data(config, problem, block, where)
-                probe = Cell(problem, name, int(L), 1, None, 1.0, 0, 0, train_settings=overrides)
+                check_train_data(config, problem, block, where, None if data[problem] is None
+                                 else data[problem].facts(facts(problem)))
+                probe = Cell(problem, name, int(L), 1, None, 1.0, 0, 0, train_settings=overrides, data=data[problem])
                 n = probe.n_train(config.get("train") or {})
                 if L > n:
                     after = "train_subset and validation_size of train: and the block" if overrides else (
@@ -455,7 +468,8 @@ def expand(config: dict[str, Any]) -> list[Cell]:
                     given = tuple((k, v) for k, v in zip(hp_axes, hp) if not _same(v, spec.defaults[k]))
                     for start in starts[problem]:
                         cell = Cell(problem, name, int(L), int(E), eps, float(lr), s, seed, given, tuning, *start,
-                                    train_settings=overrides)
+                                    train_settings=overrides, data=data[problem] if start[0] and start[0].public
+                                    else None)
                         other = cells.setdefault(cell.id, cell)
                         if other != cell:
                             raise ConfigError(f"config key {where}.optimizers.{name}: {_difference(other, cell)} "

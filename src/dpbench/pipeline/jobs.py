@@ -50,6 +50,11 @@ class Jobs:
     def manifest(self, dataset: str) -> str:
         return f"{self.results}/data/{dataset}.json"
 
+    def data_inputs(self, cell: Cell) -> dict[str, str]:
+        """What a cell's run reads its records from: its dataset's manifest (the data rule's), or
+        the config's text_file (read and checked with the config: ``starts.TextData``)."""
+        return {"text_file": cell.data.path} if cell.data is not None else {"manifest": self.manifest(cell.dataset)}
+
     def run_file(self, cell_id: str) -> str:
         return f"{self.results}/runs/{cell_id}.parquet"
 
@@ -226,7 +231,7 @@ class Jobs:
         cells = list(self.cells.values())
         files = [self.cache_files(cell) for cell in cells]
         dense = [f for f in files if "noise" in f]  # a streamed mechanism's cell has no noise file
-        jobs = [("data", self.manifest(d)) for d in sorted({cell.dataset for cell in cells})]
+        jobs = [("data", self.manifest(d)) for d in sorted({cell.dataset for cell in cells if cell.data is None})]
         jobs += [("pretrain", p) for p in sorted({self.pretrained_of(cell) for cell in cells} - {None})]
         jobs += [("prefix_store", p) for p in sorted({self.prefix_store_of(cell) for cell in cells} - {None})]
         jobs += [("factorize", p) for p in sorted({str(f["factorization"]) for f in dense})]

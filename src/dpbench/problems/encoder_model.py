@@ -177,10 +177,12 @@ def _check_shapes(root: Path, model_class) -> None:
                                    f"config.json has {list(expected[key])}")
 
 
-def encode(tokenizer, texts: list[str], max_length: int) -> torch.Tensor:
-    """Token ids (N, T) of ``texts`` ([CLS] ... [SEP], truncated to ``max_length``), right-padded
-    with the pad id to the longest of them."""
-    batch = tokenizer(list(texts), padding="longest", truncation=True, max_length=max_length,
+def encode(tokenizer, texts: list[str], max_length: int, pairs: list[str] | None = None) -> torch.Tensor:
+    """Token ids (N, T) of ``texts`` ([CLS] ... [SEP]; with ``pairs``, [CLS] a [SEP] b [SEP], the
+    longer text cut first), truncated to ``max_length``, right-padded with the pad id to the
+    longest of them."""
+    extra = () if pairs is None else (list(pairs),)
+    batch = tokenizer(list(texts), *extra, padding="longest", truncation=True, max_length=max_length,
                       return_attention_mask=False, return_token_type_ids=False, return_tensors="pt")
     return batch["input_ids"]
 

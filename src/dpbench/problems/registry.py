@@ -42,7 +42,7 @@ def check(spec: Problem) -> None:
 
 
 BUILT_IN = (images.P1, images.P2, images.P3, language.P4, language.P5, text_classification.P6,
-            encoder_classification.P7)
+            encoder_classification.P7, encoder_classification.P8, encoder_classification.P9)
 for _spec in BUILT_IN:
     check(_spec)
     assert catalog.FACTS[_spec.id] is _spec.facts, f"{_spec.id}: a built-in's facts are the catalog's row"

@@ -110,6 +110,19 @@ class RunConfig:
                                          help="--finetune of an encoder problem (P7): a local Hugging Face encoder "
                                               "directory (config.json, model.safetensors, tokenizer) instead of the "
                                               "catalogued one; its files' SHA-256 are recorded")
+    text_file: str | None = setting(None, type=path, scope="command", metavar="FILE",
+                                    help="--finetune of an encoder problem (P7-P9): its records from this labelled "
+                                         "text file (.csv, .jsonl, .parquet, a GLUE .tsv) instead of its own; "
+                                         "its SHA-256 is recorded")
+    text_column: str | None = setting(None, type=text, scope="command", metavar="COLUMN",
+                                      help="--text-file: the text column (default text; a GLUE TSV's own)")
+    text_pair_column: str | None = setting(None, type=text, scope="command", metavar="COLUMN",
+                                           help="--text-file: a pair's second text column (none: single texts)")
+    label_column: str | None = setting(None, type=text, scope="command", metavar="COLUMN",
+                                       help="--text-file: the label column (default label; a GLUE TSV's own)")
+    text_sha256: str | None = setting(None, type=text, scope="command", metavar="HEX",
+                                      help="--text-file: the SHA-256 it must have (the workflow gives the one it "
+                                           "read with the config: a file changed since is refused)")
     noise_multiplier: float | None = setting(None, type=noise_multiplier, scope="command", metavar="SIGMA",
                                              help="use this sigma instead of calibrating it from epsilon")
     data_dir: str | None = setting(None, type=path, scope="command", help="directory with the official dataset files")
@@ -147,7 +160,9 @@ class RunConfig:
                              "for it), not both")
         if spec.private and self.noise_multiplier is None and self.epsilon is None:
             raise ValueError(f"optimizer {self.optimizer!r} is private: give --epsilon or --noise-multiplier")
-        check_data(self.problem, self.train_subset, self.test_subset, self.validation_size)
+        self.check_text_file()
+        if self.text_file is None:  # a user's file's sizes are checked once it is read (train.run)
+            check_data(self.problem, self.train_subset, self.test_subset, self.validation_size)
         if self.cuda_graphs:  # a graph replays one pass's fixed shapes and a fixed lr
             for name, default in (("physical_batch_size", None), ("lr_schedule", DEFAULT_SCHEDULE)):
                 if getattr(self, name) != default:
@@ -173,6 +188,31 @@ class RunConfig:
         if self.finetune is None:
             return None
         return modes.parse(self.finetune, **{s: getattr(self, s) for s in modes.option_settings()})
+
+    @property
+    def text_source(self):
+        """The user's labelled text file (``dpbench.data.labelled_text.LocalFile``), or None."""
+        if self.text_file is None:
+            return None
+        from dpbench.data.labelled_text import LocalFile
+
+        return LocalFile(self.text_file, text=self.text_column, label=self.label_column,
+                         text_pair=self.text_pair_column)
+
+    def check_text_file(self) -> None:
+        """A text file's settings only with a text file, and a text file only for a mode of an
+        encoder problem (its records are tokenized by the public encoder). SettingError naming it."""
+        if self.text_file is None:
+            for name in ("text_column", "text_pair_column", "label_column", "text_sha256"):
+                if getattr(self, name) is not None:
+                    raise SettingError(name, "it describes `text_file`, which is not given")
+            return
+        if facts(self.problem).family != "bert-encoder":
+            raise SettingError("text_file", f"problem {self.problem} does not read its records through a public "
+                                            "encoder (P7-P9 do)")
+        if self.finetune is None or self.finetune == modes.SCRATCH:
+            raise SettingError("text_file", "a text file is read through the public encoder's tokenizer: give a "
+                                            f"`finetune` mode ({', '.join(modes.MODES)})")
 
     def check_finetune(self, model_dims: dict | None = None) -> None:
         """A mode needs a public start (and a start a mode), a problem that starts from one
@@ -227,12 +267,13 @@ def _option_named(message: str) -> str:
 
 
 def check_data(problem: str, train_subset: int | None = None, test_subset: int | None = None,
-               validation_size: int = 0) -> None:
+               validation_size: int = 0, problem_facts=None) -> None:
     """The subsets within the problem's dataset (they are refused, never clamped), and a
     validation split that leaves records to train on (the canaries a language-model run plants
     are not its data, and would keep N positive on their own). SettingError naming the setting;
-    the problem's facts come from the torch-free catalog."""
-    f = facts(problem)
+    the problem's facts come from the torch-free catalog (``problem_facts``: those of a problem
+    reading a user's text file, as ``PublicEncoder.bind`` makes them)."""
+    f = facts(problem) if problem_facts is None else problem_facts
     for name, value, size, split in (("train_subset", train_subset, f.train_size, "training"),
                                      ("test_subset", test_subset, f.test_size, "test")):
         if value and value > size:

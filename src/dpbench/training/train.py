@@ -37,7 +37,7 @@ from dpbench.seeds import stream_seeds
 from dpbench.training import capture, cuda, schedules
 from dpbench.training.calibration import PrivacySection, calibrate, plan_request
 from dpbench.training.checkpoint import Checkpoint, Trace, checkpoint_state, restore
-from dpbench.training.config import RunConfig
+from dpbench.training.config import RunConfig, check_data
 from dpbench.training.cuda import resolve_device
 from dpbench.training.harness import Assembly, assemble, build_model
 from dpbench.training.splits import Splits, load_splits
@@ -203,6 +203,21 @@ class Setup:
     claim: PrivacyClaim  # sigma calibrated (or given), and how long calibrating took
     checkpoint: Any = None  # a loaded public start the model starts from (None: from scratch)
     mode: Mode | None = None  # its fine-tuning mode
+    text_file: dict | None = None  # a user's labelled text file's record (labelled_text.LabelledText.record)
+
+
+def read_text_file(cfg: RunConfig):
+    """The user's labelled text file (``cfg.text_source``) read and checked, or None; a SHA-256
+    other than ``cfg.text_sha256`` (the one the workflow read with the config) refused naming both."""
+    if cfg.text_source is None:
+        return None
+    from dpbench.data.labelled_text import DataError, load
+
+    data = load(cfg.text_source)
+    if cfg.text_sha256 is not None and data.sha256 != cfg.text_sha256:
+        raise DataError(f"{data.path}: SHA-256 {data.sha256} is not {cfg.text_sha256}, the one the config's "
+                        "text_file had when the workflow read it: the file changed since")
+    return data
 
 
 def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFrame, status: str,
@@ -224,7 +239,8 @@ def run_record(setup: Setup, parts: Assembly, trace: Trace, metrics: pd.DataFram
                       "reference": spec.reference, "hyperparameters": ctx.hyperparameters, "stats": trace.stats,
                       "plugin": record_of(spec)},
         "data": {"source": splits.source, "n_train": splits.x_train.shape[0], "n_test": int(splits.x_test.shape[0]),
-                 "n_val": int(splits.x_val.shape[0]) if splits.x_val is not None else 0},
+                 "n_val": int(splits.x_val.shape[0]) if splits.x_val is not None else 0,
+                 **({"file": setup.text_file} if setup.text_file is not None else {})},
         "privacy": privacy_section(setup, parts, trace.step).run_file(),
         "result": {"status": status, **summarize(metrics, problem.task.facts)},
         # each test record's correctness at the epoch validation chose (results.pack_outcomes;
@@ -272,10 +288,14 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     t_start = time.perf_counter()
     started_at = pd.Timestamp.now(tz="UTC").isoformat()
     problem = get_problem(cfg.problem)
+    text_data = read_text_file(cfg)
     device = resolve_device(cfg.device)
     if hasattr(pretrained, "bind"):  # a start that reads the records itself (an encoder's tokenizer)
         # how its steps are laid out, chosen once (problems.layout: groups on the CPU, a prefix store)
-        problem = pretrained.bind(problem, mode, StepLayout.choose(mode, device.type, cfg.prefix_store))
+        problem = pretrained.bind(problem, mode, StepLayout.choose(mode, device.type, cfg.prefix_store),
+                                  **({"data": text_data} if text_data else {}))
+    if text_data is not None:
+        check_data(cfg.problem, cfg.train_subset, cfg.test_subset, cfg.validation_size, problem.facts)
     if cfg.prefix_store is not None:  # made here, under a lock, where no workflow made it first
         from dpbench.problems import prefix_store
 
@@ -295,7 +315,8 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
                           saved["sigma_source"], saved["calibration_s"], spec.private) if saved
              else calibrate(spec, plan, target_epsilon=cfg.epsilon, noise_multiplier=cfg.noise_multiplier,
                             delta=cfg.delta, accountant=cfg.accountant, tuning=cfg.tuning))
-    setup = Setup(cfg, spec, problem, device, seeds, splits, plan, claim, pretrained, mode)
+    setup = Setup(cfg, spec, problem, device, seeds, splits, plan, claim, pretrained, mode,
+                  None if text_data is None else text_data.record())
 
     model = build_model(problem, seeds["init"], device, pretrained, mode)
     loss_gen = torch.Generator(device=device)
