@@ -97,7 +97,7 @@ def test_a_registered_digits_problem_trains_in_dpbench(digits, generated, monkey
                                                            "source": digits.DIGITS.load(None).source,
                                                            "n_train": 1497, "n_test": 300}
     with pytest.raises(ValueError, match=r"unknown dataset 'mnist'; choose one of \['cifar10', 'fashion-mnist', "
-                                         r"'fortunes', 'sklearn-digits'\]"):
+                                         r"'fortunes', 'imdb', 'rotten-tomatoes', 'sklearn-digits'\]"):
         registry.dataset_manifest("mnist")
     res = run_cell(RunConfig(problem="digits", optimizer="dpsgd", lr=0.5, batch_size=64, epochs=1, seed=0,
                              epsilon=2.0, max_steps=3, validation_size=97, progress_every_s=1e9))

@@ -548,5 +548,5 @@ def test_train_help_lists_the_registrys_problems_and_the_plugins(site, capsys):
     with pytest.raises(SystemExit):
         cli.main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "--problem PROBLEM the problem: P1, P2, P3, P4, P5, P6, P7; plugins': P2-fake (dpbench list)" in out
+    assert "--problem PROBLEM the problem: P1, P2, P3, P4, P5, P6, P7, P8, P9; plugins': P2-fake (dpbench list)" in out
     assert "fakeprob" not in sys.modules  # listed, not imported

