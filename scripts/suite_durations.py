@@ -101,7 +101,8 @@ def main(argv=None) -> int:
     parser.add_argument("--note", default="", help="a sentence written into the table's header "
                         "(e.g. that the machine was shared)")
     parser.add_argument("--from-partial", action="store_true",
-                        help="run nothing: write the table from <out>.partial (a run stopped early)")
+                        help="run nothing: write the table from <out>.partial (a run stopped early; give its "
+                        "pytest arguments again, for the table's header)")
     parser.add_argument("pytest_args", nargs="*", help="arguments for pytest, after --")
     args = parser.parse_args(argv)
     partial = args.out.with_name(args.out.name + ".partial")
@@ -110,7 +111,8 @@ def main(argv=None) -> int:
     load = os.getloadavg()
     returncode = 0
     if not args.from_partial:
-        partial.unlink(missing_ok=True)
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(f"# {started.isoformat()} {load[0]:.2f}\n")
         env = {**os.environ, PARTIAL_VARIABLE: str(partial),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))}
         returncode = subprocess.run(command, cwd=REPO, env=env).returncode
@@ -118,6 +120,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"{partial}: no test's time was recorded")
     measured = {}
     for line in partial.read_text().splitlines():
+        if line.startswith("#"):  # the run's start, written before its first test
+            started, load = datetime.datetime.fromisoformat(line.split()[1]), (float(line.split()[2]),)
+            continue
         test, seconds, outcome = line.split("\t")
         measured[test] = (float(seconds), outcome)
     rows = read_table(args.out)[1] if args.merge and args.out.is_file() else {}
