@@ -67,6 +67,7 @@ def pytest_collection_modifyitems(config, items):
         groups = {item.nodeid: "_".join(sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                                                 for m in item.iter_markers("xdist_group")}))
                   for item in items}
+        write_slow_marks(Path(folder), worker, items)  # before the groups: the scheduler reads both once these are there
         tmp = Path(folder) / f".{worker}.json"
         tmp.write_text(json.dumps({nodeid: group for nodeid, group in groups.items() if group}))
         tmp.replace(Path(folder) / f"{worker}.json")
@@ -75,14 +76,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup``: the tests of one ``xdist_group`` on one worker, every other test
-    wherever a worker is free (xdist's LoadScopeScheduling, a test's scope being its group)."""
+    wherever a worker is free (xdist's LoadScopeScheduling, a test's scope being its group),
+    the longest first (``_longest_first_class``)."""
     if config.getoption("dist") != "loadgroup":
         return None
-    from xdist.scheduler import LoadScopeScheduling
-
     folder = Path(os.environ[GROUPS_FOLDER])
 
-    class FixtureGroups(LoadScopeScheduling):
+    class FixtureGroups(_longest_first_class()):
         groups: dict[str, str] | None = None
 
         def _split_scope(self, nodeid):  # called once every worker has collected
@@ -90,7 +90,138 @@ def pytest_xdist_make_scheduler(config, log):
                 self.groups = {k: v for f in sorted(folder.glob("gw*.json")) for k, v in json.loads(f.read_text()).items()}
             return self.groups.get(nodeid, nodeid)
 
+        def estimates(self) -> dict[str, float]:
+            return expected_times(slow_marked(folder))
+
     return FixtureGroups(config, log)
+
+
+# ---------------------------------------------------------------- longest first
+# Balance (scripts/test.sh on two workers): a worker that finishes while the other works through
+# a queue of long tests idles. The scheduler sends each group (or lone test) in order of its
+# expected time, longest first (Graham's LPT rule, whose end is within 4/3 of the best), and a worker
+# holds no more than it needs: the test it runs, the next one (pytest-xdist runs a test only once
+# it knows the next) and short tests up to PREFETCH_S seconds. The expected times: the committed
+# table of benchmarks/results/suite/durations.tsv (scripts/suite_durations.py writes it); a test
+# not in it is short (SHORT_S), or, marked slow, SLOW_S (a new workflow test is not left for last).
+# DPBENCH_TEST_DURATIONS names another table (one just measured, to try before committing it).
+DURATIONS = Path(os.environ.get("DPBENCH_TEST_DURATIONS", REPO / "benchmarks" / "results" / "suite" / "durations.tsv"))
+SHORT_S = 0.1
+SLOW_S = 30.0
+PREFETCH_S = 2.0
+
+
+def write_slow_marks(folder: Path, worker: str, items) -> None:
+    """A worker's collected tests marked ``slow``, for the controller's estimates (``slow_marked``)."""
+    tmp = folder / f".slow-{worker}.json"
+    tmp.write_text(json.dumps([item.nodeid for item in items if item.get_closest_marker("slow")]))
+    tmp.replace(folder / f"slow-{worker}.json")
+
+
+def slow_marked(folder: Path) -> set[str]:
+    return {nodeid for f in sorted(folder.glob("slow-gw*.json")) for nodeid in json.loads(f.read_text())}
+
+
+def expected_times(slow: set[str] = frozenset(), table: Path = DURATIONS) -> "Estimates":
+    """Each test's expected seconds: the table's, else SLOW_S for a test in ``slow``, else SHORT_S."""
+    return Estimates(load_file(REPO / "scripts" / "suite_durations.py").estimates(table), slow)
+
+
+class Estimates(dict):
+    def __init__(self, known: dict[str, float], slow: set[str]):
+        super().__init__(known)
+        self.slow = set(slow)
+
+    def __missing__(self, nodeid: str) -> float:
+        return SLOW_S if nodeid in self.slow else SHORT_S
+
+
+def longest_first_order(workqueue: dict[str, dict[str, bool]], estimate) -> list[str]:
+    """The scopes (a group's tests, or one test) by their expected time, longest first; equal
+    times in collection order."""
+    total = {scope: sum(estimate[nodeid] for nodeid in tests) for scope, tests in workqueue.items()}
+    return sorted(workqueue, key=lambda scope: -total[scope])  # sorted is stable
+
+
+def _longest_first_class():
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LongestFirst(LoadScopeScheduling):
+        """LoadScopeScheduling (a scope: an xdist_group, or one test) with the scopes in
+        ``longest_first_order`` and each worker given work only while it holds less than two
+        tests or less than PREFETCH_S seconds of them."""
+        _estimate: dict | None = None
+
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            self._pending: dict = {}  # node -> {its tests not yet done: expected seconds}
+
+        def estimates(self) -> dict[str, float]:
+            return expected_times()
+
+        def _expected(self, nodeid):
+            if self._estimate is None:
+                self._estimate = self.estimates()
+            return self._estimate[nodeid]
+
+        def _wants_more(self, node) -> bool:
+            pending = self._pending.setdefault(node, {})
+            return len(pending) < 2 or (sum(pending.values()) < PREFETCH_S and len(pending) < 200)
+
+        def _assign_work_unit(self, node) -> None:
+            unit = next(iter(self.workqueue.values()))  # the one super() sends
+            super()._assign_work_unit(node)
+            self._pending.setdefault(node, {}).update({n: self._expected(n) for n, done in unit.items() if not done})
+
+        def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
+            self._pending.get(node, {}).pop(self.registered_collections[node][item_index], None)
+            super().mark_test_complete(node, item_index, duration)
+
+        def remove_node(self, node):
+            self._pending.pop(node, None)
+            return super().remove_node(node)
+
+        def _reschedule(self, node) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            while self.workqueue and self._wants_more(node):
+                self._assign_work_unit(node)
+
+        def schedule(self) -> None:
+            assert self.collection_is_completed
+            if self.collection is not None:
+                for node in self.nodes:
+                    self._reschedule(node)
+                return
+            if not self._check_nodes_have_same_collection():
+                self.log("**Different tests collected, aborting run**")
+                return
+            self.collection = list(next(iter(self.registered_collections.values())))
+            if not self.collection:
+                return
+            units: dict[str, dict[str, bool]] = {}
+            for nodeid in self.collection:
+                units.setdefault(self._split_scope(nodeid), {})[nodeid] = False
+            estimate = self._estimate = self.estimates()
+            for scope in longest_first_order(units, estimate):
+                self.workqueue[scope] = units[scope]
+            for _ in range(len(self.nodes) - len(self.workqueue)):  # more workers than scopes
+                unused, _assigned = self.assigned_work.popitem()
+                unused.shutdown()
+            # round by round, one scope each, so that the longest go to different workers
+            while self.workqueue and any(self._wants_more(node) for node in self.nodes):
+                for node in self.nodes:
+                    if self.workqueue and self._wants_more(node):
+                        self._assign_work_unit(node)
+            if not self.workqueue:
+                for node in self.nodes:
+                    if len(self._pending.get(node, {})) < 2:
+                        node.shutdown()
+
+    return LongestFirst
 
 
 def pytest_unconfigure(config):
