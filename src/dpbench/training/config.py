@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class RunConfig:
     # -- a grid cell's own values ------------------------------------------------------------
-    problem: str = setting(type=text, scope="cell", help="P1-P6 or a plugin's problem (dpbench list)")
+    problem: str = setting(type=text, scope="cell", help="P1-P9 or a plugin's problem (dpbench list)")
     optimizer: str = setting(type=text, scope="cell", help="an optimizer of the registry (dpbench list)")
     lr: float = setting(type=positive_float, scope="cell", help="learning rate")
     batch_size: int = setting(type=positive_int, scope="cell", metavar="L",
