@@ -23,9 +23,9 @@ PATH_EDIT = re.compile("sys" + r"\.path\s*(\.\s*(insert|append|extend|remove|pop
                        r"|\+?=(?!=))|syspath" + "_prepend")
 # The one exception: the plugin tests (and a block-settings test of a plugin problem) install fake
 # distributions (dist-info and package) into a temporary site folder, which must be on the search
-# path as pip's site-packages is.
+# path as pip's site-packages is; so does the test of a catalogued text file's package (found, never imported).
 INSTALLS_FAKE_DISTRIBUTIONS = {"tests/plugins/test_plugins.py", "tests/plugins/test_figure_plugins.py",
-                               "tests/pipeline/test_block_settings.py"}
+                               "tests/pipeline/test_block_settings.py", "tests/data/test_labelled_text.py"}
 
 
 def test_nothing_edits_sys_path():
