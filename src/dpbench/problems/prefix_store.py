@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from dpbench.files import chmod_like_open, partial_prefix, refuse_special, remove_stale_partials
+from dpbench.problems.encoders import sha256 as _sha256_file
 
 FORMAT_VERSION = 1
 POOLED = "pooled"
@@ -127,12 +128,6 @@ def _fix(path: Path) -> str:
     return f"delete {a}, {r.name} and {s.name}; the workflow (or `dpbench prefix-store`) makes them again"
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class _Stop(Exception):
