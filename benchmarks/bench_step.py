@@ -56,6 +56,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dpbench.machine import cpu_model
 from dpbench.problems import get_problem
 from dpbench.mechanisms.sampling import PoissonSampler
 
@@ -83,14 +84,7 @@ DEFAULTS = {"P2": {"batch_size": 256, "steps": None}, "P4": {"batch_size": 64, "
 
 def machine() -> str:
     """The CPU model and core count, for the header the docs quote."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model() or platform.processor() or platform.machine()
     return f"{model}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}"
 
 

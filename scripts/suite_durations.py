@@ -72,15 +72,9 @@ def estimates(path: Path = TABLE) -> dict[str, float]:
 
 
 def cpu() -> str:
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {len(os.sched_getaffinity(0))} cores usable"
+    from dpbench.machine import cpu_model
+
+    return f"{cpu_model() or 'unknown CPU'}, {len(os.sched_getaffinity(0))} cores usable"
 
 
 def write_table(path: Path, rows: dict[str, tuple[float, str]], header: list[str]) -> None:

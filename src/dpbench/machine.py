@@ -40,6 +40,11 @@ def _cpuinfo() -> dict[str, str]:
     return fields
 
 
+def cpu_model() -> str | None:
+    """The first processor's model name (/proc/cpuinfo's ``model name``; None where there is none)."""
+    return _cpuinfo().get("model name")
+
+
 def _openblas_cores() -> dict[str, str]:
     """The core each OpenBLAS loaded in this process chose at run time (DYNAMIC_ARCH builds pick
     their kernels per CPU): library file name -> core name."""
