@@ -173,6 +173,20 @@ def _edited(tmp_path, name, edit):
     return results.write_run(tmp_path / f"{name}.parquet", metrics, meta)
 
 
+def _refused_by_aggregate(tmp_path, capsys, edit, field) -> str:
+    """dpbench aggregate of the run file ``_edited`` by ``edit``: refused in one line naming the
+    file and ``field``, nothing written; that line."""
+    from dpbench import cli
+
+    path = _edited(tmp_path, "edited", edit)
+    assert cli.main(["aggregate", str(path), "--out-runs", str(tmp_path / "r.parquet"),
+                     "--out-epochs", str(tmp_path / "e.parquet")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"dpbench aggregate: error: run file {path} is damaged or edited (") and field in err, err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "r.parquet").exists()
+    return err
+
+
 def _set(section, key, value):
     return lambda meta: meta[section].__setitem__(key, value)
 
@@ -194,14 +208,7 @@ def test_aggregate_refuses_a_run_file_whose_record_no_run_writes(tmp_path, capsy
     """An edited or damaged record (a negative, NaN or non-number epsilon; delta outside (0, 1); a
     finite epsilon without noise; a 10^30 batch size; a missing key) is refused by dpbench
     aggregate in one line naming the file and the key, never labelled private nor a traceback."""
-    from dpbench import cli
-
-    path = _edited(tmp_path, "edited", edit)
-    assert cli.main(["aggregate", str(path), "--out-runs", str(tmp_path / "r.parquet"),
-                     "--out-epochs", str(tmp_path / "e.parquet")]) != 0
-    err = capsys.readouterr().err.strip()
-    assert err.startswith(f"dpbench aggregate: error: run file {path} is damaged or edited (") and field in err, err
-    assert len(err.splitlines()) == 1 and not (tmp_path / "r.parquet").exists()
+    _refused_by_aggregate(tmp_path, capsys, edit, field)
 
 
 def test_aggregate_refuses_metadata_that_is_a_json_list(tmp_path, capsys):
@@ -263,14 +270,7 @@ def test_a_builtin_runs_checks_read_the_registrys_claim_as_its_label_does(tmp_pa
     NaN or sigma 0, was labelled private (the label read the registry's claim, the checks the
     file's); epsilon 0 after noisy steps with sigma 2.5, and sigma infinite, were labelled private
     too. Each is refused in one line naming the key, the registry's claim named."""
-    from dpbench import cli
-
-    path = _edited(tmp_path, "edited", edit)
-    assert cli.main(["aggregate", str(path), "--out-runs", str(tmp_path / "r.parquet"),
-                     "--out-epochs", str(tmp_path / "e.parquet")]) != 0
-    err = capsys.readouterr().err.strip()
-    assert err.startswith(f"dpbench aggregate: error: run file {path} is damaged or edited (") and field in err, err
-    assert len(err.splitlines()) == 1 and not (tmp_path / "r.parquet").exists()
+    err = _refused_by_aggregate(tmp_path, capsys, edit, field)
     if "inf" not in field:  # the claim checked is the registry's, whatever the file says
         assert "(the registry's dpsgd is private)" in err, err
 
