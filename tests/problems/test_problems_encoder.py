@@ -19,7 +19,8 @@ from dpbench.optimizers import OPTIMIZERS
 from dpbench.privacy.clipping import Clipping
 from dpbench.privacy.per_sample import Tape
 from dpbench.problems import architectures, encoders, facts, get_problem, modes
-from dpbench.problems.encoder_classification import PublicEncoder, caches_features
+from dpbench.problems.encoder_classification import PublicEncoder
+from dpbench.problems.layout import StepLayout
 from dpbench.problems.finetune import LoRALinear
 from dpbench.training.harness import build_model
 
@@ -234,7 +235,8 @@ def test_cached_features_give_the_full_models_losses_and_head_gradients(start):
     """A run in mode head computes each record's features once and keeps them: the same
     per-record losses and per-record head gradients as the whole model in mode head, at every
     step (the second from the cache), whatever batch a record comes in."""
-    assert caches_features(modes.Head()) and not any(caches_features(m) for m in MODES[:4])
+    memory = [StepLayout.choose(m).prefix == "memory" for m in MODES[:4]]  # features cached in memory
+    assert StepLayout.choose(modes.Head()).prefix == "memory" and not any(memory)
     cached, full = built(start, modes.Head(), seed=3), uncached(start, modes.Head(), seed=3)
     assert type(cached).__name__ == "CachedFeatureClassifier" and torch.equal(cached.head.weight, full.head.weight)
     x, y = tokens(start), torch.arange(6) % 40

@@ -178,12 +178,6 @@ class PublicEncoder:
                                    task=EncoderTextClassification(self.loaded.pad_id, layout))
 
 
-def caches_features(mode: Mode | None) -> bool:
-    """Whether a run in ``mode`` without a prefix store computes each record's features once, in
-    memory: the encoder frozen whole (``StepLayout.choose``)."""
-    return StepLayout.choose(mode).prefix == "memory"
-
-
 def _stored_classifier():
     from dpbench.problems.prefix_store import stored_classifier
 
