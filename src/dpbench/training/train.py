@@ -292,8 +292,7 @@ def run(cfg: RunConfig, spec: OptimizerSpec, *, checkpoint: str | Path | None = 
     device = resolve_device(cfg.device)
     if hasattr(pretrained, "bind"):  # a start that reads the records itself (an encoder's tokenizer)
         # how its steps are laid out, chosen once (problems.layout: groups on the CPU, a prefix store)
-        problem = pretrained.bind(problem, mode, StepLayout.choose(mode, device.type, cfg.prefix_store),
-                                  **({"data": text_data} if text_data else {}))
+        problem = pretrained.bind(problem, mode, StepLayout.choose(mode, device.type, cfg.prefix_store), data=text_data)
     if text_data is not None:
         check_data(cfg.problem, cfg.train_subset, cfg.test_subset, cfg.validation_size, problem.facts)
     if cfg.prefix_store is not None:  # made here, under a lock, where no workflow made it first
