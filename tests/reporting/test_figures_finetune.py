@@ -160,6 +160,28 @@ def test_the_figure_draws_the_chosen_means_and_says_what_chose():
     figures.plt.close(fig)
 
 
+def test_a_cell_whose_seeds_agree_to_the_last_record_has_an_interval_of_the_test_records_noise():
+    """Two seeds right on the same 7 of 10 shared test records: the t interval over seeds is of
+    width 0 (the pilot's DP-AdamW [0.730, 0.730]); the table's counts the records: the one-term
+    crossed ANOVA gives Var = s2_b / n with s2_b = p (1 - p) n / (n - 1), df n - 1, so the
+    half-width is t_{0.975, 9} sqrt(0.21 / 9) = 2.2622 x 0.15275 = 0.34555."""
+    from dpbench.reporting.results import pack_outcomes
+
+    correct = np.array([1, 1, 1, 0, 1, 1, 0, 1, 1, 0], dtype=bool)
+    rows = [_row("P6", "classification", "dpsgd", 3.0, "full", 0.1, s, 0.7, 0.6) for s in (0, 1)]
+    runs = pd.DataFrame(rows).assign(n_test=10, test_correct_at_best_val=pack_outcomes(correct))
+    data = figures.finetune_data(runs, "P6")
+    r = row(data, "dpsgd", 3.0, "full")
+    assert r["value"] == pytest.approx(0.7) and r["interval"] == "seeds × records"
+    assert (r["ci_high"] - r["ci_low"]) / 2 == pytest.approx(0.34555, abs=1e-4)
+    table = figures.build("finetune_table", runs)
+    assert "95 % interval over seeds and test records" in table and "0.700 [0.354, 1.046]" in table
+    # without the per-record outcomes the table says it is the seeds' t interval (here of width 0)
+    bare = figures.finetune_data(runs.drop(columns=["test_correct_at_best_val", "n_test"]), "P6")
+    assert row(bare, "dpsgd", 3.0, "full")["interval"] == "paired"
+    assert "95 % t interval over seeds" in figures.build("finetune_table", runs.drop(columns=["n_test"]))
+
+
 def test_a_pretrained_dp_run_beside_its_from_scratch_twin_at_epsilon_1():
     runs = p6_runs()
     options = figures.parse_options(["modes=scratch,full", "epsilons=1", "optimizers=dpadamw",
@@ -494,6 +516,8 @@ def test_dpbench_plot_finetune_claims_writes_the_table(tmp_path):
     md = (tmp_path / "claims.md").read_text()
     assert _rows(md, "1")[0][-1] == "holds" and _rows(md, "6c")[0][-1] == "no difference found"
     assert _rows(md, "2a")[0][-1] == "not run"
+    # the scale a verdict is about, measured from the runs: steps, and N = L / q (64 / (64 / 13,072))
+    assert "for 400 steps on 13,072 training records, so a verdict here is about this scale only" in md
     assert figures.extensions("finetune_claims") == ("md",)
     # a table without the start columns: every claim not run
     old = runs.drop(columns=["start", "finetune", "lora_rank", "trainable_parameters", "checkpoint_sha256"])

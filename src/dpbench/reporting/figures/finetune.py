@@ -43,8 +43,10 @@ from matplotlib.figure import Figure
 
 from dpbench.problems.catalog import task_facts
 from dpbench.problems.modes import SCRATCH, Start, option_settings, start_of
-from dpbench.reporting.figures.intervals import INTERVAL, draw_intervals, t_interval, tied_with_above
+from dpbench.reporting.figures.intervals import (INTERVAL, RECORD_INTERVAL, draw_intervals, record_contrast_interval,
+                                                t_interval, tied_with_above)
 from dpbench.reporting.figures.language_model import pooled_exposure
+from dpbench.reporting.results import unpack_outcomes
 from dpbench.reporting.figures.selection import (CONFIG_KEYS, by_privacy, select_best_config, select_runs,
                                                  selection_columns, tied_configs)
 from dpbench.reporting.figures.spent import caption, selection_privacy
@@ -53,8 +55,10 @@ from dpbench.reporting.figures.style import empty_figure, fmt_tick, label, legen
 # a mode's colour by its name (dpbench.problems.modes.MODES; from scratch hatched grey)
 SCRATCH_COLOUR = "#dddddd"  # the twin from random initialisation (a mode's own colour: Mode.colour)
 SCRATCH_HATCH = "///"
+PAGE_WIDTH = 7.5  # inches: a figure reads at a page's width (letter or A4 less margins)
+PANEL_HEIGHT = 2.6  # inches, one panel (one ε) a row
 COLUMNS = ["problem", "optimizer", "private", "epsilon", "mode", "finetune", "lora_rank", "value", "ci_low",
-           "ci_high", "n_seeds", "diverged", "metric", "higher_is_better", "rank", "tied", "gap_non_private",
+           "ci_high", "n_seeds", "interval", "diverged", "metric", "higher_is_better", "rank", "tied", "gap_non_private",
            "gap_scratch", "lr", "batch_size", "epochs", "hyperparameters", "trainable_parameters", "n_runs",
            "n_configs", "n_tied", "selection_epsilon", "not_composed", "exposure", "exposure_std", "n_canaries",
            "extracted", "select_by"]
@@ -154,7 +158,7 @@ def finetune_data(runs: pd.DataFrame, problem: str = "P6", modes: Iterable[str] 
     language = facts.plants_canaries
     rows = []
     for b, chosen, values in _choices(r, select_by):
-        mean, low, high, n = t_interval(values.to_numpy())
+        mean, low, high, n, how = _interval(chosen, values, facts.measures_accuracy and select_by == "val")
         if b["diverged"] or not np.isfinite(b["score"]):
             mean = low = high = (math.inf if b["diverged"] and not facts.select_higher else math.nan)
         candidates = r[(r["optimizer"] == b["optimizer"]) & (r["epsilon"] == b["epsilon"]) & (r["mode"] == b["mode"])]
@@ -165,7 +169,7 @@ def finetune_data(runs: pd.DataFrame, problem: str = "P6", modes: Iterable[str] 
         rows.append({
             "problem": problem, "optimizer": b["optimizer"], "private": bool(chosen["private"].astype(bool).all()),
             "epsilon": float(b["epsilon"]), "mode": b["mode"], "finetune": mode_name(b["mode"]),
-            "lora_rank": b.get("lora_rank"), "value": mean, "ci_low": low, "ci_high": high, "n_seeds": n,
+            "lora_rank": b.get("lora_rank"), "value": mean, "ci_low": low, "ci_high": high, "n_seeds": n, "interval": how,
             "diverged": bool(b["diverged"]),
             "metric": "test accuracy" if facts.measures_accuracy else "test perplexity",
             "higher_is_better": facts.select_higher, "score": float(b["score"]),
@@ -179,6 +183,50 @@ def finetune_data(runs: pd.DataFrame, problem: str = "P6", modes: Iterable[str] 
     out = pd.DataFrame(rows)
     _ranks_and_gaps(out)
     return out[COLUMNS + ["score"]]
+
+
+def record_outcomes(c: pd.DataFrame) -> tuple[pd.Series | None, pd.Series | None, bool]:
+    """(per-record outcomes by seed, test records by seed, shared) of one configuration's runs:
+    the outcomes where a run recorded them (``test_correct_at_best_val``), the records from
+    ``n_test`` or else the ``test_subset`` drawn; the seeds share their records where none drew
+    a subset."""
+    seeds = c["seed"].to_numpy()
+    subset = c["test_subset"].astype(float) if "test_subset" in c else pd.Series(np.nan, index=c.index)
+    n = c["n_test"].astype(float) if "n_test" in c else pd.Series(np.nan, index=c.index)
+    n = n.where(n.notna(), subset)
+    n_test = None if n.isna().any() else pd.Series(n.astype(int).to_numpy(), index=seeds)
+    outcomes = None
+    if n_test is not None and "test_correct_at_best_val" in c:
+        packed = c["test_correct_at_best_val"].tolist()
+        outcomes = pd.Series([unpack_outcomes(p, int(k)) if isinstance(p, str) else None
+                              for p, k in zip(packed, n_test)], index=seeds, dtype=object)
+    return outcomes, n_test, bool(subset.isna().all())
+
+
+def interval_of(data: pd.DataFrame) -> str:
+    """What ``finetune_data``'s intervals are (its ``interval`` column): over seeds and test
+    records where a row's runs recorded their per-record outcomes, else the t interval over seeds."""
+    hows = set(data["interval"]) if len(data) and "interval" in data else set()
+    if not hows & set(RECORD_HOWS):
+        return INTERVAL
+    return RECORD_INTERVAL + ("" if hows <= set(RECORD_HOWS) else "; over seeds alone where runs did not record them")
+
+
+RECORD_HOWS = ("seeds × records", "seeds + records", "seeds + record floor")
+
+
+def _interval(chosen: pd.DataFrame, values: pd.Series, records: bool) -> tuple[float, float, float, int, str]:
+    """(mean, low, high, seeds, how) of one configuration's test values: for a test accuracy at
+    the epoch validation chose (``records``), the interval over seeds and test records (the claims
+    table's, ``intervals.record_contrast_interval`` of the one term: never of width 0 where two
+    seeds agree to the last record; ``how`` one of ``RECORD_HOWS``, or "paired" where the runs
+    recorded no test records), else the t interval over seeds ("t"); one seed: its value alone."""
+    if not records or values.notna().sum() < 2:
+        return (*t_interval(values.to_numpy()), "t")
+    outcomes, n_test, shared = record_outcomes(chosen)
+    by_seed = pd.Series(values.to_numpy(), index=chosen["seed"].to_numpy())
+    c = record_contrast_interval([(1, by_seed, outcomes, n_test)], shared_records=shared)
+    return c.mean, c.low, c.high, c.n, c.how
 
 
 def _choices(r: pd.DataFrame, select_by: str):
@@ -269,7 +317,7 @@ def _panel_title(eps: float) -> str:
 
 def draw_finetune(data: pd.DataFrame, value: str = "value", low: str = "ci_low", high: str = "ci_high",
                   ylabel: str | None = None, optimizers: list[str] | None = None,
-                  labels: dict[str, str] | None = None, note: str = "", interval: str = INTERVAL,
+                  labels: dict[str, str] | None = None, note: str = "", interval: str | None = None,
                   title: str = "") -> Figure:
     """Panels per ε (ascending, non-private last), a group of bars per optimizer, one bar per
     mode (colours: each mode's ``colour``; from scratch hatched), each bar's ``value`` with error bars
@@ -283,8 +331,12 @@ def draw_finetune(data: pd.DataFrame, value: str = "value", low: str = "ci_low",
     modes = ordered_modes(shown["mode"])
     width = 0.8 / len(modes)
     panels = [(e, ordered(shown.loc[shown["epsilon"] == e, "optimizer"], optimizers)) for e in epsilons]
-    panel_width = max(3.0, 0.3 * len(modes) * max(len(o) for _, o in panels) + 1.0)
-    fig, axes = plt.subplots(1, len(panels), figsize=(panel_width * len(panels), 3.8), squeeze=False, sharey=True)
+    # one panel a row, at most a page wide (PAGE_WIDTH inches): a study's 7 optimizers x 5 modes
+    # in one row of four panels would be a strip 40 inches wide
+    width = min(PAGE_WIDTH, max(3.0, 0.3 * len(modes) * max(len(o) for _, o in panels) + 1.0))
+    height = PANEL_HEIGHT * len(panels) + 1.2
+    fig, axes = plt.subplots(len(panels), 1, figsize=(width, height), squeeze=False, sharey=True)
+    axes = axes.T  # axes[0]: the panels, top to bottom
     for ax, (eps, names) in zip(axes[0], panels):
         d = shown[shown["epsilon"] == eps]
         for i, mode in enumerate(modes):
@@ -314,18 +366,19 @@ def draw_finetune(data: pd.DataFrame, value: str = "value", low: str = "ci_low",
     for ax in axes[0]:
         for h, n in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(n, h)
-    fig.tight_layout(rect=(0, 0, 1, 0.86))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.9 / height))
     if title:
-        fig.suptitle(title, fontsize=9, y=0.99)
-    fig.legend(handles.values(), handles.keys(), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.94),
-               ncol=len(handles), frameon=False, title="fine-tuning mode", title_fontsize=7)
+        fig.suptitle(title, fontsize=9, y=1 - 0.05 / height)
+    fig.legend(handles.values(), handles.keys(), fontsize=7, loc="upper center",
+               bbox_to_anchor=(0.5, 1 - 0.3 / height), ncol=len(handles), frameon=False, title="fine-tuning mode",
+               title_fontsize=7)
     n_seeds = int(shown["n_seeds"].max())
     ks = sorted({int(v) for v in shown["n_runs"]})
     extra = ("One bar per fine-tuning mode, hatched: the same optimizer trained from scratch; each mode's "
              "configuration chosen among that mode's runs alone. " + f"k = {', '.join(map(str, ks))}." +
              (f" {note}" if note else ""))
-    fig.text(0.01, -0.02, caption(str(shown["select_by"].iloc[0]), n_seeds, interval, extra), fontsize=6.5,
-             ha="left", va="top", wrap=True, gid="caption")
+    fig.text(0.01, -0.02, caption(str(shown["select_by"].iloc[0]), n_seeds, interval or interval_of(shown), extra),
+             fontsize=6.5, ha="left", va="top", wrap=True, gid="caption")
     return fig
 
 
@@ -394,7 +447,7 @@ def draw_finetune_table(data: pd.DataFrame, problem: str, k: int = 25, labels: d
              f"hyperparameters) with the best mean selection score over its seeds, "
              f"{'chosen on the validation split' if data['select_by'].iloc[0] == 'val' else 'chosen on the TEST split (optimistic)'}"
              f" among that mode's runs alone; the {data['metric'].iloc[0]} of that configuration, "
-             + ("one seed (no interval)" if seeds < 2 else f"mean over seeds [{INTERVAL}]")
+             + ("one seed (no interval)" if seeds < 2 else f"mean over seeds [{interval_of(data)}]")
              + f" ({'higher' if accuracy else 'lower'} is better). rank: among the optimizer's modes at that ε; = "
              "marks a mode tied with the one ranked above (their intervals overlap). Δ non-private: minus the "
              "non-private reference of the same mode (its best non-private configuration); Δ scratch: minus the same "

@@ -40,10 +40,10 @@ import pandas as pd
 
 from dpbench.problems.modes import SCRATCH, Full, Head, LastBlock, LoRA
 from dpbench.problems.catalog import task_facts
-from dpbench.reporting.figures.finetune import chosen_runs, mode_name, mode_label, number, ordered_modes, tied_runs
+from dpbench.reporting.figures.finetune import (chosen_runs, mode_name, mode_label, number, ordered_modes,
+                                                record_outcomes, tied_runs)
 from dpbench.reporting.figures.intervals import (Contrast, contrast_interval, record_contrast_interval,
                                                  records_needed, seeds_needed)
-from dpbench.reporting.results import unpack_outcomes
 from dpbench.reporting.figures.selection import select_runs
 from dpbench.reporting.figures.style import fmt_tick, label, legend_labels
 
@@ -128,24 +128,6 @@ class _Config:
     alternatives: list = field(default_factory=list)
 
 
-def _records(c: pd.DataFrame) -> tuple[pd.Series | None, pd.Series | None, bool]:
-    """(per-record outcomes by seed, test records by seed, shared) of one configuration's runs:
-    the outcomes where a run recorded them (``test_correct_at_best_val``), the records from
-    ``n_test`` or else the ``test_subset`` drawn; the seeds share their records where none drew
-    a subset."""
-    seeds = c["seed"].to_numpy()
-    subset = c["test_subset"].astype(float) if "test_subset" in c else pd.Series(np.nan, index=c.index)
-    n = c["n_test"].astype(float) if "n_test" in c else pd.Series(np.nan, index=c.index)
-    n = n.where(n.notna(), subset)
-    n_test = None if n.isna().any() else pd.Series(n.astype(int).to_numpy(), index=seeds)
-    outcomes = None
-    if n_test is not None and "test_correct_at_best_val" in c:
-        packed = c["test_correct_at_best_val"].tolist()
-        outcomes = pd.Series([unpack_outcomes(p, int(k)) if isinstance(p, str) else None
-                              for p, k in zip(packed, n_test)], index=seeds, dtype=object)
-    return outcomes, n_test, bool(subset.isna().all())
-
-
 def _config(chosen: pd.DataFrame, optimizer, eps: float, mode: str, column: str = "test_value"):
     """The chosen configuration of (optimizer, ε, mode) in ``chosen`` (``claims_data``'s runs:
     ``choice`` 0 the chosen, 1, 2, ... the tied ones passed over), None where it has none."""
@@ -166,7 +148,7 @@ def _config(chosen: pd.DataFrame, optimizer, eps: float, mode: str, column: str 
             return None
     out = _Config(pd.Series(values.to_numpy(), index=c["seed"].to_numpy()))
     if column == "test_value" and task_facts(str(c["task"].iloc[0])).measures_accuracy:
-        out.outcomes, out.n_test, out.shared = _records(c)
+        out.outcomes, out.n_test, out.shared = record_outcomes(c)
     if tied is not None and len(tied):
         others = tied[(tied["optimizer"] == optimizer) & (tied["epsilon"] == eps) & (tied["mode"] == mode)]
         for _, alt in others.groupby("choice", sort=True):
@@ -384,10 +366,35 @@ HEAD = ["claim", "problem", "ε", "mode", "A", "B", "A value", "B value", "A −
 
 # the model a classifier's claims were tested on, for the reading paragraph's scale sentence
 SCALE = {"P6": "a ~1M-parameter transformer pretrained here on WordNet's glosses",
-         "P7": "all-MiniLM-L6-v2, a 22.6M-parameter public BERT encoder,"}
+         "P7": "all-MiniLM-L6-v2, a 22.6M-parameter public BERT encoder,",
+         "P8": "all-MiniLM-L6-v2, a 22.6M-parameter public BERT encoder,",
+         "P9": "all-MiniLM-L6-v2, a 22.6M-parameter public BERT encoder,"}
 
 
-def draw_claims_table(data: dict[str, list[dict]], k: int = 25, select_by: str = "val", problem: str = "P6") -> str:
+def _span(values, fmt: str = ",") -> str:
+    """"42" or "42-168": the least and the most of ``values``."""
+    low, high = min(values), max(values)
+    return format(low, fmt) if low == high else f"{low:{fmt}}-{high:{fmt}}"
+
+
+def regime(runs: pd.DataFrame, problem: str) -> str:
+    """How long and on how many records ``problem``'s runs trained, as measured ("for 42 steps on
+    5,330 training records"; N = L / q of each run's batch size and sample rate): the scale a
+    verdict is about."""
+    r = runs[runs["problem"] == problem] if "problem" in runs else runs.iloc[:0]
+    steps = [int(s) for s in r.get("steps", pd.Series(dtype=float)).dropna()]
+    if not steps:
+        return "for the steps its runs took"
+    out = f"for {_span(steps)} steps"
+    if {"batch_size", "sample_rate"} <= set(r.columns):
+        n = [int(round(b / q)) for b, q in zip(r["batch_size"], r["sample_rate"]) if q and np.isfinite(q) and q > 0]
+        if n:
+            out += f" on {_span(n)} training records"
+    return out
+
+
+def draw_claims_table(data: dict[str, list[dict]], k: int = 25, select_by: str = "val", problem: str = "P6",
+                      scale: str = "for the steps its runs took") -> str:
     """``claims_data`` as Markdown: the reading paragraph, then one table, a row per claim tested
     (problem, ε, mode), "not run" for a claim without runs. ``problem``: the classifier of
     claims 1-5 and 7 (its model named in the paragraph's scale sentence)."""
@@ -415,7 +422,7 @@ def draw_claims_table(data: dict[str, list[dict]], k: int = 25, select_by: str =
              "no difference found (contains 0; not a proof of equality) or differs; – with fewer than two seeds, "
              "a diverged configuration or an interval of width 0 (no noise measured). The papers fine-tune BERT-, RoBERTa- or GPT-2-sized models for "
              f"epochs on QNLI and GLUE; this study fine-tunes {SCALE.get(problem, problem + ' from its start')} "
-             "for a few dozen to a few hundred steps on ~1,400 records, so a verdict here is about this scale only. "
+             f"{scale}, so a verdict here is about this scale only. "
              "The choice of each configuration spent privacy of its own (ε_sel in finetune_table), which the ε here does not include.", "",
              "| " + " | ".join(HEAD) + " |",
              "| " + " | ".join("---" if h in ("claim", "mode", "A", "B", "verdict") else "---:" for h in HEAD) + " |"]
@@ -490,4 +497,4 @@ def draw_sizing(rows: list[dict], target: float = TARGET) -> str:
 def finetune_claims(runs: pd.DataFrame, select_by: str = "val", k: int = 25, filters: dict | None = None,
                     problem: str = "P6") -> str:
     runs = select_runs(runs, filters)
-    return draw_claims_table(claims_data(runs, select_by, k, problem), k, select_by, problem)
+    return draw_claims_table(claims_data(runs, select_by, k, problem), k, select_by, problem, regime(runs, problem))

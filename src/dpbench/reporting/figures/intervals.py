@@ -19,6 +19,7 @@ import pandas as pd
 
 LEVEL = 0.95
 INTERVAL = "95 % t interval over seeds"
+RECORD_INTERVAL = "95 % interval over seeds and test records"
 
 
 def t_interval(values, level: float = LEVEL) -> tuple[float, float, float, int]:
