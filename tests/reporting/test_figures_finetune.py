@@ -152,6 +152,13 @@ def test_the_figure_draws_the_chosen_means_and_says_what_chose():
     scratch = [p for ax in fig.axes for p in ax.patches if (p.get_gid() or "").endswith("|scratch")]
     assert scratch and all(p.get_hatch() == figures.finetune.SCRATCH_HATCH for p in scratch)
     assert [ax.get_title() for ax in fig.axes] == ["ε = 1", "ε = 3", "non-private (ε = ∞)"]
+    # at most a page wide, one panel a row; every bar within its optimizer's group, under its tick
+    assert fig.get_size_inches()[0] <= figures.finetune.PAGE_WIDTH
+    for ax in fig.axes:
+        ticks = {t.get_text(): x for t, x in zip(ax.get_xticklabels(), ax.get_xticks())}
+        for p in ax.patches:
+            opt = (p.get_gid() or "").split("|")[1]
+            assert abs(p.get_x() + p.get_width() / 2 - ticks[figures.label(opt)]) < 0.4, p.get_gid()
     caption = next(t.get_text() for t in fig.texts if t.get_gid() == "caption")
     assert "validation split" in caption and "3 seeds" in caption and "95 % t interval" in caption
     assert "k = 6" in caption and "from scratch" in caption

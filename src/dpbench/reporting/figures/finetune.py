@@ -333,9 +333,9 @@ def draw_finetune(data: pd.DataFrame, value: str = "value", low: str = "ci_low",
     panels = [(e, ordered(shown.loc[shown["epsilon"] == e, "optimizer"], optimizers)) for e in epsilons]
     # one panel a row, at most a page wide (PAGE_WIDTH inches): a study's 7 optimizers x 5 modes
     # in one row of four panels would be a strip 40 inches wide
-    width = min(PAGE_WIDTH, max(3.0, 0.3 * len(modes) * max(len(o) for _, o in panels) + 1.0))
+    fig_width = min(PAGE_WIDTH, max(3.0, 0.3 * len(modes) * max(len(o) for _, o in panels) + 1.0))
     height = PANEL_HEIGHT * len(panels) + 1.2
-    fig, axes = plt.subplots(len(panels), 1, figsize=(width, height), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(fig_width, height), squeeze=False, sharey=True)
     axes = axes.T  # axes[0]: the panels, top to bottom
     for ax, (eps, names) in zip(axes[0], panels):
         d = shown[shown["epsilon"] == eps]
