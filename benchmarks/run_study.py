@@ -11,6 +11,12 @@ each batch's measured time.
 
     python benchmarks/run_study.py config/finetune-movies.yaml
     python benchmarks/run_study.py config/finetune-movies.yaml --order head last-block --problems P8
+    python benchmarks/run_study.py config/finetune-movies.yaml --restore benchmarks/results/movies/study
+
+``--restore SNAPSHOT`` first copies the run files a snapshot kept (``snapshot_study.py
+--keep-runs``) into the results directory where the config has those cells and no file yet, so
+that a fresh clone resumes the study instead of running it again (the copies are run files as
+any other: ``dpbench aggregate`` checks each when it reads it, and each says which commit made it).
 """
 from __future__ import annotations
 
@@ -37,6 +43,22 @@ def batches(jobs, modes, problems) -> list[tuple[tuple[str, str], list[str]]]:
     return [(k, sorted(groups[k])) for k in keys]
 
 
+def restore(jobs, snapshot: Path) -> int:
+    """Copy ``snapshot/runs/``'s run files of the config's cells into the results directory where
+    none is there yet (an existing file is never replaced); how many were copied."""
+    import shutil
+
+    copied = 0
+    for cell_id in jobs.cells:
+        source = snapshot / "runs" / f"{cell_id}.parquet"  # as snapshot_study.keep_runs keeps it
+        dest = Path(jobs.run_file(cell_id))
+        if source.is_file() and not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest)
+            copied += 1
+    return copied
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config")
@@ -44,8 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--problems", nargs="+", help="problems, in the order to run them (default: the config's)")
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--dry-run", action="store_true", help="print the batches and what is left of each")
+    parser.add_argument("--restore", type=Path, help="a snapshot whose kept run files to start from")
     args = parser.parse_args(argv)
     jobs = load_jobs(args.config)
+    if args.restore:
+        print(f"run_study: {restore(jobs, args.restore)} run files restored from {args.restore}", flush=True)
     problems = args.problems or list(dict.fromkeys(c.problem for c in jobs.cells.values()))
     for (problem, mode), files in batches(jobs, args.order, problems):
         left = [f for f in files if not Path(f).exists()]

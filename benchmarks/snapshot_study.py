@@ -13,6 +13,9 @@ and writes a README saying how much of the study that is, when, where and on whi
     python benchmarks/snapshot_study.py config/finetune.yaml --out benchmarks/results/finetune/study
 
 The run files are read from the config's results directory (``--results`` to read another).
+``--keep-runs`` copies the complete comparisons' run files too, to ``<out>/runs/`` (their paths
+under the results directory kept), so that a later sitting on a fresh clone resumes from them
+(``benchmarks/run_study.py --restore <out>``) instead of running them again.
 """
 from __future__ import annotations
 
@@ -50,6 +53,21 @@ def complete_runs(jobs, results: Path) -> tuple[list[Path], int, int]:
     return sorted(p for paths in done for p in paths), len(groups), len(done)
 
 
+def keep_runs(runs: list[Path], results: Path, out: Path) -> int:
+    """Copy ``runs`` (files under ``results/runs/``) to ``out/runs/`` at their paths relative to
+    ``results/runs/`` (``<cell id>.parquet``), anew (files of an earlier snapshot that are no longer complete are dropped)."""
+    import shutil
+
+    target = out / "runs"
+    if target.exists():
+        shutil.rmtree(target)
+    for p in runs:
+        dest = target / p.relative_to(results / "runs")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(p, dest)
+    return len(runs)
+
+
 def made_by(runs: list[Path]) -> list[str]:
     """The git commits of the code that made the runs (each run file records its own)."""
     import pyarrow.parquet as pq
@@ -83,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config")
     parser.add_argument("--out", required=True, help="folder of the snapshot (written anew)")
     parser.add_argument("--results", help="the study's results directory (default: the config's results_dir)")
+    parser.add_argument("--keep-runs", action="store_true",
+                        help="copy the complete comparisons' run files to <out>/runs/ (for run_study.py --restore)")
     args = parser.parse_args(argv)
     jobs = load_jobs(args.config)
     results = Path(args.results or jobs.results)
@@ -110,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         dpbench("plot", figure, "--runs", str(table), "--out", str(out / name),
                 *shlex.split(figure_options(options)))
         drawn.append(name)
+    kept = keep_runs(runs, results, out) if args.keep_runs else 0
     done_files = sum(1 for c in jobs.cells if run_path(jobs, results, c).exists())
     cpu = platform_record()["cpu"]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -123,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         + "".join(f"{line}\n" for line in summary(aggregated)) +
         f"- the runs were made by dpbench at {', '.join(made_by(runs))} (each run file's environment.git_commit)\n"
         f"- CPU: {cpu.get('model_name')} (vendor {cpu.get('vendor')}, family {cpu.get('family')}, model "
-        f"{cpu.get('model')}), {os.cpu_count()} cores\n\n"
-        f"Files: runs.parquet and epochs.parquet (the aggregate of those runs), and the config's figures "
+        f"{cpu.get('model')}), {os.cpu_count()} cores\n"
+        + (f"- run files: the {kept} runs' own files in runs/ (a later sitting resumes from them: "
+           f"`python benchmarks/run_study.py {args.config} --restore {out}`)\n" if kept else "") +
+        f"\nFiles: runs.parquet and epochs.parquet (the aggregate of those runs), and the config's figures "
         f"{', '.join(drawn)}" + (f"; not drawn, no complete comparison of their problem yet: {', '.join(skipped)}"
                                 if skipped else "") + ".\n")
     print(f"{n_done} of {n_groups} comparisons complete ({len(runs)} runs) -> {out}")

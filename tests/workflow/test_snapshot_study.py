@@ -68,3 +68,41 @@ def test_the_readme_summary_is_measured_from_the_runs_table():
         "- privacy: 2 private runs, achieved ε at most 0.99990 of the target (max epsilon / target_epsilon)",
         "- time: the runs' wall_time_s add up to 3.00 hours (each run's training and evaluation; the jobs' "
         "start-up not counted)"]
+
+
+def test_kept_run_files_let_a_fresh_clone_resume_without_replacing_a_finished_run(tmp_path):
+    """snapshot_study --keep-runs copies exactly the complete comparisons' run files under their
+    paths; run_study --restore puts them back where a config's cell has no file, never over one."""
+    snapshot = load_file(REPO / "benchmarks" / "snapshot_study.py")
+    study = load_file(REPO / "benchmarks" / "run_study.py")
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump({
+        "results_dir": str(tmp_path / "results"), "train": {"train_subset": 1000},
+        "grid": [{"problems": ["P2"], "batch_sizes": [100], "epochs": [1], "epsilons": [1], "seeds": [0, 1],
+                  "optimizers": {"dpsgd": {"lr": [0.1]}, "sgd": {"lr": [0.1]}}}]}))
+    jobs = load_jobs(str(config))
+    results = tmp_path / "results"
+    for cell_id in jobs.cells:
+        if cell_id != "P2/sgd/L100-E1-nonprivate-lr0.1-s1":  # SGD's comparison is not complete
+            path = results / "runs" / f"{cell_id}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(cell_id.encode())
+    runs, _, _ = snapshot.complete_runs(jobs, results)
+    out = tmp_path / "snap"
+    (out / "runs" / "stale.parquet").parent.mkdir(parents=True)
+    (out / "runs" / "stale.parquet").write_bytes(b"old")
+    assert snapshot.keep_runs(runs, results, out) == 2
+    kept = sorted(str(p.relative_to(out / "runs")) for p in (out / "runs").rglob("*.parquet"))
+    assert kept == ["P2/dpsgd/L100-E1-eps1-lr0.1-s0.parquet", "P2/dpsgd/L100-E1-eps1-lr0.1-s1.parquet"]
+    # a fresh clone: one kept run missing, the other already there (made again, other bytes)
+    import shutil
+    shutil.rmtree(results)
+    mine = results / "runs" / "P2/dpsgd/L100-E1-eps1-lr0.1-s1.parquet"
+    mine.parent.mkdir(parents=True)
+    mine.write_bytes(b"mine")
+    assert study.restore(jobs, out) == 1
+    assert (results / "runs" / "P2/dpsgd/L100-E1-eps1-lr0.1-s0.parquet").read_bytes() == b"P2/dpsgd/L100-E1-eps1-lr0.1-s0"
+    assert mine.read_bytes() == b"mine"
+    assert study.restore(jobs, out) == 0
+    # the batches run_study makes: one per (problem, mode), here the from-scratch cells of P2
+    assert [(k, len(files)) for k, files in study.batches(jobs, study.ORDER + ("scratch",), ["P2"])] == [(("P2", "scratch"), 4)]
