@@ -3,8 +3,10 @@
 Snakemake runs a config's cells in an order of its own; a study of many CPU-hours that is
 stopped after two of them would then hold a little of every comparison and none complete
 (``snapshot_study.py`` commits only complete ones). This script runs the config's training
-cells one (problem, mode) batch at a time, in the order given (by default the modes whose steps
-are cheapest first), each batch one Snakemake call with the batch's run files as targets: the
+cells a few comparisons at a time (a comparison: one problem, mode, optimizer and ε, every
+configuration and seed of it), in the order given (by default the modes whose steps are
+cheapest first, within a mode the non-private reference first), each batch one Snakemake call
+with its run files as targets: the
 stores, data and factorizations they need are built by the workflow as usual, a finished run is
 never run again, and a killed sitting resumes where it stopped (``rerun-incomplete``). It prints
 each batch's measured time.
@@ -32,15 +34,43 @@ from dpbench.pipeline.jobs import load_jobs
 ORDER = ("head", "last-block", "bias", "lora", "full")  # the modes by a step's cost, cheapest first
 
 
-def batches(jobs, modes, problems) -> list[tuple[tuple[str, str], list[str]]]:
-    """The run files of the config's cells by (problem, mode), in ``problems`` then ``modes``
-    order (cells of other problems or modes: left out)."""
-    groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+def comparisons(jobs, modes, problems, optimizers=None, epsilons=None) -> list[tuple[tuple, list[str]]]:
+    """The run files of the config's cells by comparison (problem, mode, optimizer, ε: every
+    configuration and seed the figures choose among, as ``snapshot_study.comparison``), in
+    ``problems`` then ``modes`` order, within a mode the non-private ones first, then by
+    ``epsilons`` and ``optimizers`` order (default: ascending ε, the config's optimizers).
+    Cells of other problems or modes are left out."""
+    groups: dict[tuple, list[str]] = defaultdict(list)
     for cell_id, cell in jobs.cells.items():
-        label = "scratch" if cell.start is None or cell.start.mode is None else cell.start.mode.name
-        groups[(cell.problem, label)].append(jobs.run_file(cell_id))
-    keys = [(p, m) for p in problems for m in modes if (p, m) in groups]
+        mode = "scratch" if cell.start is None or cell.start.mode is None else cell.start.mode.name
+        groups[(cell.problem, mode, cell.optimizer, cell.epsilon)].append(jobs.run_file(cell_id))
+    optimizers = list(optimizers or dict.fromkeys(k[2] for k in groups))
+    epsilons = [float(e) for e in epsilons] if epsilons else sorted({float(k[3]) for k in groups if k[3] is not None})
+
+    def key(k):
+        problem, mode, optimizer, eps = k
+        private = eps is not None
+        return (problems.index(problem), modes.index(mode), private,
+                epsilons.index(float(eps)) if private and float(eps) in epsilons else len(epsilons),
+                optimizers.index(optimizer) if optimizer in optimizers else len(optimizers))
+
+    keys = sorted((k for k in groups if k[0] in problems and k[1] in modes), key=key)
     return [(k, sorted(groups[k])) for k in keys]
+
+
+def batches(jobs, modes, problems, optimizers=None, epsilons=None, per_call: int = 2):
+    """``comparisons`` taken ``per_call`` at a time within one (problem, mode), one Snakemake call
+    each: a sitting that is stopped leaves whole comparisons done, not a little of every one."""
+    by_mode: dict[tuple, list] = defaultdict(list)
+    for k, files in comparisons(jobs, modes, problems, optimizers, epsilons):
+        by_mode[k[:2]].append((k, files))
+    return [group[i:i + per_call] for group in by_mode.values() for i in range(0, len(group), per_call)]
+
+
+def name(comparison: tuple) -> str:
+    """"P8 last-block dpadamw ε=3" or "P8 head adamw non-private"."""
+    problem, mode, optimizer, eps = comparison
+    return f"{problem} {mode} {optimizer} " + ("non-private" if eps is None else f"ε={float(eps):g}")
 
 
 def restore(jobs, snapshot: Path) -> int:
@@ -64,28 +94,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config")
     parser.add_argument("--order", nargs="+", default=list(ORDER), help="modes, in the order to run them")
     parser.add_argument("--problems", nargs="+", help="problems, in the order to run them (default: the config's)")
+    parser.add_argument("--optimizers", nargs="+", help="optimizers, in the order to run them within a mode")
+    parser.add_argument("--epsilons", nargs="+", type=float, help="epsilons, in the order to run them within a mode")
+    parser.add_argument("--per-call", type=int, default=2, help="comparisons per Snakemake call")
     parser.add_argument("--cores", type=int, default=2)
-    parser.add_argument("--dry-run", action="store_true", help="print the batches and what is left of each")
+    parser.add_argument("--dry-run", action="store_true", help="print the comparisons and what is left of each")
     parser.add_argument("--restore", type=Path, help="a snapshot whose kept run files to start from")
     args = parser.parse_args(argv)
     jobs = load_jobs(args.config)
     if args.restore:
         print(f"run_study: {restore(jobs, args.restore)} run files restored from {args.restore}", flush=True)
     problems = args.problems or list(dict.fromkeys(c.problem for c in jobs.cells.values()))
-    for (problem, mode), files in batches(jobs, args.order, problems):
+    for batch in batches(jobs, args.order, problems, args.optimizers, args.epsilons, args.per_call):
+        names = "; ".join(name(k) for k, _ in batch)
+        files = [f for _, fs in batch for f in fs]
         left = [f for f in files if not Path(f).exists()]
-        print(f"run_study: {problem} {mode}: {len(files) - len(left)} of {len(files)} runs done", flush=True)
+        print(f"run_study: {names}: {len(files) - len(left)} of {len(files)} runs done", flush=True)
         if not left or args.dry_run:
             continue
         start = time.monotonic()
         code = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "workflow/profiles/default",
                                "--configfile", args.config, "--cores", str(args.cores), *left]).returncode
         done = sum(Path(f).exists() for f in left)
-        hours = (time.monotonic() - start) / 3600
-        print(f"run_study: {problem} {mode}: {done} of {len(left)} runs made in {hours:.2f} h "
+        print(f"run_study: {names}: {done} of {len(left)} runs made in {(time.monotonic() - start) / 60:.1f} min "
               f"({args.cores} cores)", flush=True)
         if code:
-            print(f"run_study: snakemake failed on {problem} {mode} (exit {code}); its log above", file=sys.stderr)
+            print(f"run_study: snakemake failed on {names} (exit {code}); its log above", file=sys.stderr)
             return code
     return 0
 

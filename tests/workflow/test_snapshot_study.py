@@ -104,5 +104,7 @@ def test_kept_run_files_let_a_fresh_clone_resume_without_replacing_a_finished_ru
     assert (results / "runs" / "P2/dpsgd/L100-E1-eps1-lr0.1-s0.parquet").read_bytes() == b"P2/dpsgd/L100-E1-eps1-lr0.1-s0"
     assert mine.read_bytes() == b"mine"
     assert study.restore(jobs, out) == 0
-    # the batches run_study makes: one per (problem, mode), here the from-scratch cells of P2
-    assert [(k, len(files)) for k, files in study.batches(jobs, study.ORDER + ("scratch",), ["P2"])] == [(("P2", "scratch"), 4)]
+    # run_study's order: whole comparisons, the non-private reference first, then by epsilon
+    order = [(k, len(files)) for k, files in study.comparisons(jobs, ("scratch",), ["P2"])]
+    assert order == [(("P2", "scratch", "sgd", None), 2), (("P2", "scratch", "dpsgd", 1.0), 2)]
+    assert [[k for k, _ in b] for b in study.batches(jobs, ("scratch",), ["P2"], per_call=1)] == [[k] for k, _ in order]
