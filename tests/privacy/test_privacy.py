@@ -260,7 +260,7 @@ def test_the_claims_record_names_the_run_files_keys_and_spent_epsilon_is_epsilon
         "mechanism": "poisson-subsampled-gaussian", "noise_multiplier": 1.0, "noise_multiplier_source": "calibrated",
         "sample_rate": 0.01, "planned_steps": 1000, "steps": 400, "delta": 1e-5, "target_epsilon": 2.0,
         "epsilon": accounting.PRV.epsilon([(1.0, 0.01, 400)], 1e-5),
-        "epsilon_planned": pytest.approx(KNOWN_EPSILONS[0][2]["prv"], rel=1e-12, abs=0), "epsilon_rdp": accounting.RDP.epsilon([(1.0, 0.01, 400)], 1e-5),
+        "epsilon_planned": pytest.approx(KNOWN_EPSILONS[0][2]["prv"], rel=CROSS_CPU, abs=0), "epsilon_rdp": accounting.RDP.epsilon([(1.0, 0.01, 400)], 1e-5),
         "accountant": "prv", "accounted_history": [[1.0, 0.01, 400]], "calibration_time_s": 0.5,
         "noise_schedule": "constant"}
     assert list(record.run_file()) == ["mechanism", "noise_multiplier", "noise_multiplier_source", "sample_rate",
@@ -376,6 +376,10 @@ def test_decaying_schedule_is_accounted_step_by_step_from_above():
 # (sigma, q, T) segments, delta -> epsilon by Opacus's PRV (upper bound) and RDP (at RDP_ORDERS)
 # accountants, recorded before the accountants became objects (commit 3813c6d): the registry's
 # accountants must give them back (PRV's FFT moves its last bit with the thread count: 1e-12).
+# PRV's FFT-based composition gives the same epsilon to about 2e-9 relative on two CPUs (an Intel
+# Xeon and an AMD EPYC differed by 2.2e-9 in the last digits); 1e-8 still catches any wrong
+# constant, noise multiplier or step count (each moves epsilon by far more)
+CROSS_CPU = 1e-8
 KNOWN_EPSILONS = [
     ([(1.0, 0.01, 1000)], 1e-5, {"prv": 1.8383716370172951, "rdp": 2.1013652716430564}),
     ([(0.8, 256 / 60000, 469), (1.2, 0.01, 100)], 1e-6, {"prv": 1.5139756070196866, "rdp": 2.220269684548776}),
@@ -388,7 +392,7 @@ def test_the_registered_accountants_give_known_epsilons(history, delta, known):
     for name, eps in known.items():
         accountant = accounting.get_accountant(name)
         assert accountant is accounting.REGISTRY[name] and accountant.name == name
-        assert accountant.epsilon(history, delta) == pytest.approx(eps, rel=1e-12, abs=0)
+        assert accountant.epsilon(history, delta) == pytest.approx(eps, rel=CROSS_CPU, abs=0)
         assert accounting.epsilon(history, delta, name) == accounting.epsilon(history, delta, accountant) == \
             accountant.epsilon(history, delta)
         assert accountant.epsilon([], delta) == 0.0 and accountant.epsilon([(0.0, 0.01, 3)], delta) == math.inf
