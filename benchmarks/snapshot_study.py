@@ -55,7 +55,8 @@ def complete_runs(jobs, results: Path) -> tuple[list[Path], int, int]:
 
 def keep_runs(runs: list[Path], results: Path, out: Path) -> int:
     """Copy ``runs`` (files under ``results/runs/``) to ``out/runs/`` at their paths relative to
-    ``results/runs/`` (``<cell id>.parquet``), anew (files of an earlier snapshot that are no longer complete are dropped)."""
+    ``results/runs/`` (``<cell id>.parquet``), anew (files of an earlier snapshot that are no
+    longer complete are dropped)."""
     import shutil
 
     target = out / "runs"

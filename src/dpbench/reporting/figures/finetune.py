@@ -203,6 +203,10 @@ def record_outcomes(c: pd.DataFrame) -> tuple[pd.Series | None, pd.Series | None
     return outcomes, n_test, bool(subset.isna().all())
 
 
+# the kinds of interval record_contrast_interval gives that count the test records
+RECORD_HOWS = ("seeds × records", "seeds + records", "seeds + record floor")
+
+
 def interval_of(data: pd.DataFrame) -> str:
     """What ``finetune_data``'s intervals are (its ``interval`` column): over seeds and test
     records where a row's runs recorded their per-record outcomes, else the t interval over seeds."""
@@ -210,9 +214,6 @@ def interval_of(data: pd.DataFrame) -> str:
     if not hows & set(RECORD_HOWS):
         return INTERVAL
     return RECORD_INTERVAL + ("" if hows <= set(RECORD_HOWS) else "; over seeds alone where runs did not record them")
-
-
-RECORD_HOWS = ("seeds × records", "seeds + records", "seeds + record floor")
 
 
 def _interval(chosen: pd.DataFrame, values: pd.Series, records: bool) -> tuple[float, float, float, int, str]:
